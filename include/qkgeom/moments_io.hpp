@@ -25,7 +25,7 @@ inline constexpr std::array<char, 8> moments_magic{'Q', 'K', 'G', 'M', 'O', 'M',
 /// Current shard format version.
 inline constexpr std::uint32_t moments_format_version = 1;
 /// Largest head dimension a shard may declare (guards allocations on bad input).
-inline constexpr std::uint64_t moments_max_dim = 16384;
+inline constexpr std::uint64_t moments_max_dim = 4096;
 
 namespace detail {
 

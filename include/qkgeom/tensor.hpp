@@ -370,9 +370,21 @@ concept contiguous_array_rows = std::ranges::contiguous_range<T const> && std::r
 template <class T>
 concept builtin = MatrixReader<T> || eigen_dense<T> || range_of_fixed_rows<T>;
 
+template <class T>
+concept adaptable = has_member<T> || has_adl<T> || has_traits<T> || builtin<T>;
+
+}  // namespace detail::as_matrix_impl
+
+/// \brief A type every qkgeom algorithm accepts as rows × head-dimension data:
+/// `qkgeom::as_matrix(x)` turns it into a MatrixReader (see the resolution
+/// order at the top of this header).
+template <class T>
+concept RowMatrix = detail::as_matrix_impl::adaptable<std::remove_cvref_t<T>>;
+
+namespace detail::as_matrix_impl {
+
 struct fn {
-    template <class T>
-        requires(has_member<T> || has_adl<T> || has_traits<T> || builtin<T>)
+    template <RowMatrix T>
     [[nodiscard]] constexpr auto operator()(T const& t) const {
         if constexpr (MatrixReader<T>) {
             return t;
@@ -447,10 +459,22 @@ template <class T>
 concept integer_range =
     std::ranges::forward_range<T const> && integer<std::remove_cvref_t<std::ranges::range_reference_t<T const>>>;
 
+template <class T>
+concept adaptable =
+    has_member<T> || has_adl<T> || has_traits<T> || IndexReader<T> || eigen_integer_vector<T> || integer_range<T>;
+
+}  // namespace detail::as_indices_impl
+
+/// \brief A type every qkgeom algorithm accepts as positions, buckets or
+/// example ids: `qkgeom::as_indices(v)` turns it into an IndexReader.
+/// Elements must be integers (SPEC §9.2), bool excluded.
+template <class T>
+concept IndexVector = detail::as_indices_impl::adaptable<std::remove_cvref_t<T>>;
+
+namespace detail::as_indices_impl {
+
 struct fn {
-    template <class T>
-        requires(has_member<T> || has_adl<T> || has_traits<T> || IndexReader<T> || eigen_integer_vector<T> ||
-                 integer_range<T>)
+    template <IndexVector T>
     [[nodiscard]] constexpr auto operator()(T const& t) const {
         if constexpr (IndexReader<T>) {
             return t;
@@ -484,17 +508,5 @@ inline constexpr detail::as_matrix_impl::fn as_matrix{};
 /// \brief `qkgeom::as_indices(v)`: the IndexReader of an integer vector.
 inline constexpr detail::as_indices_impl::fn as_indices{};
 }  // namespace cpo
-
-/// \brief A type every qkgeom algorithm accepts as rows × head-dimension data.
-template <class T>
-concept RowMatrix = requires(T const& t) {
-    { qkgeom::as_matrix(t) } -> MatrixReader;
-};
-
-/// \brief A type every qkgeom algorithm accepts as positions, buckets or example ids.
-template <class T>
-concept IndexVector = requires(T const& t) {
-    { qkgeom::as_indices(t) } -> IndexReader;
-};
 
 }  // namespace qkgeom

@@ -1,0 +1,140 @@
+# Install-consumer test (CTest: consumer.find_package), run as `cmake -P`.
+#
+# Proves what Conan and vcpkg both end in, with neither installed: qkgeom
+# installed to a fresh prefix is usable
+#   1. through find_package(qkgeom CONFIG) -- test_package/ is configured,
+#      built and run against the prefix, and must have found the *installed*
+#      qkgeomConfig.cmake (not the build tree, not a system copy);
+#   2. through pkg-config -- test_package.cpp compiled with the flags of the
+#      installed qkgeom.pc, and run.
+#
+# Inputs (-D): QKGEOM_BUILD_DIR, QKGEOM_SOURCE_DIR, WORK_DIR, CXX.
+cmake_minimum_required(VERSION 3.25)
+
+foreach(_var QKGEOM_BUILD_DIR QKGEOM_SOURCE_DIR WORK_DIR CXX)
+  if(NOT DEFINED ${_var} OR "${${_var}}" STREQUAL "")
+    message(FATAL_ERROR "run_consumer.cmake: -D${_var}=... is required")
+  endif()
+endforeach()
+
+set(_prefix "${WORK_DIR}/prefix")
+set(_build "${WORK_DIR}/build")
+set(_pc_build "${WORK_DIR}/pkgconfig")
+set(_tp "${QKGEOM_SOURCE_DIR}/test_package")
+
+# run(<step> <command>...): execute_process in WORK_DIR; FATAL_ERROR with the
+# step's output when it fails. The output is kept in _out for later checks.
+function(run step)
+  execute_process(COMMAND ${ARGN}
+    WORKING_DIRECTORY "${WORK_DIR}"
+    RESULT_VARIABLE _rc OUTPUT_VARIABLE _stdout ERROR_VARIABLE _stderr)
+  if(NOT _rc STREQUAL "0")
+    list(JOIN ARGN " " _cmd)
+    message(FATAL_ERROR "consumer: step '${step}' failed (${_rc})\n"
+                        "command: ${_cmd}\n--- stdout ---\n${_stdout}\n--- stderr ---\n${_stderr}")
+  endif()
+  message(STATUS "consumer: ${step}: ok")
+  string(STRIP "${_stdout}" _stdout)
+  set(_out "${_stdout}" PARENT_SCOPE)
+endfunction()
+
+# Nothing from the caller's environment may point find_package or pkg-config
+# anywhere but the fresh prefix.
+foreach(_env qkgeom_DIR qkgeom_ROOT QKGEOM_ROOT PKG_CONFIG_LIBDIR)
+  unset(ENV{${_env}})
+endforeach()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+
+# --- install --------------------------------------------------------------------
+run("install" "${CMAKE_COMMAND}" --install "${QKGEOM_BUILD_DIR}" --prefix "${_prefix}")
+foreach(_f include/qkgeom/plasticity.hpp share/qkgeom/qkgeomConfig.cmake
+           share/qkgeom/qkgeomConfigVersion.cmake share/qkgeom/qkgeomTargets.cmake
+           share/pkgconfig/qkgeom.pc)
+  if(NOT EXISTS "${_prefix}/${_f}")
+    message(FATAL_ERROR "consumer: install step did not produce ${_prefix}/${_f}")
+  endif()
+endforeach()
+
+# --- find_package(qkgeom CONFIG) ------------------------------------------------
+run("configure test_package" "${CMAKE_COMMAND}" -S "${_tp}" -B "${_build}"
+    "-DCMAKE_PREFIX_PATH=${_prefix}"
+    "-DCMAKE_CXX_COMPILER=${CXX}"
+    -DCMAKE_BUILD_TYPE=Release
+    -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+    -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF)
+
+# The consumer must have used the installed config, under the prefix.
+file(STRINGS "${_build}/CMakeCache.txt" _dir_line REGEX "^qkgeom_DIR:[A-Z]+=")
+string(REGEX REPLACE "^qkgeom_DIR:[A-Z]+=" "" _qkgeom_dir "${_dir_line}")
+file(REAL_PATH "${_prefix}" _real_prefix)
+if(_qkgeom_dir STREQUAL "")
+  message(FATAL_ERROR "consumer: no qkgeom_DIR in ${_build}/CMakeCache.txt")
+endif()
+file(REAL_PATH "${_qkgeom_dir}" _real_qkgeom_dir)
+cmake_path(IS_PREFIX _real_prefix "${_real_qkgeom_dir}" NORMALIZE _under_prefix)
+if(NOT _under_prefix)
+  message(FATAL_ERROR "consumer: find_package(qkgeom) used ${_qkgeom_dir}, not the installed config under ${_prefix}")
+endif()
+message(STATUS "consumer: qkgeom_DIR = ${_qkgeom_dir} (installed prefix)")
+
+# ... and must compile against the installed headers, not the source tree.
+if(EXISTS "${_build}/compile_commands.json")
+  file(READ "${_build}/compile_commands.json" _cc)
+  string(FIND "${_cc}" "${QKGEOM_SOURCE_DIR}/include" _pos)
+  if(NOT _pos EQUAL -1)
+    message(FATAL_ERROR "consumer: test_package compiles against ${QKGEOM_SOURCE_DIR}/include:\n${_cc}")
+  endif()
+endif()
+
+run("build test_package" "${CMAKE_COMMAND}" --build "${_build}" --config Release)
+set(_exe "")
+foreach(_cand "${_build}/test_package" "${_build}/test_package.exe"
+              "${_build}/Release/test_package" "${_build}/Release/test_package.exe")
+  if(EXISTS "${_cand}")
+    set(_exe "${_cand}")
+    break()
+  endif()
+endforeach()
+if(_exe STREQUAL "")
+  message(FATAL_ERROR "consumer: built test_package executable not found under ${_build}")
+endif()
+run("run test_package (find_package)" "${_exe}")
+message(STATUS "consumer: ${_out}")
+
+# --- pkg-config -----------------------------------------------------------------
+find_program(_pkg_config NAMES pkg-config pkgconf)
+if(NOT _pkg_config)
+  message(FATAL_ERROR "consumer: pkg-config not found (apt-get install pkg-config)")
+endif()
+set(ENV{PKG_CONFIG_PATH} "${_prefix}/share/pkgconfig")
+run("pkg-config --cflags qkgeom" "${_pkg_config}" --cflags qkgeom)
+set(_cflags_str "${_out}")
+message(STATUS "consumer: pkg-config --cflags qkgeom = ${_cflags_str}")
+separate_arguments(_cflags UNIX_COMMAND "${_cflags_str}")
+
+# The .pc must point into the prefix it was installed to (a .pc that names the
+# configure-time CMAKE_INSTALL_PREFIX breaks `cmake --install --prefix`).
+set(_has_prefix_include FALSE)
+foreach(_flag IN LISTS _cflags)
+  if(_flag MATCHES "^-I(.+)$")
+    file(REAL_PATH "${CMAKE_MATCH_1}" _inc)
+    if(_inc STREQUAL "${_real_prefix}/include")
+      set(_has_prefix_include TRUE)
+    endif()
+  endif()
+endforeach()
+if(NOT _has_prefix_include)
+  file(READ "${_prefix}/share/pkgconfig/qkgeom.pc" _pc)
+  message(FATAL_ERROR "consumer: pkg-config --cflags qkgeom gives '${_cflags_str}', "
+                      "without -I${_prefix}/include; the installed qkgeom.pc is not relocatable:\n${_pc}")
+endif()
+
+file(MAKE_DIRECTORY "${_pc_build}")
+run("compile test_package.cpp (pkg-config)" "${CXX}" ${_cflags} "${_tp}/test_package.cpp"
+    -o "${_pc_build}/test_package")
+run("run test_package (pkg-config)" "${_pc_build}/test_package")
+message(STATUS "consumer: ${_out}")
+message(STATUS "consumer: all steps passed")
