@@ -96,20 +96,22 @@ struct with_member {
 };
 static_assert(RowMatrix<with_member>);
 
-namespace user {
+}  // namespace
+
+// (named namespaces: the ADL function must be visible, not internal)
+namespace qkgeom_static_test_user {
 struct adl_tensor {
     std::vector<double> v;
 };
 inline qkgeom::matrix_view<double> qkgeom_as_matrix(adl_tensor const& t) {
     return {t.v.data(), static_cast<qkgeom::index_t>(t.v.size()), 1, 1, 1};
 }
-}  // namespace user
-static_assert(RowMatrix<user::adl_tensor>);
+}  // namespace qkgeom_static_test_user
+static_assert(qkgeom::RowMatrix<qkgeom_static_test_user::adl_tensor>);
 
 struct traits_tensor {
     qkgeom::float16 const* p;
 };
-}  // namespace
 
 template <>
 struct qkgeom::tensor_traits<traits_tensor> {
