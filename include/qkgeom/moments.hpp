@@ -84,6 +84,9 @@ struct moments {
     /// union of both row sets. Merging in any order agrees to rounding.
     /// \throws std::invalid_argument when the dimensions differ.
     moments& operator+=(moments const& o) {
+        if (dim() != 0 && o.dim() != 0 && dim() != o.dim())
+            detail::fail_arg("qkgeom::moments::operator+=",
+                             "dimension mismatch: this has d = " + std::to_string(dim()) + ", other has d", o.dim());
         if (o.n == 0) return *this;
         if (n == 0) {
             if (dim() != 0 && dim() != o.dim())

@@ -112,8 +112,12 @@ private:
 
 /// \brief Write `hm` in the shard format (docs/moments.md). Only the lower
 /// triangle of each co-moment matrix is stored.
-/// \throws std::runtime_error when the stream fails.
+/// \throws std::invalid_argument for d outside [1, moments_max_dim];
+///         std::runtime_error when the stream fails.
 inline void write_moments(std::ostream& os, head_moments const& hm) {
+    if (hm.d < 1 || static_cast<std::uint64_t>(hm.d) > moments_max_dim)
+        detail::fail_arg("qkgeom::write_moments",
+                         "head dimension must be in [1, " + std::to_string(moments_max_dim) + "]; d", hm.d);
     detail::le_writer w(os);
     w.bytes(moments_magic.data(), moments_magic.size());
     w.u32(moments_format_version);

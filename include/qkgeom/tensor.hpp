@@ -16,7 +16,7 @@
 //   2. member   `x.qkgeom_as_matrix()`;
 //   3. ADL      `qkgeom_as_matrix(x)`;
 //   4. traits   `qkgeom::tensor_traits<T>::as_matrix(x)`  (how adapters plug in);
-//   5. built-in: Eigen dense objects (adapters/eigen.hpp) and random-access or
+//   5. built-in: Eigen dense objects (here: Eigen is a core dependency) and random-access or
 //      forward ranges of fixed-size rows (`std::array<T, N>`, `T[N]`,
 //      `std::span<T, N>`, fixed-size Eigen vectors), range-v3 views included.
 // `as_indices(v)` resolves the same way with `qkgeom_as_indices` /

@@ -1,0 +1,186 @@
+// qkgeom — combined Q+K PCA and the head taxonomy (SPEC §2; thesis §4.2).
+//
+// A closed form over the moments: the pooled covariance Σ_pool (about the
+// pooled mean, SPEC §9.3) is eigen-decomposed; each component's position
+// correlation per kind is v·C_xt / sqrt(vᵀC_xx v · M2_t) from that kind's
+// co-moments. No rows are needed.
+#pragma once
+
+#include <qkgeom/config.hpp>
+#include <qkgeom/detail/stats.hpp>
+#include <qkgeom/errors.hpp>
+#include <qkgeom/moments.hpp>
+#include <qkgeom/tensor.hpp>
+
+#include <Eigen/Core>
+#include <Eigen/Eigenvalues>
+
+#include <cmath>
+#include <string_view>
+#include <vector>
+
+namespace qkgeom {
+
+/// \brief Sign canonicalisation of PCA components (SPEC §2, §9.4).
+enum class sign_policy {
+    dominant,      ///< default: the larger-|r| of (r_q, r_k) is made positive
+    query_anchor,  ///< r_q >= 0, falling back to r_k when |r_q| < 0.05
+};
+
+/// \brief Head taxonomy on component 0 (SPEC §2, thesis §4.2.2).
+enum class head_class { position_dominated, q_positional, k_positional, content_focused, mixed, undefined };
+
+/// \brief The class name as written in the output columns.
+constexpr std::string_view to_string(head_class c) noexcept {
+    switch (c) {
+        case head_class::position_dominated: return "position_dominated";
+        case head_class::q_positional: return "q_positional";
+        case head_class::k_positional: return "k_positional";
+        case head_class::content_focused: return "content_focused";
+        case head_class::mixed: return "mixed";
+        case head_class::undefined: break;
+    }
+    return "undefined";
+}
+
+/// \brief Taxonomy thresholds; inequalities are strict (SPEC §9.4).
+struct taxonomy_thresholds {
+    double low = 0.3;
+    double high = 0.7;
+};
+
+/// \brief Classify (r_q, r_k) of component 0: position-dominated (both
+/// |r| > high), Q-positional (|r_q| > high, |r_k| < low), K-positional
+/// (|r_q| < low, |r_k| > high), content-focused (both < low), mixed otherwise;
+/// undefined when either is NaN.
+constexpr head_class classify(double r_q, double r_k, taxonomy_thresholds th = {}) noexcept {
+    if (std::isnan(r_q) || std::isnan(r_k)) return head_class::undefined;
+    double const aq = r_q < 0 ? -r_q : r_q, ak = r_k < 0 ? -r_k : r_k;
+    if (aq > th.high && ak > th.high) return head_class::position_dominated;
+    if (aq > th.high && ak < th.low) return head_class::q_positional;
+    if (aq < th.low && ak > th.high) return head_class::k_positional;
+    if (aq < th.low && ak < th.low) return head_class::content_focused;
+    return head_class::mixed;
+}
+
+/// \brief Options of `pca` (defaults are the thesis').
+struct pca_options {
+    index_t n_components = 10;  ///< components reported (clipped to d)
+    sign_policy sign = sign_policy::dominant;
+    taxonomy_thresholds thresholds{};
+};
+
+/// \brief One principal component (row of `qk_pca.csv`).
+struct pca_component {
+    index_t component = 0;                 ///< 0-based, descending eigenvalue
+    double eigenvalue = detail::nan;       ///< λ_j of Σ_pool (n−1 normalisation)
+    double explained_variance_ratio = detail::nan;  ///< λ_j / trace Σ_pool
+    double r_q = detail::nan;              ///< corr(Q v_j, t_q)
+    double r_k = detail::nan;              ///< corr(K v_j, t_k)
+    Eigen::VectorXd loading;               ///< v_j (unit, sign-canonicalised)
+};
+
+/// \brief Result of the combined Q+K PCA (SPEC §2).
+struct pca_result {
+    std::vector<pca_component> components;  ///< the first n_components
+    Eigen::MatrixXd basis;          ///< all d eigenvectors as columns (orthogonal), same order and signs
+    Eigen::VectorXd eigenvalues;    ///< all d eigenvalues, descending
+    double pc0_r_q = detail::nan;   ///< r_q of component 0 (head_metrics.csv)
+    double pc0_r_k = detail::nan;   ///< r_k of component 0
+    head_class taxonomy = head_class::undefined;  ///< class of component 0
+    double q_pos_var_frac = detail::nan;  ///< ‖Cov(Q,t)‖² / (Var t_q · trace Σ_Q)
+    double k_pos_var_frac = detail::nan;  ///< same for keys
+    bool degenerate = false;        ///< pooled variance is zero or fewer than 2 rows: NaN ratios
+};
+
+namespace detail {
+
+/// Orient v per SPEC §2/§9.4 given its correlations; flips r_q, r_k with it.
+inline void canonicalise_sign(Eigen::VectorXd& v, double& r_q, double& r_k, sign_policy policy) {
+    double decide = nan;
+    if (policy == sign_policy::dominant) {
+        bool const fq = std::isfinite(r_q), fk = std::isfinite(r_k);
+        if (fq && fk) decide = std::abs(r_q) >= std::abs(r_k) ? r_q : r_k;
+        else if (fq) decide = r_q;
+        else if (fk) decide = r_k;
+    } else {
+        decide = (std::isfinite(r_q) && std::abs(r_q) >= 0.05) ? r_q : r_k;
+    }
+    bool flip = false;
+    if (std::isfinite(decide) && decide != 0.0) {
+        flip = decide < 0;
+    } else {  // SPEC §9.4 fallback
+        Eigen::VectorXd w = v;
+        flip = orient_by_largest_entry(w);
+    }
+    if (flip) {
+        v = -v;
+        r_q = -r_q;
+        r_k = -r_k;
+    }
+}
+
+/// ‖C_xt‖² / (M2_t · trace C_xx): share of the variance linear in position.
+inline double positional_variance_fraction(moments const& m) {
+    double const tr = m.c_xx.trace();
+    double const den = m.m2_t * tr;
+    if (m.n < 2 || !(den > 0)) return nan;
+    return m.c_xt.squaredNorm() / den;
+}
+
+}  // namespace detail
+
+/// \brief Combined Q+K PCA from a head's moments (SPEC §2).
+/// \throws std::invalid_argument when a kind has no rows.
+inline pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
+    detail::check_head("qkgeom::pca", hm);
+    if (opt.n_components < 1) detail::fail_arg("qkgeom::pca", "n_components must be >= 1", opt.n_components);
+    moments const mq = hm.q.pooled(), mk = hm.k.pooled();
+    moments pool = mq;
+    pool += mk;
+    index_t const d = hm.d;
+
+    pca_result r;
+    r.q_pos_var_frac = detail::positional_variance_fraction(mq);
+    r.k_pos_var_frac = detail::positional_variance_fraction(mk);
+
+    // Eigen-decomposition of the pooled co-moment (scaled by 1/(n−1) for λ).
+    Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(pool.c_xx);
+    double const scale = pool.n >= 2 ? 1.0 / static_cast<double>(pool.n - 1) : detail::nan;
+    // Eigen's eigenvalues are ascending: reverse for SPEC §2's descending order.
+    r.basis = es.eigenvectors().rowwise().reverse();
+    r.eigenvalues = es.eigenvalues().reverse() * scale;
+    double const trace = pool.c_xx.trace() * scale;
+    r.degenerate = !(trace > 0) || pool.n < 2;
+
+    index_t const k = std::min(opt.n_components, d);
+    for (index_t j = 0; j < d; ++j) {
+        Eigen::VectorXd v = r.basis.col(j);
+        double rq = detail::projection_corr(mq, v), rk = detail::projection_corr(mk, v);
+        detail::canonicalise_sign(v, rq, rk, opt.sign);
+        r.basis.col(j) = v;
+        if (j < k) {
+            pca_component c;
+            c.component = j;
+            c.eigenvalue = r.eigenvalues(j);
+            c.explained_variance_ratio = r.degenerate ? detail::nan : r.eigenvalues(j) / trace;
+            c.r_q = rq;
+            c.r_k = rk;
+            c.loading = v;
+            r.components.push_back(std::move(c));
+        }
+    }
+    r.pc0_r_q = r.components.front().r_q;
+    r.pc0_r_k = r.components.front().r_k;
+    r.taxonomy = classify(r.pc0_r_q, r.pc0_r_k, opt.thresholds);
+    return r;
+}
+
+/// \brief Combined Q+K PCA from rows of any adapted tensor type (SPEC §2).
+template <RowMatrix XQ, IndexVector PQ, RowMatrix XK, IndexVector PK>
+pca_result pca(XQ const& queries, PQ const& q_positions, XK const& keys, PK const& k_positions,
+               pca_options const& opt = {}) {
+    return pca(detail::moments_of_rows(queries, q_positions, keys, k_positions), opt);
+}
+
+}  // namespace qkgeom

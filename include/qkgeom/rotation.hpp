@@ -1,0 +1,152 @@
+// qkgeom — the planar rotation model: drift axis a, separation axis b and
+// bias_strength (SPEC §3; thesis §4.3). A closed form over the moments.
+#pragma once
+
+#include <qkgeom/config.hpp>
+#include <qkgeom/detail/stats.hpp>
+#include <qkgeom/errors.hpp>
+#include <qkgeom/moments.hpp>
+#include <qkgeom/tensor.hpp>
+
+#include <Eigen/Core>
+#include <Eigen/Eigenvalues>
+#include <Eigen/QR>
+
+#include <cmath>
+
+namespace qkgeom {
+
+/// \brief How the separation axis b is chosen (SPEC §3).
+enum class separation_policy {
+    centroid,        ///< default: b ∝ (I − aaᵀ)(μ_Q − μ_K)
+    max_separation,  ///< top eigenvector of P M P, M = Σ_Q + Σ_K + ΔΔᵀ
+};
+
+/// \brief Options of `planar_rotation`.
+struct rotation_options {
+    separation_policy separation = separation_policy::centroid;
+};
+
+/// \brief Result of the planar rotation model; field names are the output
+/// columns (SPEC §3, §7). a-metrics are NaN when `degenerate_a`; b-metrics are
+/// NaN when `degenerate_b` (SPEC §9.5).
+struct rotation_result {
+    Eigen::VectorXd a;  ///< drift axis, Cov(X_pool, t)/‖·‖ (NaN when degenerate_a)
+    Eigen::VectorXd b;  ///< separation axis ⟂ a, (μ_Q − μ_K)·b ≥ 0 (NaN when degenerate_b)
+    double residual_pos_cov = detail::nan;  ///< ‖(I − aaᵀ)c‖ / ‖c‖ (self-check, ≈ 1e-16)
+    double mu_q_a = detail::nan, mu_k_a = detail::nan;  ///< mean projections on a
+    double mu_q_b = detail::nan, mu_k_b = detail::nan;  ///< mean projections on b
+    double alpha_q = detail::nan, alpha_k = detail::nan;  ///< OLS slope of the a-projection on t
+    double r_q_a = detail::nan, r_k_a = detail::nan;      ///< corr(a·x, t) per kind
+    double position_r = detail::nan;           ///< |corr(a·x, t)| over the pool
+    double bias_strength = detail::nan;        ///< mu_q_a · alpha_k (thesis eq. 4.6)
+    double separation_strength = detail::nan;  ///< bᵀMb / trace M
+    double var_frac_a = detail::nan, var_frac_b = detail::nan;  ///< aᵀΣ_pool a / trace Σ_pool, …
+    double plane_var_fraction = detail::nan;   ///< var_frac_a + var_frac_b
+    double content_var_b = detail::nan;        ///< (Var(b·q) + Var(b·k)) / 2
+    bool degenerate_a = false;  ///< ‖c‖ ≤ 1e-12·sqrt(Var t · trace Σ_pool)
+    bool degenerate_b = false;  ///< b undefined (Δ ∥ a, Δ = 0, d = 1, or a degenerate)
+
+    /// An orthonormal basis [a, b, complement] as columns (requires both axes):
+    /// the rotation that preserves q·k (thesis §4.3). Built with a Householder
+    /// QR of [a b], so it is orthogonal to rounding.
+    [[nodiscard]] Eigen::MatrixXd basis() const {
+        index_t const d = a.size();
+        if (degenerate_a || degenerate_b)
+            detail::fail_arg("qkgeom::rotation_result::basis", "axes a and b must both be defined; degenerate_a",
+                             degenerate_a);
+        Eigen::MatrixXd ab(d, 2);
+        ab << a, b;
+        Eigen::HouseholderQR<Eigen::MatrixXd> qr(ab);
+        Eigen::MatrixXd q = qr.householderQ();
+        q.col(0) = a;  // exact a and b; the complement comes from the QR
+        q.col(1) = b;
+        return q;
+    }
+};
+
+/// \brief The planar rotation model from a head's moments (SPEC §3).
+/// \throws std::invalid_argument when a kind has no rows.
+inline rotation_result planar_rotation(head_moments const& hm, rotation_options const& opt = {}) {
+    detail::check_head("qkgeom::planar_rotation", hm);
+    index_t const d = hm.d;
+    moments const mq = hm.q.pooled(), mk = hm.k.pooled();
+    moments pool = mq;
+    pool += mk;
+    rotation_result r;
+    r.a = Eigen::VectorXd::Constant(d, detail::nan);
+    r.b = Eigen::VectorXd::Constant(d, detail::nan);
+
+    // --- axis a (SPEC §3; degeneracy SPEC §9.5, in co-moment units: both sides scale by n−1)
+    Eigen::VectorXd const& c = pool.c_xt;
+    double const cn = c.norm();
+    double const tr_pool = pool.c_xx.trace();
+    r.degenerate_a = pool.n < 2 || !(cn > 1e-12 * std::sqrt(pool.m2_t * tr_pool));
+    // --- b needs Δ = μ_Q − μ_K and M (second moment of q − k), sample-normalised
+    Eigen::VectorXd const delta = mq.mean_x - mk.mean_x;
+    Eigen::MatrixXd const Sq = mq.n >= 2 ? Eigen::MatrixXd(mq.c_xx / double(mq.n - 1)) : Eigen::MatrixXd::Zero(d, d);
+    Eigen::MatrixXd const Sk = mk.n >= 2 ? Eigen::MatrixXd(mk.c_xx / double(mk.n - 1)) : Eigen::MatrixXd::Zero(d, d);
+    if (r.degenerate_a) {
+        r.degenerate_b = true;
+        return r;
+    }
+    r.a = c / cn;
+    Eigen::VectorXd const& a = r.a;
+    r.residual_pos_cov = (c - a * a.dot(c)).norm() / cn;
+    r.mu_q_a = a.dot(mq.mean_x);
+    r.mu_k_a = a.dot(mk.mean_x);
+    r.alpha_q = detail::projection_slope(mq, a);
+    r.alpha_k = detail::projection_slope(mk, a);
+    r.r_q_a = detail::projection_corr(mq, a);
+    r.r_k_a = detail::projection_corr(mk, a);
+    r.position_r = std::abs(detail::projection_corr(pool, a));
+    r.bias_strength = r.mu_q_a * r.alpha_k;
+    r.var_frac_a = a.dot(pool.c_xx * a) / tr_pool;
+
+    // --- axis b
+    Eigen::VectorXd const pdelta = delta - a * a.dot(delta);
+    Eigen::MatrixXd const M = Sq + Sk + delta * delta.transpose();
+    Eigen::VectorXd b;
+    if (opt.separation == separation_policy::centroid) {
+        double const pn = pdelta.norm();
+        r.degenerate_b = d < 2 || !(pn > 1e-12 * delta.norm());
+        if (!r.degenerate_b) b = pdelta / pn;
+    } else {
+        // P M P with P = I − aaᵀ, applied implicitly; its top eigenvector is ⟂ a.
+        Eigen::MatrixXd PM = M - a * (a.transpose() * M);
+        Eigen::MatrixXd PMP = PM - (PM * a) * a.transpose();
+        PMP = 0.5 * (PMP + PMP.transpose()).eval();
+        Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(PMP);
+        double const top = d >= 2 ? es.eigenvalues()(d - 1) : 0.0;
+        r.degenerate_b = d < 2 || !(top > 1e-12 * M.trace());
+        if (!r.degenerate_b) {
+            b = es.eigenvectors().col(d - 1);
+            b -= a * a.dot(b);  // remove rounding along a
+            b.normalize();
+        }
+    }
+    if (r.degenerate_b) return r;
+    double const sep = delta.dot(b);
+    if (sep < 0) b = -b;
+    else if (sep == 0) detail::orient_by_largest_entry(b);  // SPEC §9.4 fallback
+    r.b = b;
+    r.mu_q_b = b.dot(mq.mean_x);
+    r.mu_k_b = b.dot(mk.mean_x);
+    double const trM = M.trace();
+    r.separation_strength = trM > 0 ? b.dot(M * b) / trM : detail::nan;
+    r.var_frac_b = b.dot(pool.c_xx * b) / tr_pool;
+    r.plane_var_fraction = r.var_frac_a + r.var_frac_b;
+    double const vq = mq.n >= 2 ? b.dot(Sq * b) : detail::nan;
+    double const vk = mk.n >= 2 ? b.dot(Sk * b) : detail::nan;
+    r.content_var_b = 0.5 * (vq + vk);
+    return r;
+}
+
+/// \brief The planar rotation model from rows of any adapted tensor type.
+template <RowMatrix XQ, IndexVector PQ, RowMatrix XK, IndexVector PK>
+rotation_result planar_rotation(XQ const& queries, PQ const& q_positions, XK const& keys, PK const& k_positions,
+                                rotation_options const& opt = {}) {
+    return planar_rotation(detail::moments_of_rows(queries, q_positions, keys, k_positions), opt);
+}
+
+}  // namespace qkgeom

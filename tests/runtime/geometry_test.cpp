@@ -1,0 +1,452 @@
+// Geometry (SPEC §2–4): closed forms over moments checked against brute-force
+// computations on the rows, invariants of the rotations, input-type and
+// shard-order independence, degenerate inputs.
+#include <qkgeom/plasticity.hpp>
+
+#ifdef QKGEOM_TEST_XTENSOR
+#include <qkgeom/adapters/xtensor.hpp>
+#include <xtensor/xtensor.hpp>
+#endif
+#ifdef QKGEOM_TEST_RANGE_V3
+#include <range/v3/view/iota.hpp>
+#include <range/v3/view/transform.hpp>
+#endif
+
+#include <catch2/catch.hpp>
+
+#include <Eigen/SVD>
+
+#include <array>
+#include <cmath>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "test_util.hpp"
+
+using qkgeom::index_t;
+using qkgeom_test::rel_diff;
+
+namespace {
+
+/// A structured head: queries and keys with an offset, a drift along a
+/// random direction with different slopes, anisotropic noise.
+struct head_rows {
+    Eigen::MatrixXd q, k;
+    std::vector<std::int64_t> tq, tk, bq, bk;
+};
+
+head_rows make_head(std::uint64_t seed, index_t n, index_t d, double slope_q = 2e-3, double slope_k = 4e-3,
+                    double offset = 1.5) {
+    std::mt19937_64 gen(seed);
+    std::normal_distribution<double> nd;
+    std::uniform_int_distribution<std::int64_t> pos(0, 2047);
+    Eigen::VectorXd dir = Eigen::VectorXd::NullaryExpr(d, [&] { return nd(gen); }).normalized();
+    Eigen::VectorXd off = Eigen::VectorXd::NullaryExpr(d, [&] { return nd(gen); }).normalized() * offset;
+    Eigen::VectorXd scale = Eigen::VectorXd::NullaryExpr(d, [&] { return 0.3 + std::abs(nd(gen)); });
+    head_rows h;
+    h.q.resize(n, d);
+    h.k.resize(n, d);
+    for (auto* v : {&h.tq, &h.tk, &h.bq, &h.bk}) v->resize(static_cast<std::size_t>(n));
+    for (index_t i = 0; i < n; ++i) {
+        auto const s = static_cast<std::size_t>(i);
+        h.tq[s] = pos(gen);
+        h.tk[s] = pos(gen);
+        h.bq[s] = h.tq[s] / 256;
+        h.bk[s] = h.tk[s] / 256;
+        for (index_t j = 0; j < d; ++j) {
+            h.q(i, j) = off(j) + slope_q * double(h.tq[s]) * dir(j) + scale(j) * nd(gen);
+            h.k(i, j) = -0.5 * off(j) + slope_k * double(h.tk[s]) * dir(j) + scale(j) * nd(gen);
+        }
+    }
+    return h;
+}
+
+Eigen::VectorXd as_vec(std::vector<std::int64_t> const& v) {
+    Eigen::VectorXd out(static_cast<index_t>(v.size()));
+    for (std::size_t i = 0; i < v.size(); ++i) out(static_cast<index_t>(i)) = static_cast<double>(v[i]);
+    return out;
+}
+
+double pearson(Eigen::VectorXd const& x, Eigen::VectorXd const& y) {
+    Eigen::VectorXd const xc = x.array() - x.mean(), yc = y.array() - y.mean();
+    return xc.dot(yc) / std::sqrt(xc.squaredNorm() * yc.squaredNorm());
+}
+
+double ols_slope(Eigen::VectorXd const& x, Eigen::VectorXd const& t) {
+    Eigen::VectorXd const xc = x.array() - x.mean(), tc = t.array() - t.mean();
+    return xc.dot(tc) / tc.squaredNorm();
+}
+
+double sample_var(Eigen::VectorXd const& x) { return (x.array() - x.mean()).square().sum() / double(x.size() - 1); }
+
+Eigen::MatrixXd centred(Eigen::MatrixXd const& x) { return x.rowwise() - x.colwise().mean(); }
+
+qkgeom::head_moments moments_of(head_rows const& h) {
+    qkgeom::head_moments hm(h.q.cols());
+    hm.add(qkgeom::kind::query, h.q, h.tq, h.bq);
+    hm.add(qkgeom::kind::key, h.k, h.tk, h.bk);
+    return hm;
+}
+
+}  // namespace
+
+TEST_CASE("PCA equals an SVD of the centred pooled rows", "[geometry][pca]") {
+    auto const h = make_head(1, 3000, 12);
+    auto const p = qkgeom::pca(moments_of(h), {.n_components = 12});
+    Eigen::MatrixXd pool(6000, 12);
+    pool << h.q, h.k;
+    Eigen::JacobiSVD<Eigen::MatrixXd> svd(centred(pool), Eigen::ComputeThinV);
+    Eigen::VectorXd const lambda = svd.singularValues().array().square() / (6000.0 - 1.0);
+    CHECK(rel_diff(p.eigenvalues, lambda) < 1e-10);
+    double const trace = lambda.sum();
+    Eigen::VectorXd const tq = as_vec(h.tq), tk = as_vec(h.tk);
+    for (index_t j = 0; j < 12; ++j) {
+        auto const& c = p.components[static_cast<std::size_t>(j)];
+        Eigen::VectorXd const v = svd.matrixV().col(j);
+        CHECK(std::abs(std::abs(v.dot(c.loading)) - 1.0) < 1e-10);  // same axis
+        CHECK(std::abs(c.explained_variance_ratio - lambda(j) / trace) < 1e-10);
+        // correlations recomputed from the projected rows, with the reported sign
+        CHECK(std::abs(c.r_q - pearson(h.q * c.loading, tq)) < 1e-10);
+        CHECK(std::abs(c.r_k - pearson(h.k * c.loading, tk)) < 1e-10);
+        // dominant policy: the larger |r| is positive
+        CHECK((std::abs(c.r_q) >= std::abs(c.r_k) ? c.r_q : c.r_k) >= 0);
+    }
+    // positional variance fractions, brute force
+    Eigen::MatrixXd const qc = centred(h.q);
+    Eigen::VectorXd const tqc = tq.array() - tq.mean();
+    double const frac_q = (qc.transpose() * tqc).squaredNorm() / (tqc.squaredNorm() * qc.squaredNorm());
+    CHECK(std::abs(p.q_pos_var_frac - frac_q) < 1e-12);
+}
+
+TEST_CASE("PCA sign policies and taxonomy thresholds", "[geometry][pca]") {
+    using qkgeom::classify;
+    using qkgeom::head_class;
+    CHECK(classify(0.8, -0.9) == head_class::position_dominated);
+    CHECK(classify(0.8, 0.2) == head_class::q_positional);
+    CHECK(classify(0.1, 0.71) == head_class::k_positional);
+    CHECK(classify(0.1, -0.29) == head_class::content_focused);
+    CHECK(classify(0.7, 0.9) == head_class::mixed);  // strict: 0.7 is not > 0.7
+    CHECK(classify(0.3, 0.1) == head_class::mixed);  // strict: 0.3 is not < 0.3
+    CHECK(classify(NAN, 0.1) == head_class::undefined);
+    CHECK(classify(0.5, 0.5, {.low = 0.6, .high = 0.9}) == head_class::content_focused);
+    CHECK(qkgeom::to_string(head_class::k_positional) == "k_positional");
+
+    // query_anchor makes r_q >= 0 on every component where |r_q| >= 0.05
+    auto const h = make_head(2, 2000, 8);
+    auto const hm = moments_of(h);
+    auto const dom = qkgeom::pca(hm);
+    auto const qa = qkgeom::pca(hm, {.sign = qkgeom::sign_policy::query_anchor});
+    for (std::size_t j = 0; j < qa.components.size(); ++j) {
+        auto const& c = qa.components[j];
+        if (std::abs(c.r_q) >= 0.05) CHECK(c.r_q >= 0);
+        else CHECK(c.r_k >= 0);
+        // same axis, same |r|; the sign differs exactly when the policies disagree
+        CHECK(std::abs(std::abs(c.loading.dot(dom.components[j].loading)) - 1.0) < 1e-12);
+        CHECK(std::abs(std::abs(c.r_q) - std::abs(dom.components[j].r_q)) < 1e-12);
+    }
+}
+
+TEST_CASE("planar rotation metrics equal brute force on the rows", "[geometry][rotation]") {
+    auto const h = make_head(3, 2500, 10);
+    for (auto policy : {qkgeom::separation_policy::centroid, qkgeom::separation_policy::max_separation}) {
+        auto const r = qkgeom::planar_rotation(moments_of(h), {.separation = policy});
+        REQUIRE_FALSE(r.degenerate_a);
+        REQUIRE_FALSE(r.degenerate_b);
+        Eigen::MatrixXd pool(5000, 10);
+        pool << h.q, h.k;
+        Eigen::VectorXd tp(5000);
+        tp << as_vec(h.tq), as_vec(h.tk);
+        Eigen::VectorXd const c = centred(pool).transpose() * (tp.array() - tp.mean()).matrix() / 4999.0;
+        CHECK(rel_diff(r.a, Eigen::VectorXd(c.normalized())) < 1e-12);
+        CHECK(std::abs(r.a.norm() - 1) < 1e-12);
+        CHECK(std::abs(r.b.norm() - 1) < 1e-12);
+        CHECK(std::abs(r.a.dot(r.b)) < 1e-12);
+        CHECK(r.residual_pos_cov < 1e-10);
+        Eigen::VectorXd const tq = as_vec(h.tq), tk = as_vec(h.tk);
+        Eigen::VectorXd const qa = h.q * r.a, ka = h.k * r.a, qb = h.q * r.b, kb = h.k * r.b;
+        CHECK(std::abs(r.mu_q_a - qa.mean()) < 1e-12 * (1 + std::abs(qa.mean())));
+        CHECK(std::abs(r.mu_k_b - kb.mean()) < 1e-12 * (1 + std::abs(kb.mean())));
+        CHECK(rel_diff(r.alpha_q, ols_slope(qa, tq)) < 1e-10);
+        CHECK(rel_diff(r.alpha_k, ols_slope(ka, tk)) < 1e-10);
+        CHECK(std::abs(r.r_q_a - pearson(qa, tq)) < 1e-12);
+        CHECK(std::abs(r.r_k_a - pearson(ka, tk)) < 1e-12);
+        CHECK(std::abs(r.position_r - std::abs(pearson(pool * r.a, tp))) < 1e-12);
+        CHECK(rel_diff(r.bias_strength, qa.mean() * ols_slope(ka, tk)) < 1e-10);
+        CHECK(rel_diff(r.content_var_b, 0.5 * (sample_var(qb) + sample_var(kb))) < 1e-10);
+        Eigen::MatrixXd const Sp = centred(pool).transpose() * centred(pool) / 4999.0;
+        CHECK(rel_diff(r.var_frac_a, r.a.dot(Sp * r.a) / Sp.trace()) < 1e-10);
+        CHECK(rel_diff(r.plane_var_fraction, (r.a.dot(Sp * r.a) + r.b.dot(Sp * r.b)) / Sp.trace()) < 1e-10);
+        Eigen::VectorXd const delta = h.q.colwise().mean() - h.k.colwise().mean();
+        CHECK(delta.dot(r.b) >= 0);
+        Eigen::MatrixXd const M = centred(h.q).transpose() * centred(h.q) / 2499.0 +
+                                  centred(h.k).transpose() * centred(h.k) / 2499.0 + delta * delta.transpose();
+        CHECK(rel_diff(r.separation_strength, r.b.dot(M * r.b) / M.trace()) < 1e-10);
+        if (policy == qkgeom::separation_policy::max_separation) {
+            // b maximises bᵀMb over unit b ⟂ a: compare with a dense projector + SVD
+            Eigen::MatrixXd const P = Eigen::MatrixXd::Identity(10, 10) - r.a * r.a.transpose();
+            Eigen::JacobiSVD<Eigen::MatrixXd> svd(P * M * P, Eigen::ComputeFullU);
+            CHECK(std::abs(std::abs(svd.matrixU().col(0).dot(r.b)) - 1) < 1e-10);
+        } else {
+            Eigen::VectorXd const pd = delta - r.a * r.a.dot(delta);
+            CHECK(rel_diff(r.b, Eigen::VectorXd(pd.normalized())) < 1e-12);
+        }
+    }
+}
+
+TEST_CASE("q.k is preserved by the PCA basis, {a, b, complement} and H", "[geometry][invariants]") {
+    auto const h = make_head(4, 1500, 16);
+    auto const hm = moments_of(h);
+    Eigen::MatrixXd const S = h.q.topRows(40) * h.k.topRows(40).transpose();  // 40 x 40 scores
+    auto const p = qkgeom::pca(hm);
+    Eigen::MatrixXd const V = p.basis;
+    CHECK((V.transpose() * V - Eigen::MatrixXd::Identity(16, 16)).cwiseAbs().maxCoeff() < 1e-12);
+    CHECK(rel_diff(Eigen::MatrixXd((h.q.topRows(40) * V) * (h.k.topRows(40) * V).transpose()), S) < 1e-10);
+    auto const r = qkgeom::planar_rotation(hm);
+    Eigen::MatrixXd const B = r.basis();
+    CHECK((B.transpose() * B - Eigen::MatrixXd::Identity(16, 16)).cwiseAbs().maxCoeff() < 1e-12);
+    CHECK(rel_diff(B.col(0), r.a) == 0.0);
+    CHECK(rel_diff(Eigen::MatrixXd((h.q.topRows(40) * B) * (h.k.topRows(40) * B).transpose()), S) < 1e-10);
+    auto const hh = qkgeom::householder(hm);
+    Eigen::MatrixXd Hq = h.q.topRows(40), Hk = h.k.topRows(40);
+    hh.H.apply_rows(Hq);
+    hh.H.apply_rows(Hk);
+    CHECK(rel_diff(Eigen::MatrixXd(Hq * Hk.transpose()), S) < 1e-10);
+}
+
+TEST_CASE("the Householder reflector: symmetric, orthogonal, involutory, H b = e1", "[geometry][householder]") {
+    std::mt19937_64 gen(5);
+    std::normal_distribution<double> nd;
+    for (int trial = 0; trial < 40; ++trial) {
+        index_t const d = 1 + trial % 9;
+        Eigen::VectorXd beta = Eigen::VectorXd::NullaryExpr(d, [&] { return nd(gen); });
+        if (trial % 4 == 1) beta(0) = -std::abs(beta(0));                         // β̂₁ < 0
+        if (trial % 4 == 2) beta = Eigen::VectorXd::Unit(d, 0) + 1e-9 * beta;      // β̂ ≈ e1 (cancellation)
+        if (trial % 4 == 3) beta = -Eigen::VectorXd::Unit(d, 0) + 1e-9 * beta;     // β̂ ≈ −e1
+        auto const H = qkgeom::householder_reflector::from_direction(beta);
+        Eigen::MatrixXd const D = H.dense(d);
+        Eigen::VectorXd const bh = beta.normalized();
+        Eigen::MatrixXd const I = Eigen::MatrixXd::Identity(d, d);
+        CHECK((D - D.transpose()).cwiseAbs().maxCoeff() < 1e-15);
+        CHECK((D * D.transpose() - I).cwiseAbs().maxCoeff() < 1e-14);
+        CHECK((D * D - I).cwiseAbs().maxCoeff() < 1e-14);
+        CHECK((D * bh - Eigen::VectorXd::Unit(d, 0)).cwiseAbs().maxCoeff() < 1e-14);
+        CHECK((H.apply(bh) - D * bh).cwiseAbs().maxCoeff() < 1e-15);
+        Eigen::MatrixXd const S = Eigen::MatrixXd::Random(d, d);
+        Eigen::MatrixXd const Ssym = S * S.transpose();
+        CHECK((H.apply_sym(Ssym) - D * Ssym * D).cwiseAbs().maxCoeff() < 1e-13);
+        CHECK((H.apply_sym_diag(Ssym) - (D * Ssym * D).diagonal()).cwiseAbs().maxCoeff() < 1e-13);
+    }
+    // β = 0 or β̂ = e1 exactly: H = I
+    CHECK(qkgeom::householder_reflector::from_direction(Eigen::VectorXd::Zero(4)).is_identity());
+    CHECK(qkgeom::householder_reflector::from_direction(Eigen::VectorXd::Unit(4, 0) * 3).is_identity());
+}
+
+TEST_CASE("Householder parameters and bucket models equal brute force on rotated rows", "[geometry][householder]") {
+    auto const h = make_head(6, 3000, 8);
+    Eigen::VectorXd const t = as_vec(h.tq);
+    Eigen::MatrixXd const qc = centred(h.q);
+    Eigen::VectorXd const tc = t.array() - t.mean();
+    Eigen::VectorXd const beta = qc.transpose() * tc / tc.squaredNorm();
+    for (auto model : {qkgeom::semantic_model::diag, qkgeom::semantic_model::full,
+                       qkgeom::semantic_model::global_linear}) {
+        auto const r = qkgeom::householder(h.q, h.tq, h.bq, {.model = model});
+        CHECK(rel_diff(r.beta, beta) < 1e-11);
+        Eigen::VectorXd const alpha = h.q.colwise().mean().transpose() - beta * t.mean();
+        CHECK(rel_diff(r.alpha, alpha) < 1e-11);
+        CHECK(rel_diff(r.beta_pos, beta.norm()) < 1e-12);
+        CHECK(rel_diff(r.alpha_pos, beta.normalized().dot(alpha)) < 1e-11);
+        for (index_t j = 0; j < 8; ++j) {
+            double const rr = pearson(h.q.col(j), t);
+            CHECK(std::abs(r.component_r2(j) - rr * rr) < 1e-12);
+        }
+        CHECK(std::abs(r.q_R2_pos - r.component_r2.mean()) < 1e-15);
+        CHECK(std::abs(r.component_weight.sum() - 1) < 1e-12);
+        CHECK(rel_diff(r.component_weight, Eigen::VectorXd(r.component_r2 / r.component_r2.sum())) < 1e-12);
+        // rotate the rows densely and recompute everything
+        Eigen::MatrixXd const Hd = r.H.dense(8);
+        Eigen::MatrixXd const Y = h.q * Hd;  // rows: (H q)ᵀ
+        Eigen::VectorXd const y0 = Y.col(0);
+        CHECK(rel_diff(ols_slope(y0, t), r.beta_pos) < 1e-10);
+        Eigen::VectorXd const resid = y0.array() - r.alpha_pos - r.beta_pos * t.array();
+        CHECK(std::abs(resid.mean()) < 1e-9);
+        CHECK(rel_diff(r.sigma2_pos, resid.squaredNorm() / (3000.0 - 1.0)) < 1e-10);
+        for (auto const& s : r.buckets) {
+            std::vector<index_t> rows;
+            for (index_t i = 0; i < 3000; ++i)
+                if (h.bq[static_cast<std::size_t>(i)] == s.bucket) rows.push_back(i);
+            Eigen::MatrixXd const Yb = Y(rows, Eigen::all);
+            Eigen::VectorXd const tb = t(rows);
+            CHECK(s.n_queries == static_cast<std::int64_t>(rows.size()));
+            CHECK(std::abs(s.tau - tb.mean()) < 1e-12 * tb.mean());
+            CHECK(std::abs(s.mean(0) - (r.alpha_pos + r.beta_pos * tb.mean())) < 1e-12);
+            CHECK(s.var(0) == r.sigma2_pos);
+            if (model == qkgeom::semantic_model::global_linear) {
+                Eigen::VectorXd const ar = Hd * r.alpha;
+                CHECK(rel_diff(Eigen::VectorXd(s.mean.tail(7)), Eigen::VectorXd(ar.tail(7))) < 1e-12);
+                // global residual variance of every rotated coordinate
+                for (index_t j = 1; j < 8; ++j) {
+                    Eigen::VectorXd const yj = Y.col(j);
+                    Eigen::VectorXd const e = yj.array() - yj.mean() - ols_slope(yj, t) * (t.array() - t.mean());
+                    CHECK(rel_diff(s.var(j), e.squaredNorm() / 2999.0) < 1e-10);
+                }
+            } else {
+                Eigen::MatrixXd const Sb = centred(Yb).transpose() * centred(Yb) / double(rows.size() - 1);
+                CHECK(rel_diff(Eigen::VectorXd(s.mean.tail(7)), Eigen::VectorXd(Yb.colwise().mean().tail(7).transpose())) <
+                      1e-12);
+                CHECK(rel_diff(Eigen::VectorXd(s.var.tail(7)), Eigen::VectorXd(Sb.diagonal().tail(7))) < 1e-10);
+                if (model == qkgeom::semantic_model::full) CHECK(rel_diff(s.cov, Sb.bottomRightCorner(7, 7)) < 1e-10);
+                else CHECK(s.cov.size() == 0);
+            }
+        }
+    }
+}
+
+TEST_CASE("results are identical from any input type, rows or merged shards", "[geometry][adapters]") {
+    auto const h = make_head(7, 1200, 4);
+    auto const ref_p = qkgeom::pca(h.q, h.tq, h.k, h.tk);
+    auto const ref_r = qkgeom::planar_rotation(h.q, h.tq, h.k, h.tk);
+    auto const ref_h = qkgeom::householder(h.q, h.tq, h.bq);
+    auto agree = [&](qkgeom::pca_result const& p, qkgeom::rotation_result const& r,
+                     qkgeom::householder_result const& hh) {
+        bool ok = rel_diff(p.eigenvalues, ref_p.eigenvalues) < 1e-13;
+        for (std::size_t j = 0; j < p.components.size(); ++j) {
+            ok = ok && std::abs(p.components[j].r_q - ref_p.components[j].r_q) < 1e-13;
+            ok = ok && rel_diff(p.components[j].loading, ref_p.components[j].loading) < 1e-12;
+        }
+        ok = ok && rel_diff(r.a, ref_r.a) < 1e-13 && rel_diff(r.b, ref_r.b) < 1e-13;
+        ok = ok && rel_diff(r.bias_strength, ref_r.bias_strength) < 1e-13;
+        ok = ok && rel_diff(hh.beta, ref_h.beta) < 1e-13 && rel_diff(hh.sigma2_pos, ref_h.sigma2_pos) < 1e-13;
+        for (std::size_t b = 0; b < hh.buckets.size(); ++b)
+            ok = ok && rel_diff(hh.buckets[b].var, ref_h.buckets[b].var) < 1e-13;
+        return ok;
+    };
+    // row-major, float-free copies through other adapters
+    Eigen::Matrix<double, -1, -1, Eigen::RowMajor> const qr = h.q, kr = h.k;
+    auto const qs = qkgeom::make_matrix_view(std::span<double const>(qr.data(), 4800), 1200, 4);
+    auto const ks = qkgeom::make_matrix_view(std::span<double const>(kr.data(), 4800), 1200, 4);
+    CHECK(agree(qkgeom::pca(qs, h.tq, ks, h.tk), qkgeom::planar_rotation(qs, h.tq, ks, h.tk),
+                qkgeom::householder(qs, h.tq, h.bq)));
+    std::vector<std::array<double, 4>> qa(1200), ka(1200);
+    for (index_t i = 0; i < 1200; ++i)
+        for (index_t j = 0; j < 4; ++j) {
+            qa[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = h.q(i, j);
+            ka[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = h.k(i, j);
+        }
+    CHECK(agree(qkgeom::pca(qa, h.tq, ka, h.tk), qkgeom::planar_rotation(qa, h.tq, ka, h.tk),
+                qkgeom::householder(qa, h.tq, h.bq)));
+#ifdef QKGEOM_TEST_RANGE_V3
+    auto const qv = ranges::views::iota(0, 1200) |
+                    ranges::views::transform([&](int i) { return qa[static_cast<std::size_t>(i)]; });
+    auto const kv = ranges::views::iota(0, 1200) |
+                    ranges::views::transform([&](int i) { return ka[static_cast<std::size_t>(i)]; });
+    CHECK(agree(qkgeom::pca(qv, h.tq, kv, h.tk), qkgeom::planar_rotation(qv, h.tq, kv, h.tk),
+                qkgeom::householder(qv, h.tq, h.bq)));
+#endif
+#ifdef QKGEOM_TEST_XTENSOR
+    xt::xtensor<double, 2> xq = xt::zeros<double>({1200, 4}), xk = xt::zeros<double>({1200, 4});
+    for (std::size_t i = 0; i < 1200; ++i)
+        for (std::size_t j = 0; j < 4; ++j) {
+            xq(i, j) = h.q(static_cast<index_t>(i), static_cast<index_t>(j));
+            xk(i, j) = h.k(static_cast<index_t>(i), static_cast<index_t>(j));
+        }
+    CHECK(agree(qkgeom::pca(xq, h.tq, xk, h.tk), qkgeom::planar_rotation(xq, h.tq, xk, h.tk),
+                qkgeom::householder(xq, h.tq, h.bq)));
+#endif
+    // merged shards, in two different orders
+    std::mt19937_64 gen(3);
+    for (int trial = 0; trial < 3; ++trial) {
+        std::vector<qkgeom::head_moments> shards;
+        for (index_t lo = 0; lo < 1200; lo += 300) {
+            qkgeom::head_moments s(4);
+            s.add(qkgeom::kind::query, h.q.middleRows(lo, 300), std::span(h.tq).subspan(std::size_t(lo), 300),
+                  std::span(h.bq).subspan(std::size_t(lo), 300));
+            s.add(qkgeom::kind::key, h.k.middleRows(lo, 300), std::span(h.tk).subspan(std::size_t(lo), 300),
+                  std::span(h.bk).subspan(std::size_t(lo), 300));
+            shards.push_back(std::move(s));
+        }
+        std::shuffle(shards.begin(), shards.end(), gen);
+        qkgeom::head_moments merged;
+        for (auto const& s : shards) merged += s;
+        CHECK(agree(qkgeom::pca(merged), qkgeom::planar_rotation(merged), qkgeom::householder(merged)));
+    }
+}
+
+TEST_CASE("degenerate inputs give flags and NaNs, never garbage", "[geometry][degenerate]") {
+    auto const h = make_head(8, 400, 5);
+    SECTION("all positions equal") {
+        std::vector<std::int64_t> const same(400, 17), bucket(400, 0);
+        auto const p = qkgeom::pca(h.q, same, h.k, same);
+        CHECK(std::isnan(p.pc0_r_q));
+        CHECK(p.taxonomy == qkgeom::head_class::undefined);
+        CHECK(std::isnan(p.q_pos_var_frac));
+        CHECK_FALSE(p.degenerate);  // variance itself is fine
+        auto const r = qkgeom::planar_rotation(h.q, same, h.k, same);
+        CHECK(r.degenerate_a);
+        CHECK(r.degenerate_b);
+        CHECK(std::isnan(r.bias_strength));
+        CHECK(r.a.array().isNaN().all());
+        auto const hh = qkgeom::householder(h.q, same, bucket);
+        CHECK(hh.degenerate_t);
+        CHECK(hh.beta.isZero(0));
+        CHECK(hh.H.is_identity());
+        CHECK(std::isnan(hh.q_R2_pos));
+        CHECK(hh.component_weight.isApproxToConstant(0.2));
+    }
+    SECTION("Q = K: no centroid offset, b (centroid) is degenerate, a is reported") {
+        auto const r = qkgeom::planar_rotation(h.q, h.tq, h.q, h.tq);
+        CHECK_FALSE(r.degenerate_a);
+        CHECK(r.degenerate_b);
+        CHECK(std::isfinite(r.bias_strength));
+        CHECK(std::isnan(r.mu_q_b));
+        CHECK(std::isnan(r.separation_strength));
+        CHECK(std::isnan(r.plane_var_fraction));
+        CHECK_THROWS_AS(r.basis(), std::invalid_argument);
+    }
+    SECTION("a single bucket") {
+        std::vector<std::int64_t> const bucket(400, 3);
+        auto const hh = qkgeom::householder(h.q, h.tq, bucket);
+        REQUIRE(hh.buckets.size() == 1);
+        CHECK(hh.buckets[0].bucket == 3);
+        CHECK(hh.buckets[0].used);
+    }
+    SECTION("d = 1") {
+        Eigen::MatrixXd const q1 = h.q.leftCols(1), k1 = h.k.leftCols(1);
+        auto const p = qkgeom::pca(q1, h.tq, k1, h.tk);
+        CHECK(p.components.size() == 1);
+        CHECK(std::abs(p.components[0].explained_variance_ratio - 1) < 1e-15);
+        auto const r = qkgeom::planar_rotation(q1, h.tq, k1, h.tk);
+        CHECK_FALSE(r.degenerate_a);
+        CHECK(r.degenerate_b);
+        CHECK(std::abs(std::abs(r.a(0)) - 1) < 1e-15);
+        auto const hh = qkgeom::householder(q1, h.tq, h.bq);
+        CHECK(hh.buckets.front().mean.size() == 1);
+    }
+    SECTION("n < 3: one bucket with one query is skipped, n = 1 overall gives NaN") {
+        std::vector<std::int64_t> bucket = h.bq;
+        bucket[0] = 999;  // a bucket holding a single query
+        auto const hh = qkgeom::householder(h.q, h.tq, bucket);
+        CHECK(hh.n_buckets_skipped == 1);
+        CHECK_FALSE(hh.buckets.back().used);
+        CHECK(hh.buckets.back().var.array().isNaN().all());
+        auto const gl = qkgeom::householder(h.q, h.tq, bucket, {.model = qkgeom::semantic_model::global_linear});
+        CHECK(gl.n_buckets_skipped == 0);
+        CHECK(gl.buckets.back().used);
+        Eigen::MatrixXd const two = h.q.topRows(1), twok = h.k.topRows(1);
+        std::vector<std::int64_t> const t1{5};
+        auto const r = qkgeom::planar_rotation(two, t1, twok, t1);
+        CHECK(r.degenerate_a);
+        auto const p = qkgeom::pca(two, t1, twok, t1);
+        CHECK(std::isnan(p.pc0_r_q));
+        auto const one = qkgeom::householder(two, t1, t1);
+        CHECK(one.degenerate_t);
+        CHECK(std::isnan(one.sigma2_pos));
+    }
+    SECTION("no rows of a kind is an error, not a NaN") {
+        qkgeom::head_moments hm(5);
+        hm.add(qkgeom::kind::query, h.q, h.tq, h.bq);
+        CHECK_THROWS_WITH(qkgeom::pca(hm), Catch::Contains("no key rows"));
+        CHECK_THROWS_WITH(qkgeom::planar_rotation(h.q, h.tq, h.k.leftCols(4), h.tk),
+                          Catch::Contains("head dimensions differ"));
+    }
+}
