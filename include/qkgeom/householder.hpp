@@ -6,6 +6,7 @@
 #include <qkgeom/config.hpp>
 #include <qkgeom/detail/stats.hpp>
 #include <qkgeom/errors.hpp>
+#include <qkgeom/kolmogorov.hpp>
 #include <qkgeom/moments.hpp>
 #include <qkgeom/tensor.hpp>
 
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace qkgeom {
@@ -227,6 +229,120 @@ householder_result householder(X const& queries, P const& positions, B const& bu
     bucketed_moments bm(as_matrix(queries).cols());
     bm.add(queries, positions, buckets);
     return householder(bm, opt);
+}
+
+/// \brief Row-based normality diagnostics of the Householder model (SPEC §4,
+/// §9.15); output columns of head_metrics.csv. Skewness and excess kurtosis
+/// are the moment (biased) estimators g1 = m3/m2^{3/2}, g2 = m4/m2² − 3, as
+/// scipy.stats.skew/kurtosis compute by default; KS is the two-sided
+/// one-sample test against N(0, 1) (kolmogorov.hpp).
+struct normality_diagnostics {
+    double pos_skew = detail::nan;             ///< skewness of the standardised coordinate-1 residual
+    double pos_excess_kurtosis = detail::nan;  ///< its excess kurtosis
+    double pos_ks_p = detail::nan;             ///< its KS p-value against N(0, 1)
+    double sem_median_abs_skew = detail::nan;      ///< median |skew| over the semantic coordinates used
+    double sem_median_abs_kurtosis = detail::nan;  ///< median |excess kurtosis|
+    double sem_median_ks_p = detail::nan;          ///< median KS p-value
+    double sem_frac_ks_reject = detail::nan;       ///< fraction of KS p < ks_alpha
+    index_t sem_coordinates = 0;                   ///< min(64, d − 1) coordinates used
+};
+
+namespace detail {
+
+struct shape_stats {
+    double skew = nan, excess_kurtosis = nan, ks_p = nan;
+};
+
+/// Skewness, excess kurtosis and KS p of values already standardised to mean 0, sd 1.
+inline shape_stats shape_of(std::span<double const> z) {
+    shape_stats s;
+    double const n = static_cast<double>(z.size());
+    double mean = 0;
+    for (double v : z) mean += v;
+    mean /= n;
+    double m2 = 0, m3 = 0, m4 = 0;
+    for (double v : z) {
+        double const c = v - mean, c2 = c * c;
+        m2 += c2;
+        m3 += c2 * c;
+        m4 += c2 * c2;
+    }
+    m2 /= n;
+    m3 /= n;
+    m4 /= n;
+    if (m2 > 0) {
+        s.skew = m3 / (m2 * std::sqrt(m2));
+        s.excess_kurtosis = m4 / (m2 * m2) - 3.0;
+    }
+    s.ks_p = ks_test_normal(z).pvalue;
+    return s;
+}
+
+}  // namespace detail
+
+/// \brief Normality diagnostics from the query rows used to fit `model`
+/// (SPEC §4 "Diagnostics", §9.15): the coordinate-1 residual
+/// (β̂·q − α_pos − β_pos t)/σ_pos and the first min(64, d − 1) semantic
+/// coordinates of Hq, each standardised by its global mean and (n−1) sd.
+/// Fewer than 3 rows, or a zero variance, gives NaN for that coordinate.
+/// \param ks_alpha level for `sem_frac_ks_reject` (default 0.05)
+template <RowMatrix X, IndexVector P>
+normality_diagnostics householder_diagnostics(householder_result const& model, X const& queries,
+                                              P const& positions, double ks_alpha = 0.05) {
+    constexpr std::string_view fn = "qkgeom::householder_diagnostics";
+    auto const r = as_matrix(queries);
+    auto const p = as_indices(positions);
+    index_t const d = model.beta.size();
+    detail::check_batch(fn, d, r, p, static_cast<decltype(p) const*>(nullptr));
+    if (!(ks_alpha > 0 && ks_alpha < 1)) detail::fail_arg(fn, "ks_alpha must be in (0, 1)", ks_alpha);
+    normality_diagnostics out;
+    index_t const n = r.rows();
+    index_t const m = std::min<index_t>(64, d - 1);
+    out.sem_coordinates = m;
+    if (n < 3) return out;
+    // Rotated rows, coordinate 0 and the first m semantic coordinates.
+    Eigen::MatrixXd Y(n, 1 + m);
+    Eigen::VectorXd row(d);
+    Eigen::VectorXd const bh = model.beta_pos > 0 ? Eigen::VectorXd(model.beta / model.beta_pos)
+                                                  : Eigen::VectorXd(Eigen::VectorXd::Unit(d, 0));
+    for (index_t i = 0; i < n; ++i) {
+        r.read_row(i, row.data());
+        Eigen::VectorXd const y = model.H.apply(row);
+        Y(i, 0) = bh.dot(row) - model.alpha_pos - model.beta_pos * static_cast<double>(p[i]);
+        Y.row(i).tail(m) = y.segment(1, m).transpose();
+    }
+    std::vector<double> z(static_cast<std::size_t>(n));
+    auto standardised = [&](index_t j, double centre, double sd) -> bool {
+        if (!(sd > 0) || !std::isfinite(sd)) return false;
+        for (index_t i = 0; i < n; ++i) z[static_cast<std::size_t>(i)] = (Y(i, j) - centre) / sd;
+        return true;
+    };
+    if (standardised(0, 0.0, std::sqrt(model.sigma2_pos))) {
+        auto const s = detail::shape_of(z);
+        out.pos_skew = s.skew;
+        out.pos_excess_kurtosis = s.excess_kurtosis;
+        out.pos_ks_p = s.ks_p;
+    }
+    std::vector<double> skews, kurts, ps;
+    for (index_t j = 1; j <= m; ++j) {
+        Eigen::VectorXd const col = Y.col(j);
+        double const mean = col.mean();
+        double const sd = std::sqrt((col.array() - mean).square().sum() / static_cast<double>(n - 1));
+        if (!standardised(j, mean, sd)) continue;
+        auto const s = detail::shape_of(z);
+        skews.push_back(std::abs(s.skew));
+        kurts.push_back(std::abs(s.excess_kurtosis));
+        ps.push_back(s.ks_p);
+    }
+    if (!ps.empty()) {
+        out.sem_median_abs_skew = detail::median(skews);
+        out.sem_median_abs_kurtosis = detail::median(kurts);
+        out.sem_median_ks_p = detail::median(ps);
+        out.sem_frac_ks_reject =
+            static_cast<double>(std::count_if(ps.begin(), ps.end(), [&](double v) { return v < ks_alpha; })) /
+            static_cast<double>(ps.size());
+    }
+    return out;
 }
 
 }  // namespace qkgeom

@@ -45,7 +45,8 @@ struct rotation_result {
     double plane_var_fraction = detail::nan;   ///< var_frac_a + var_frac_b
     double content_var_b = detail::nan;        ///< (Var(b·q) + Var(b·k)) / 2
     bool degenerate_a = false;  ///< ‖c‖ ≤ 1e-12·sqrt(Var t · trace Σ_pool)
-    bool degenerate_b = false;  ///< b undefined (Δ ∥ a, Δ = 0, d = 1, or a degenerate)
+    bool degenerate_b = false;  ///< b undefined (Δ ∥ a, Δ = 0, d = 1, a degenerate; max_separation:
+                                ///< a kind with < 2 rows or top eigenvalue of PMP ≤ 1e-12·trace M)
 
     /// An orthonormal basis [a, b, complement] as columns (requires both axes):
     /// the rotation that preserves q·k (thesis §4.3). Built with a Householder
@@ -84,8 +85,12 @@ inline rotation_result planar_rotation(head_moments const& hm, rotation_options 
     r.degenerate_a = pool.n < 2 || !(cn > 1e-12 * std::sqrt(pool.m2_t * tr_pool));
     // --- b needs Δ = μ_Q − μ_K and M (second moment of q − k), sample-normalised
     Eigen::VectorXd const delta = mq.mean_x - mk.mean_x;
-    Eigen::MatrixXd const Sq = mq.n >= 2 ? Eigen::MatrixXd(mq.c_xx / double(mq.n - 1)) : Eigen::MatrixXd::Zero(d, d);
-    Eigen::MatrixXd const Sk = mk.n >= 2 ? Eigen::MatrixXd(mk.c_xx / double(mk.n - 1)) : Eigen::MatrixXd::Zero(d, d);
+    // Σ_Q, Σ_K (n−1); undefined (NaN) for a kind with a single row, and so is M.
+    bool const have_m = mq.n >= 2 && mk.n >= 2;
+    Eigen::MatrixXd const Sq = mq.n >= 2 ? Eigen::MatrixXd(mq.c_xx / double(mq.n - 1))
+                                         : Eigen::MatrixXd::Constant(d, d, detail::nan);
+    Eigen::MatrixXd const Sk = mk.n >= 2 ? Eigen::MatrixXd(mk.c_xx / double(mk.n - 1))
+                                         : Eigen::MatrixXd::Constant(d, d, detail::nan);
     if (r.degenerate_a) {
         r.degenerate_b = true;
         return r;
@@ -111,6 +116,8 @@ inline rotation_result planar_rotation(head_moments const& hm, rotation_options 
         double const pn = pdelta.norm();
         r.degenerate_b = d < 2 || !(pn > 1e-12 * delta.norm());
         if (!r.degenerate_b) b = pdelta / pn;
+    } else if (!have_m) {
+        r.degenerate_b = true;  // M needs Σ_Q and Σ_K
     } else {
         // P M P with P = I − aaᵀ, applied implicitly; its top eigenvector is ⟂ a.
         Eigen::MatrixXd PM = M - a * (a.transpose() * M);
@@ -133,7 +140,7 @@ inline rotation_result planar_rotation(head_moments const& hm, rotation_options 
     r.mu_q_b = b.dot(mq.mean_x);
     r.mu_k_b = b.dot(mk.mean_x);
     double const trM = M.trace();
-    r.separation_strength = trM > 0 ? b.dot(M * b) / trM : detail::nan;
+    r.separation_strength = have_m && trM > 0 ? b.dot(M * b) / trM : detail::nan;
     r.var_frac_b = b.dot(pool.c_xx * b) / tr_pool;
     r.plane_var_fraction = r.var_frac_a + r.var_frac_b;
     double const vq = mq.n >= 2 ? b.dot(Sq * b) : detail::nan;

@@ -450,3 +450,45 @@ TEST_CASE("degenerate inputs give flags and NaNs, never garbage", "[geometry][de
                           Catch::Contains("head dimensions differ"));
     }
 }
+
+TEST_CASE("normality diagnostics: brute force, Gaussian and heavy-tailed heads", "[geometry][householder][diagnostics]") {
+    auto h = make_head(9, 4000, 6);
+    auto const model = qkgeom::householder(h.q, h.tq, h.bq);
+    auto const g = qkgeom::householder_diagnostics(model, h.q, h.tq);
+    CHECK(g.sem_coordinates == 5);
+    // brute force: standardised coordinate-1 residual, biased g1 and g2
+    Eigen::VectorXd const t = as_vec(h.tq);
+    Eigen::VectorXd const y0 = h.q * model.beta.normalized();
+    Eigen::VectorXd z = (y0.array() - model.alpha_pos - model.beta_pos * t.array()) / std::sqrt(model.sigma2_pos);
+    Eigen::ArrayXd const c = z.array() - z.mean();
+    double const m2 = c.square().mean(), m3 = c.cube().mean(), m4 = c.square().square().mean();
+    CHECK(std::abs(g.pos_skew - m3 / std::pow(m2, 1.5)) < 1e-10);
+    CHECK(std::abs(g.pos_excess_kurtosis - (m4 / (m2 * m2) - 3)) < 1e-10);
+    std::vector<double> zs(z.data(), z.data() + z.size());
+    CHECK(std::abs(g.pos_ks_p - qkgeom::ks_test_normal(zs).pvalue) < 1e-12);
+    // Gaussian data: shape statistics within 5 standard errors of 0, KS rarely rejects
+    double const n = 4000;
+    CHECK(std::abs(g.pos_skew) < 5 * std::sqrt(6 / n));
+    CHECK(std::abs(g.pos_excess_kurtosis) < 5 * std::sqrt(24 / n));
+    CHECK(g.pos_ks_p > 1e-4);
+    CHECK(g.sem_median_abs_kurtosis < 5 * std::sqrt(24 / n));
+    CHECK(g.sem_frac_ks_reject <= 0.4);  // 5 coordinates at alpha 0.05
+    // heavy tails (Laplace noise) in every coordinate: kurtosis ≈ 3, KS rejects everywhere
+    std::mt19937_64 gen(10);
+    std::exponential_distribution<double> ex(1.0);
+    std::bernoulli_distribution coin;
+    for (index_t i = 0; i < h.q.rows(); ++i)
+        for (index_t j = 0; j < h.q.cols(); ++j) h.q(i, j) += 8.0 * (coin(gen) ? ex(gen) : -ex(gen));
+    auto const heavy_model = qkgeom::householder(h.q, h.tq, h.bq);
+    auto const heavy = qkgeom::householder_diagnostics(heavy_model, h.q, h.tq);
+    CHECK(heavy.pos_excess_kurtosis > 1.0);
+    CHECK(heavy.sem_median_abs_kurtosis > 1.0);
+    CHECK(heavy.pos_ks_p < 1e-3);
+    CHECK(heavy.sem_frac_ks_reject == 1.0);
+    // fewer than 3 rows: NaN; bad inputs: errors
+    auto const few = qkgeom::householder_diagnostics(model, h.q.topRows(2), std::span(h.tq).first(2));
+    CHECK(std::isnan(few.pos_skew));
+    CHECK(std::isnan(few.sem_median_ks_p));
+    CHECK_THROWS_WITH(qkgeom::householder_diagnostics(model, h.q.leftCols(5), h.tq), Catch::Contains("columns"));
+    CHECK_THROWS_AS(qkgeom::householder_diagnostics(model, h.q, h.tq, 1.5), std::invalid_argument);
+}
