@@ -12,6 +12,8 @@
 #include <range/v3/view/transform.hpp>
 #endif
 
+#include <qkgeom/synthetic.hpp>
+
 #include <catch2/catch.hpp>
 
 #include <Eigen/SVD>
@@ -491,4 +493,118 @@ TEST_CASE("normality diagnostics: brute force, Gaussian and heavy-tailed heads",
     CHECK(std::isnan(few.sem_median_ks_p));
     CHECK_THROWS_WITH(qkgeom::householder_diagnostics(model, h.q.leftCols(5), h.tq), Catch::Contains("columns"));
     CHECK_THROWS_AS(qkgeom::householder_diagnostics(model, h.q, h.tq, 1.5), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------------------
+// Planted truth (synthetic.hpp). Bounds: every estimate must lie within 5
+// standard errors of the planted value, with the standard errors derived from
+// the sample sizes and the (conservative, total) sample variances:
+//   se(β_j) = sd(q_j) / (sd(t)·√n),  se(α_j) = sd(q_j)·√(1/n + t̄²/M2_t),
+//   ‖a − a*‖ ≤ 5·√(trace Σ_pool)·sd(t) / (√N·‖c‖), and first-order propagation
+// for the derived scalars.
+// ---------------------------------------------------------------------------
+TEST_CASE("planted truth is recovered within sampling error", "[geometry][synthetic][truth]") {
+    qkgeom::synthetic::layer_spec L;
+    L.d = 32;
+    L.rotary_dims = 16;
+    L.mix = true;  // generic directions
+    L.n_q_heads = 2;
+    L.n_kv_heads = 1;
+    L.model_seed = 11;
+    auto qh = qkgeom::synthetic::default_q_head();  // + a Q/K offset ⟂ drift, so that b is defined
+    qh.query.centroid = Eigen::VectorXd::Unit(16, 2);
+    L.q_heads = {qh, qh};
+    qkgeom::synthetic::capture_spec cap;
+    cap.n_examples = 300;
+    cap.context_length = 4096;
+    cap.buckets = {.scheme = qkgeom::bucket_scheme::uniform, .width = 256, .rate = 2.0};
+    cap.seed = 5;
+    auto const hc = qkgeom::synthetic::generate_head(L, cap, 1);
+    auto const& tr = hc.truth;
+    qkgeom::head_moments hm(32);
+    hm.add(qkgeom::kind::query, hc.q, hc.q_position, hc.q_bucket);
+    hm.add(qkgeom::kind::key, hc.k, hc.k_position, hc.k_bucket);
+    auto const n = static_cast<double>(hc.q.rows());
+    REQUIRE(n > 5000);
+    auto const q = hm.q.pooled(), k = hm.k.pooled(), pool = hm.pooled();
+
+    // --- Householder: β, α and the rotated-basis scalars
+    auto const h = qkgeom::householder(hm);
+    Eigen::VectorXd const sd_q = q.cov_x().diagonal().cwiseSqrt();
+    double const sd_t = std::sqrt(q.var_t());
+    Eigen::VectorXd const se_beta = sd_q / (sd_t * std::sqrt(n));
+    Eigen::VectorXd const se_alpha = sd_q * std::sqrt(1 / n + q.mean_t * q.mean_t / q.m2_t);
+    CHECK(((h.beta - tr.beta).cwiseAbs().array() < 5 * se_beta.array()).all());
+    CHECK(((h.alpha - tr.alpha).cwiseAbs().array() < 5 * se_alpha.array()).all());
+    CHECK(std::abs(h.beta_pos - tr.beta_pos) < 5 * se_beta.norm());
+    Eigen::VectorXd const bh = h.beta / h.beta_pos, bh_true = tr.beta / tr.beta_pos;
+    double const se_a1 = std::sqrt(h.sigma2_pos * (1 / n + q.mean_t * q.mean_t / q.m2_t));
+    CHECK(std::abs(h.alpha_pos - tr.alpha_pos) < 5 * se_a1 + (bh - bh_true).norm() * tr.alpha.norm());
+    CHECK(std::abs(h.sigma2_pos - tr.sigma2_pos) < 5 * tr.sigma2_pos * std::sqrt(2 / n) + 1e-3);
+    // H maps the estimated β̂ to e1 and is symmetric/orthogonal (dense check, d = 32)
+    Eigen::MatrixXd const H = h.H.dense(32);
+    CHECK((H * bh - Eigen::VectorXd::Unit(32, 0)).cwiseAbs().maxCoeff() < 1e-14);
+
+    // --- Rotation: a, b, bias_strength, alpha_k, mu_q_a
+    auto const r = qkgeom::planar_rotation(hm);
+    REQUIRE(tr.a_defined);
+    REQUIRE_FALSE(r.degenerate_a);
+    REQUIRE_FALSE(r.degenerate_b);
+    CHECK(std::abs(r.a.norm() - 1) < 1e-12);
+    CHECK(std::abs(r.b.norm() - 1) < 1e-12);
+    CHECK(std::abs(r.a.dot(r.b)) < 1e-12);
+    CHECK(r.residual_pos_cov < 1e-10);
+    double const N = static_cast<double>(pool.n);
+    double const a_err = 5 * std::sqrt(pool.cov_x().trace() * pool.var_t()) / (std::sqrt(N) * pool.cov_xt().norm());
+    CHECK((r.a - tr.a).norm() < a_err);
+    double const nk = static_cast<double>(k.n);
+    double const se_alpha_k = std::sqrt(r.a.dot(k.cov_x() * r.a) / (k.var_t() * nk));
+    CHECK(std::abs(r.alpha_k - tr.alpha_k) < 5 * se_alpha_k);
+    double const mu_err = 5 * std::sqrt(r.a.dot(q.cov_x() * r.a) / n) + (r.a - tr.a).norm() * tr.mu_q.norm();
+    CHECK(std::abs(r.mu_q_a - tr.mu_q_a) < mu_err);
+    CHECK(std::abs(r.bias_strength - tr.bias_strength) <
+          mu_err * std::abs(tr.alpha_k) + std::abs(tr.mu_q_a) * 5 * se_alpha_k + mu_err * 5 * se_alpha_k);
+    REQUIRE(tr.b_defined);
+    // b ∝ P(μ_Q − μ_K): se of each mean difference coordinate ≈ sd·√(1/n_q + 1/n_k)
+    double const se_delta = std::sqrt((q.cov_x().trace() / n + k.cov_x().trace() / nk));
+    Eigen::VectorXd const pd_true = (tr.mu_q - tr.mu_k) - tr.a * tr.a.dot(tr.mu_q - tr.mu_k);
+    CHECK((r.b - tr.b).norm() < 5 * se_delta / pd_true.norm() + 2 * (r.a - tr.a).norm());
+}
+
+TEST_CASE("the thesis' reversal: PCA favours Q, the drift axis favours K", "[geometry][synthetic][reversal]") {
+    // Q/K centroid offset along the drift and along plain axis 1, where the
+    // keys are noisy and the queries are not: PC0 tilts toward axis 1 and its
+    // key correlation collapses, while on the drift axis a the keys, which
+    // drift twice as fast, correlate more (thesis §4.2.3 and §6).
+    qkgeom::synthetic::layer_spec L;
+    L.d = 16;
+    L.rotary_dims = 8;
+    L.n_q_heads = 1;
+    L.n_kv_heads = 1;
+    qkgeom::synthetic::q_head_params qh;
+    qh.query.intercept = 2.0;
+    qh.query.slope = 1e-3;
+    qh.query.centroid = Eigen::VectorXd::Unit(8, 1) * 3.0;
+    qh.query.noise_axis_scale = Eigen::VectorXd::Ones(8);
+    qh.query.noise_axis_scale(1) = 0.3;
+    qkgeom::synthetic::kv_head_params kv;
+    kv.key.intercept = -1.0;
+    kv.key.slope = 2e-3;
+    kv.key.centroid = Eigen::VectorXd::Unit(8, 1) * -3.0;
+    kv.key.noise_axis_scale = Eigen::VectorXd::Ones(8);
+    kv.key.noise_axis_scale(1) = 4.0;
+    L.q_heads = {qh};
+    L.kv_heads = {kv};
+    qkgeom::synthetic::capture_spec cap;
+    cap.n_examples = 200;
+    cap.buckets = {.scheme = qkgeom::bucket_scheme::uniform, .width = 256, .rate = 2.0};
+    auto const hc = qkgeom::synthetic::generate_head(L, cap, 0);
+    auto const p = qkgeom::pca(hc.q, hc.q_position, hc.k, hc.k_position);
+    auto const r = qkgeom::planar_rotation(hc.q, hc.q_position, hc.k, hc.k_position);
+    INFO("PC0 r_q " << p.pc0_r_q << " r_k " << p.pc0_r_k << "; axis a r_q_a " << r.r_q_a << " r_k_a " << r.r_k_a);
+    CHECK(std::abs(p.pc0_r_q) > std::abs(p.pc0_r_k) + 0.2);
+    CHECK(std::abs(r.r_k_a) > std::abs(r.r_q_a) + 0.05);
+    CHECK(std::abs(r.r_q_a - hc.truth.r_q_a) < 0.03);
+    CHECK(std::abs(r.r_k_a - hc.truth.r_k_a) < 0.03);
+    CHECK(p.taxonomy != qkgeom::head_class::position_dominated);
 }
