@@ -11,22 +11,25 @@
 #pragma once
 
 #include <cmath>
-#include <numbers>
 #include <span>
 
 #include <qkgeom/errors.hpp>
 
 namespace qkgeom {
 
+namespace detail {
+inline constexpr double inv_sqrt2 = 0.70710678118654752440084436210484903928;  // 1/√2
+}  // namespace detail
+
 /// \brief Upper-tail Φ(−|z|) = erfc(|z|/√2)/2, without cancellation.
 [[nodiscard]] inline double normal_tail(double z) noexcept {
-    return 0.5 * std::erfc(std::abs(z) * std::numbers::inv_sqrt2);
+    return 0.5 * std::erfc(std::abs(z) * detail::inv_sqrt2);
 }
 
 /// \brief p(z) = Φ(z): probability that key i beats key j (SPEC §5).
 /// Accurate relative to p for every z (small p are not lost to 1 − tail).
 [[nodiscard]] inline double preference_probability(double z) noexcept {
-    return 0.5 * std::erfc(-z * std::numbers::inv_sqrt2);
+    return 0.5 * std::erfc(-z * detail::inv_sqrt2);
 }
 
 /// \brief PP(z) = 4 p (1 − p) computed as 4 Φ(−|z|)(1 − Φ(−|z|)) (SPEC §5).

@@ -1,14 +1,19 @@
 // qkgeom — the one include a researcher needs to analyse a head.
 //
 // Umbrella header: brings in the tensor concepts (any tensor type), the
-// streaming moment accumulator (SPEC §1) and its shard serialisation, and the
-// geometry of SPEC §2–4 (PCA, planar rotation, Householder decomposition).
-// The plasticity analyses (SPEC §5–6) are added here as they land.
+// streaming moment accumulator (SPEC §1) and its shard serialisation, the
+// geometry of SPEC §2–4 (PCA, planar rotation, Householder decomposition),
+// attention plasticity (SPEC §5–6), and `analyze_head` / `summarise_model`,
+// which run everything for a head and aggregate heads into a model report.
 #pragma once
 
+#include <qkgeom/analyze.hpp>     // IWYU pragma: export
+#include <qkgeom/attention_plasticity.hpp>  // IWYU pragma: export
+#include <qkgeom/buckets.hpp>     // IWYU pragma: export
 #include <qkgeom/config.hpp>      // IWYU pragma: export
 #include <qkgeom/errors.hpp>      // IWYU pragma: export
 #include <qkgeom/float16.hpp>     // IWYU pragma: export
+#include <qkgeom/gaussian.hpp>    // IWYU pragma: export
 #include <qkgeom/householder.hpp>  // IWYU pragma: export
 #include <qkgeom/moments.hpp>     // IWYU pragma: export
 #include <qkgeom/moments_io.hpp>  // IWYU pragma: export

@@ -1,0 +1,237 @@
+// qkgeom — one call per head (PCA, rotation, Householder, diagnostics,
+// plasticity) and the layer- and model-level aggregation (SPEC §2–6, §7).
+#pragma once
+
+#include <qkgeom/attention_plasticity.hpp>
+#include <qkgeom/householder.hpp>
+#include <qkgeom/moments.hpp>
+#include <qkgeom/pca.hpp>
+#include <qkgeom/rotation.hpp>
+#include <qkgeom/tensor.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace qkgeom {
+
+/// \brief Options of every analysis of a head (each with the thesis' defaults).
+struct analysis_options {
+    pca_options pca{};
+    rotation_options rotation{};
+    householder_options householder{};
+    plasticity_options plasticity{};
+    bool diagnostics = true;  ///< row-based normality diagnostics (needs query rows)
+    double ks_alpha = 0.05;   ///< level of sem_frac_ks_reject
+};
+
+/// \brief Everything qkgeom computes for one head pair.
+struct head_analysis {
+    head_id id;
+    std::int64_t n_q_tokens = 0;
+    std::int64_t n_k_tokens = 0;
+    index_t d_model = 0;  ///< head dimension (the column name of SPEC §7)
+    pca_result pca;
+    rotation_result rotation;
+    householder_result householder;
+    normality_diagnostics diagnostics;  ///< NaN when computed from moments
+    plasticity_result plasticity;
+};
+
+/// \brief Analyse one head from its rows (any adapted tensor types): queries
+/// with positions and buckets, keys with positions, buckets and example ids.
+/// The moments are reduced once and shared by PCA, rotation and Householder;
+/// the rows serve the diagnostics, the key pairs and the empirical check.
+template <RowMatrix XQ, IndexVector PQ, IndexVector BQ, RowMatrix XK, IndexVector PK, IndexVector BK,
+          IndexVector EK>
+head_analysis analyze_head(XQ const& queries, PQ const& q_position, BQ const& q_bucket, XK const& keys,
+                           PK const& k_position, BK const& k_bucket, EK const& k_example,
+                           analysis_options const& opt = {}, head_id id = {}) {
+    auto const qr = as_matrix(queries);
+    auto const kr = as_matrix(keys);
+    if (qr.cols() != kr.cols())
+        detail::fail_arg("qkgeom::analyze_head", "queries and keys differ in head dimension: queries have " +
+                                                     std::to_string(qr.cols()) + " columns, keys have",
+                         kr.cols());
+    head_moments hm(qr.cols(), id);
+    hm.add(kind::query, queries, q_position, q_bucket);
+    hm.add(kind::key, keys, k_position, k_bucket);
+    head_analysis out;
+    out.id = id;
+    out.n_q_tokens = hm.q.count();
+    out.n_k_tokens = hm.k.count();
+    out.d_model = hm.d;
+    out.pca = pca(hm, opt.pca);
+    out.rotation = planar_rotation(hm, opt.rotation);
+    out.householder = householder(hm.q, opt.householder);
+    if (opt.diagnostics) out.diagnostics = householder_diagnostics(out.householder, queries, q_position, opt.ks_alpha);
+    out.plasticity = attention_plasticity(out.householder, keys, k_position, k_bucket, k_example, queries, q_position,
+                                          q_bucket, opt.plasticity);
+    return out;
+}
+
+/// \brief Analyse one head from its (merged) moments and its key rows: every
+/// closed form; no normality diagnostics and no empirical cross-check (those
+/// need query rows), so those fields stay NaN.
+template <RowMatrix XK, IndexVector PK, IndexVector BK, IndexVector EK>
+head_analysis analyze_head(head_moments const& hm, XK const& keys, PK const& k_position, BK const& k_bucket,
+                           EK const& k_example, analysis_options const& opt = {}) {
+    head_analysis out;
+    out.id = hm.id;
+    out.n_q_tokens = hm.q.count();
+    out.n_k_tokens = hm.k.count();
+    out.d_model = hm.d;
+    out.pca = pca(hm, opt.pca);
+    out.rotation = planar_rotation(hm, opt.rotation);
+    out.householder = householder(hm.q, opt.householder);
+    out.plasticity = attention_plasticity(out.householder, keys, k_position, k_bucket, k_example, opt.plasticity);
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// Head metrics as named numbers (the numeric columns of head_metrics.csv) and
+// their aggregation over heads.
+// ---------------------------------------------------------------------------
+
+/// \brief Names of the numeric head metrics, in column order (SPEC §7).
+inline constexpr std::array<std::string_view, 35> head_metric_names{
+    "n_q_tokens",          "n_k_tokens",          "d_model",
+    "q_R2_pos",            "q_beta_norm",         "alpha_pos",
+    "sigma2_pos",          "pos_skew",            "pos_excess_kurtosis",
+    "pos_ks_p",            "sem_median_abs_skew", "sem_median_abs_kurtosis",
+    "sem_median_ks_p",     "sem_frac_ks_reject",  "ap_overall",
+    "ap_first_20pct",      "ap_last_20pct",       "ap_drop",
+    "gaussian_gap",        "mu_q_a",              "mu_k_a",
+    "mu_q_b",              "mu_k_b",              "alpha_q",
+    "alpha_k",             "r_q_a",               "r_k_a",
+    "position_r",          "bias_strength",       "separation_strength",
+    "var_frac_a",          "var_frac_b",          "plane_var_fraction",
+    "pca_r_q",             "pca_r_k"};
+
+/// \brief The numeric head metrics of one head, in `head_metric_names` order.
+inline std::array<double, head_metric_names.size()> head_metric_values(head_analysis const& h) {
+    auto const& d = h.diagnostics;
+    auto const& p = h.plasticity;
+    auto const& r = h.rotation;
+    return {double(h.n_q_tokens),
+            double(h.n_k_tokens),
+            double(h.d_model),
+            h.householder.q_R2_pos,
+            h.householder.q_beta_norm,
+            h.householder.alpha_pos,
+            h.householder.sigma2_pos,
+            d.pos_skew,
+            d.pos_excess_kurtosis,
+            d.pos_ks_p,
+            d.sem_median_abs_skew,
+            d.sem_median_abs_kurtosis,
+            d.sem_median_ks_p,
+            d.sem_frac_ks_reject,
+            p.ap_overall,
+            p.ap_first_20pct,
+            p.ap_last_20pct,
+            p.ap_drop,
+            p.gaussian_gap,
+            r.mu_q_a,
+            r.mu_k_a,
+            r.mu_q_b,
+            r.mu_k_b,
+            r.alpha_q,
+            r.alpha_k,
+            r.r_q_a,
+            r.r_k_a,
+            r.position_r,
+            r.bias_strength,
+            r.separation_strength,
+            r.var_frac_a,
+            r.var_frac_b,
+            r.plane_var_fraction,
+            h.pca.pc0_r_q,
+            h.pca.pc0_r_k};
+}
+
+/// \brief Averages over a set of heads (SPEC §6 "Model level"). Each mean is
+/// over the heads where the value is finite; `n_finite` says how many.
+struct head_set_summary {
+    std::int64_t n_heads = 0;
+    std::array<double, head_metric_names.size()> mean{};       ///< per metric, `head_metric_names` order
+    std::array<std::int64_t, head_metric_names.size()> n_finite{};
+    std::array<double, 5> ap_quintile{};   ///< mean quintile profile over heads (finite entries)
+    std::array<double, 10> ap_decile{};    ///< mean decile profile
+    std::map<head_class, std::int64_t> taxonomy_counts;
+
+    /// The mean of a metric by name (NaN when unknown or no finite value).
+    [[nodiscard]] double operator[](std::string_view name) const noexcept {
+        for (std::size_t i = 0; i < head_metric_names.size(); ++i)
+            if (head_metric_names[i] == name) return mean[i];
+        return detail::nan;
+    }
+};
+
+/// \brief Model-level report: all heads, and per layer.
+struct model_summary {
+    head_set_summary all;
+    std::map<std::int64_t, head_set_summary> per_layer;
+};
+
+namespace detail {
+
+template <std::size_t N>
+void mean_finite(std::array<double, N>& sum, std::array<std::int64_t, N>& cnt, std::array<double, N> const& v) {
+    for (std::size_t i = 0; i < N; ++i)
+        if (std::isfinite(v[i])) {
+            sum[i] += v[i];
+            ++cnt[i];
+        }
+}
+
+template <std::size_t N>
+std::array<double, N> finish_mean(std::array<double, N> const& sum, std::array<std::int64_t, N> const& cnt) {
+    std::array<double, N> out{};
+    for (std::size_t i = 0; i < N; ++i) out[i] = cnt[i] > 0 ? sum[i] / double(cnt[i]) : nan;
+    return out;
+}
+
+inline head_set_summary summarise(std::vector<head_analysis const*> const& heads) {
+    head_set_summary s;
+    s.n_heads = static_cast<std::int64_t>(heads.size());
+    std::array<double, head_metric_names.size()> sum{};
+    std::array<double, 5> qsum{};
+    std::array<std::int64_t, 5> qcnt{};
+    std::array<double, 10> dsum{};
+    std::array<std::int64_t, 10> dcnt{};
+    for (auto const* h : heads) {
+        mean_finite(sum, s.n_finite, head_metric_values(*h));
+        mean_finite(qsum, qcnt, h->plasticity.ap_quintile);
+        mean_finite(dsum, dcnt, h->plasticity.ap_decile);
+        ++s.taxonomy_counts[h->pca.taxonomy];
+    }
+    s.mean = finish_mean(sum, s.n_finite);
+    s.ap_quintile = finish_mean(qsum, qcnt);
+    s.ap_decile = finish_mean(dsum, dcnt);
+    return s;
+}
+
+}  // namespace detail
+
+/// \brief Aggregate the heads of one model: every head metric averaged over
+/// heads (finite values only), overall and per layer, plus the averaged
+/// quintile/decile profiles and the taxonomy counts.
+inline model_summary summarise_model(std::span<head_analysis const> heads) {
+    model_summary m;
+    std::vector<head_analysis const*> all;
+    std::map<std::int64_t, std::vector<head_analysis const*>> by_layer;
+    for (auto const& h : heads) {
+        all.push_back(&h);
+        by_layer[h.id.layer].push_back(&h);
+    }
+    m.all = detail::summarise(all);
+    for (auto const& [layer, hs] : by_layer) m.per_layer.emplace(layer, detail::summarise(hs));
+    return m;
+}
+
+}  // namespace qkgeom

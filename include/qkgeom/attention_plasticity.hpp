@@ -1,0 +1,711 @@
+// qkgeom — attention plasticity: the Gaussian closed form per key pair and
+// query bucket (SPEC §5) and its aggregation into cells, profiles, AP_drop,
+// quantile profiles, the 2D heatmap and the empirical cross-check (SPEC §6;
+// thesis §4.4).
+//
+// For a query bucket b with rotated-basis mean w_b = [α_pos + β_pos τ_b, μ_b]
+// and variances V_b = diag(σ²_pos, σ²_b) (or blockdiag(σ²_pos, Σ_b)), and a
+// key pair (i, j) with rotated keys k̃ = H k:
+//   m = w_b·(k̃_i − k̃_j) = s_i − s_j,        s_i = w_b·k̃_i
+//   v = (k̃_i − k̃_j)ᵀ V_b (k̃_i − k̃_j) = n_i + n_j − 2 g_ij,  g_ij = k̃_iᵀ V_b k̃_j
+//   PP = 4 Φ(−|z|)(1 − Φ(−|z|)),  z = m/√v
+// Small groups of keys are evaluated pair by pair ("direct"); groups with at
+// least `dense_min_keys` keys form the weighted Gram matrix G = K̃ V_b K̃ᵀ
+// tile by tile (GEMM) followed by an element-wise Φ ("dense"); both give the
+// same PP to rounding (tested to 1e-12).
+#pragma once
+
+#include <qkgeom/buckets.hpp>
+#include <qkgeom/config.hpp>
+#include <qkgeom/detail/stats.hpp>
+#include <qkgeom/errors.hpp>
+#include <qkgeom/gaussian.hpp>
+#include <qkgeom/householder.hpp>
+#include <qkgeom/tensor.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace qkgeom {
+
+/// \brief Which key pairs a query bucket is evaluated on (SPEC §6).
+enum class pair_policy {
+    same_bucket,  ///< default: pairs of one example's keys in one earlier bucket c; a cell per (b, c)
+    prefix,       ///< pairs of one example's keys anywhere in the earlier buckets (thesis' pooled prefix)
+};
+
+/// \brief How AP_overall weights the query buckets (SPEC §6).
+enum class ap_weighting {
+    query_count,  ///< default: w_b = number of queries in bucket b
+    cell_mean,    ///< plain mean over the non-empty cells (as the prior tool did)
+};
+
+/// \brief Exact enumeration of every admissible pair, or seeded sampling.
+enum class enumeration_policy {
+    automatic,  ///< exact when the head's admissible pair count ≤ max_exact_pairs, else sampled
+    exact,
+    sampled,
+};
+
+/// \brief Bin edges of the 2D heatmap (SPEC §6, §9.13): half-open bins
+/// [e_j, e_{j+1}), the last one closed. Empty = 16 equal bins over [0, L]
+/// (distance) and [−L, L] (offset), L the context length.
+struct heatmap_grid {
+    std::vector<double> distance_edges;  ///< inter-key distance |t_i − t_j|
+    std::vector<double> offset_edges;    ///< query-to-midpoint distance τ_b − (t_i + t_j)/2
+};
+
+/// \brief Options of `attention_plasticity` (defaults are the thesis').
+struct plasticity_options {
+    pair_policy pairs = pair_policy::same_bucket;
+    ap_weighting weighting = ap_weighting::query_count;
+    enumeration_policy enumeration = enumeration_policy::automatic;
+    std::int64_t max_exact_pairs = 4'000'000;  ///< automatic: exact up to this many (query bucket, pair) evaluations
+    std::int64_t samples_per_cell = 2000;      ///< sampled: pairs drawn per cell
+    std::uint64_t seed = 0;                    ///< sampled: seed (a cell's draws depend on (seed, b, c) only)
+    std::int64_t sliding_window = 0;           ///< attention span in tokens; 0 = full attention
+    std::optional<bucket_spec> buckets;        ///< scheme of the capture: validates buckets, converts the window
+    std::int64_t context_length = 0;           ///< L; 0 = max position over queries and keys + 1 (SPEC §9.12)
+    heatmap_grid heatmap{};
+    index_t dense_min_keys = 48;  ///< groups with at least this many keys use the Gram (GEMM) path
+    index_t tile_keys = 256;      ///< Gram tile edge: memory stays O(tile² + group·d)
+};
+
+/// \brief One (query bucket, key bucket) cell: a row of head_bucket_plasticity.csv.
+/// For `prefix` there is one cell per query bucket, with k_bucket = −1.
+struct plasticity_cell {
+    std::int64_t q_bucket = 0;
+    std::int64_t k_bucket = 0;
+    double plasticity = detail::nan;  ///< mean PP over the evaluated pairs (NaN when n_pairs = 0)
+    std::int64_t n_pairs = 0;         ///< evaluated pairs (v > 0)
+    double std_error = 0.0;           ///< sampled: sd(PP)/√n (SPEC §9.16); exact: 0
+    double empirical = detail::nan;   ///< mean unbiased 4p̂(1−p̂)n/(n−1) over the same pairs (needs queries)
+};
+
+/// \brief One query bucket of the plasticity profile.
+struct plasticity_bucket {
+    std::int64_t q_bucket = 0;
+    std::int64_t n_queries = 0;        ///< w_b
+    double tau = detail::nan;          ///< τ_b, exact mean query position
+    double ap = detail::nan;           ///< AP_b (NaN: no non-empty cell; excluded everywhere)
+    double ap_empirical = detail::nan; ///< the same aggregate of the empirical values
+    double std_error = 0.0;            ///< sampled: standard error of AP_b
+    std::int64_t n_pairs = 0;
+    std::int64_t n_cells = 0;          ///< non-empty cells
+    int quintile = 0;                  ///< ⌊5 τ_b / L⌋, clipped to 4
+    int decile = 0;                    ///< ⌊10 τ_b / L⌋, clipped to 9
+};
+
+/// \brief The 2D heatmap: sum and count of PP per (distance, offset) bin.
+struct plasticity_heatmap {
+    std::vector<double> distance_edges, offset_edges;
+    Eigen::MatrixXd sum;                                           ///< distance bins × offset bins
+    Eigen::Matrix<std::int64_t, Eigen::Dynamic, Eigen::Dynamic> count;
+    std::int64_t n_outside = 0;  ///< points outside the grid: counted, not binned
+};
+
+/// \brief Result of the plasticity analysis of one head (SPEC §6); scalar
+/// fields are columns of head_metrics.csv.
+struct plasticity_result {
+    std::vector<plasticity_cell> cells;      ///< non-empty and empty cells, ascending (q_bucket, k_bucket)
+    std::vector<plasticity_bucket> profile;  ///< ascending q_bucket (buckets with a model)
+    double ap_overall = detail::nan;
+    double ap_first_20pct = detail::nan;
+    double ap_last_20pct = detail::nan;
+    double ap_drop = detail::nan;  ///< ap_first_20pct − ap_last_20pct
+    std::array<double, 5> ap_quintile{detail::nan, detail::nan, detail::nan, detail::nan, detail::nan};
+    std::array<double, 10> ap_decile{};
+    double gaussian_gap = detail::nan;  ///< mean |AP_b − AP_b,empirical| (needs queries)
+    plasticity_heatmap heatmap;
+    std::int64_t n_pairs = 0;                ///< evaluated (query bucket, pair) evaluations
+    std::int64_t n_pairs_skipped = 0;        ///< pairs with v ≤ 0 (identical keys), not averaged (SPEC §9.9)
+    std::int64_t n_query_buckets_skipped = 0;  ///< no earlier key bucket, or no bucket model
+    bool sampled = false;
+    std::int64_t context_length = 0;  ///< L used for the quantiles
+};
+
+namespace detail {
+
+/// The keys of one head, rotated (k̃ = H k) and in the original basis, with
+/// their integer annotations.
+struct key_store {
+    index_t d = 0;
+    Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> rot, orig;
+    std::vector<std::int64_t> position, bucket, example;
+};
+
+/// Query rows of one bucket (original basis), for the empirical cross-check.
+using query_rows = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// The first token position of a bucket (for the sliding window).
+inline std::int64_t bucket_first_position(bucket_spec const& s, std::int64_t b) {
+    if (s.scheme == bucket_scheme::log) {
+        std::int64_t const i_min = ceil_log2(static_cast<std::uint64_t>(s.width));
+        return b <= i_min ? 0 : (std::int64_t{1} << b) - 1;
+    }
+    return b * s.width;
+}
+/// The last token position of a bucket.
+inline std::int64_t bucket_last_position(bucket_spec const& s, std::int64_t b) {
+    if (s.scheme == bucket_scheme::log) return (std::int64_t{1} << (b + 1)) - 2;
+    return (b + 1) * s.width - 1;
+}
+
+/// Is key bucket c < b inside the window of query bucket b? Uniform/all:
+/// c ≥ b − span, span = max(1, ⌈W/B⌉) (SPEC §6). Log: the bucket's last
+/// position reaches the query bucket's first position minus W (which is the
+/// same rule for uniform buckets).
+inline bool in_window(plasticity_options const& o, std::int64_t b, std::int64_t c) {
+    if (o.sliding_window <= 0) return true;
+    bucket_spec const& s = *o.buckets;
+    if (s.scheme != bucket_scheme::log) {
+        std::int64_t const span = std::max<std::int64_t>(1, (o.sliding_window + s.width - 1) / s.width);
+        return c >= b - span;
+    }
+    return bucket_last_position(s, c) >= bucket_first_position(s, b) - o.sliding_window;
+}
+
+/// ⌊k·τ_b/L⌋ in integer arithmetic (SPEC §9.12): τ_b = S/n with S integer.
+inline int quantile_of(double tau, std::int64_t n, std::int64_t L, int k) {
+    auto const S = static_cast<std::int64_t>(std::llround(tau * static_cast<double>(n)));
+    long double const q = static_cast<long double>(k) * static_cast<long double>(S) /
+                          (static_cast<long double>(n) * static_cast<long double>(L));
+    std::int64_t num = 0;
+    bool const exact = S <= std::numeric_limits<std::int64_t>::max() / k && n <= std::numeric_limits<std::int64_t>::max() / L;
+    if (exact) {
+        num = (static_cast<std::int64_t>(k) * S) / (n * L);
+    } else {
+        num = static_cast<std::int64_t>(std::floor(q));
+    }
+    return static_cast<int>(std::clamp<std::int64_t>(num, 0, k - 1));
+}
+
+/// Accumulates one cell.
+struct cell_acc {
+    double sum = 0, sumsq = 0, emp_sum = 0;
+    std::int64_t n = 0, emp_n = 0;
+};
+
+/// Everything one query bucket needs to evaluate pairs.
+struct bucket_eval {
+    Eigen::VectorXd w;     ///< rotated mean
+    Eigen::VectorXd var;   ///< diag variances (diag / global_linear)
+    Eigen::MatrixXd V;     ///< full: d × d blockdiag(σ²_pos, Σ_b); empty otherwise
+    double tau = nan;
+    query_rows const* queries = nullptr;  ///< original-basis queries of the bucket (≥ 2 rows) or null
+    double emp_scale = 1.0;               ///< n/(n−1)
+};
+
+class pair_evaluator {
+public:
+    pair_evaluator(key_store const& keys, plasticity_heatmap& hm, std::int64_t& skipped)
+        : k_(keys), hm_(hm), skipped_(skipped) {}
+
+    /// The closed form of one pair, direct path. Returns false (and counts it)
+    /// when the keys are identical (v ≤ 0).
+    bool pp_direct(bucket_eval const& e, index_t i, index_t j, double& pp) const {
+        Eigen::VectorXd const delta = (k_.rot.row(i) - k_.rot.row(j)).transpose();
+        if ((delta.array() == 0.0).all()) return false;
+        double const m = e.w.dot(delta);
+        double v = 0;
+        if (e.V.size() != 0) v = delta.dot(e.V * delta);
+        else v = (delta.array().square() * e.var.array()).sum();
+        if (!(v > 0)) return false;
+        pp = pairwise_plasticity(m / std::sqrt(v));
+        return true;
+    }
+
+    /// Record an evaluated pair: cell accumulators, heatmap, empirical value.
+    /// `scores` (optional): the bucket's query scores against a group of keys,
+    /// with columns ci, cj holding keys i and j.
+    void record(bucket_eval const& e, index_t i, index_t j, double pp, cell_acc& acc,
+                Eigen::MatrixXd const* scores = nullptr, index_t ci = 0, index_t cj = 0) {
+        acc.sum += pp;
+        acc.sumsq += pp * pp;
+        ++acc.n;
+        double const ti = static_cast<double>(k_.position[static_cast<std::size_t>(i)]);
+        double const tj = static_cast<double>(k_.position[static_cast<std::size_t>(j)]);
+        bin(std::abs(ti - tj), e.tau - 0.5 * (ti + tj), pp);
+        if (e.queries == nullptr) return;
+        // SPEC §9.14: the fraction of the bucket's queries whose score for key i
+        // is strictly larger than for key j (original basis).
+        index_t const nq = e.queries->rows();
+        std::int64_t wins = 0;
+        if (scores != nullptr) {
+            for (index_t r = 0; r < nq; ++r) wins += (*scores)(r, ci) > (*scores)(r, cj) ? 1 : 0;
+        } else {
+            Eigen::VectorXd const si = *e.queries * k_.orig.row(i).transpose();
+            Eigen::VectorXd const sj = *e.queries * k_.orig.row(j).transpose();
+            for (index_t r = 0; r < nq; ++r) wins += si(r) > sj(r) ? 1 : 0;
+        }
+        double const p = static_cast<double>(wins) / static_cast<double>(nq);
+        acc.emp_sum += 4.0 * p * (1.0 - p) * e.emp_scale;
+        ++acc.emp_n;
+    }
+
+    void skip() { ++skipped_; }
+
+private:
+    void bin(double x, double y, double pp) {
+        auto locate = [](std::vector<double> const& edges, double v) -> index_t {
+            if (edges.size() < 2 || !(v >= edges.front()) || !(v <= edges.back())) return -1;
+            if (v == edges.back()) return static_cast<index_t>(edges.size()) - 2;  // last bin closed
+            auto const it = std::upper_bound(edges.begin(), edges.end(), v);
+            return static_cast<index_t>(it - edges.begin()) - 1;
+        };
+        index_t const a = locate(hm_.distance_edges, x), c = locate(hm_.offset_edges, y);
+        if (a < 0 || c < 0) {
+            ++hm_.n_outside;
+            return;
+        }
+        hm_.sum(a, c) += pp;
+        ++hm_.count(a, c);
+    }
+
+    key_store const& k_;
+    plasticity_heatmap& hm_;
+    std::int64_t& skipped_;
+};
+
+/// All pairs of one group of keys (indices `idx`, one example) for one query
+/// bucket, exactly. Dense groups use the tiled Gram path.
+inline void evaluate_group_exact(pair_evaluator& ev, key_store const& k, bucket_eval const& e,
+                                 std::vector<index_t> const& idx, cell_acc& acc, plasticity_options const& o) {
+    auto const m = static_cast<index_t>(idx.size());
+    if (m < 2) return;
+    // Original-basis scores of the bucket's queries against the group's keys (empirical).
+    Eigen::MatrixXd scores;
+    if (e.queries != nullptr) {
+        Eigen::MatrixXd kg(m, k.d);
+        for (index_t a = 0; a < m; ++a) kg.row(a) = k.orig.row(idx[static_cast<std::size_t>(a)]);
+        scores = *e.queries * kg.transpose();  // n_q × m
+    }
+    auto record = [&](index_t a, index_t b, double pp) {
+        ev.record(e, idx[static_cast<std::size_t>(a)], idx[static_cast<std::size_t>(b)], pp, acc,
+                  e.queries != nullptr ? &scores : nullptr, a, b);
+    };
+    if (m < o.dense_min_keys) {
+        for (index_t a = 0; a < m; ++a)
+            for (index_t b = a + 1; b < m; ++b) {
+                double pp = 0;
+                if (ev.pp_direct(e, idx[static_cast<std::size_t>(a)], idx[static_cast<std::size_t>(b)], pp))
+                    record(a, b, pp);
+                else
+                    ev.skip();
+            }
+        return;
+    }
+    // Dense path (SPEC §5 exactness identity): s = K̃ w, B = K̃ V, n_i = (B ⊙ K̃) 1, G = B K̃ᵀ per tile.
+    Eigen::MatrixXd K(m, k.d);
+    for (index_t a = 0; a < m; ++a) K.row(a) = k.rot.row(idx[static_cast<std::size_t>(a)]);
+    Eigen::VectorXd const s = K * e.w;
+    Eigen::MatrixXd const B = e.V.size() != 0 ? Eigen::MatrixXd(K * e.V) : Eigen::MatrixXd(K * e.var.asDiagonal());
+    Eigen::VectorXd const nrm = (B.array() * K.array()).rowwise().sum();
+    index_t const T = std::max<index_t>(1, o.tile_keys);
+    Eigen::MatrixXd G;
+    for (index_t a0 = 0; a0 < m; a0 += T) {
+        index_t const na = std::min(T, m - a0);
+        for (index_t b0 = a0; b0 < m; b0 += T) {
+            index_t const nb = std::min(T, m - b0);
+            G.noalias() = B.middleRows(a0, na) * K.middleRows(b0, nb).transpose();
+            for (index_t a = 0; a < na; ++a)
+                for (index_t b = (b0 == a0 ? a + 1 : 0); b < nb; ++b) {
+                    index_t const ia = a0 + a, ib = b0 + b;
+                    double const v = nrm(ia) + nrm(ib) - 2.0 * G(a, b);
+                    double pp = 0;
+                    // SPEC §9.9: rounding must never turn identical keys into a random PP.
+                    if (!(v > 1e-12 * (nrm(ia) + nrm(ib)))) {
+                        if (ev.pp_direct(e, idx[static_cast<std::size_t>(ia)], idx[static_cast<std::size_t>(ib)],
+                                         pp))
+                            record(ia, ib, pp);
+                        else
+                            ev.skip();
+                        continue;
+                    }
+                    pp = pairwise_plasticity((s(ia) - s(ib)) / std::sqrt(v));
+                    record(ia, ib, pp);
+                }
+        }
+    }
+}
+
+/// Seeded sampling of one cell (SPEC §6): a group with probability ∝ its pair
+/// count, then two distinct keys uniformly. Draws depend on (seed, b, c) only.
+inline void evaluate_cell_sampled(pair_evaluator& ev, bucket_eval const& e,
+                                  std::vector<std::vector<index_t> const*> const& groups, cell_acc& acc,
+                                  plasticity_options const& o, std::int64_t b, std::int64_t c) {
+    std::vector<double> cum;
+    double total = 0;
+    for (auto const* g : groups) {
+        auto const m = static_cast<double>(g->size());
+        total += m * (m - 1) / 2;
+        cum.push_back(total);
+    }
+    if (!(total > 0)) return;
+    std::uint64_t const seed = hash_step(hash_step(splitmix64(o.seed), static_cast<std::uint64_t>(b)),
+                                         static_cast<std::uint64_t>(c));
+    std::mt19937_64 gen(seed);
+    for (std::int64_t s = 0; s < o.samples_per_cell; ++s) {
+        double const u = unit_interval(gen()) * total;
+        auto gi = static_cast<std::size_t>(std::upper_bound(cum.begin(), cum.end(), u) - cum.begin());
+        gi = std::min(gi, groups.size() - 1);
+        auto const& g = *groups[gi];
+        auto const m = static_cast<std::uint64_t>(g.size());
+        auto const a = static_cast<std::size_t>(gen() % m);
+        auto bb = static_cast<std::size_t>(gen() % (m - 1));
+        if (bb >= a) ++bb;
+        double pp = 0;
+        if (ev.pp_direct(e, g[a], g[bb], pp)) ev.record(e, g[a], g[bb], pp, acc);
+        else ev.skip();
+    }
+}
+
+inline std::vector<double> default_edges(double lo, double hi, int bins) {
+    std::vector<double> e(static_cast<std::size_t>(bins) + 1);
+    for (int i = 0; i <= bins; ++i) e[static_cast<std::size_t>(i)] = lo + (hi - lo) * i / bins;
+    return e;
+}
+
+inline void check_edges(std::vector<double> const& e, std::string_view name) {
+    if (e.size() < 2) fail_arg("qkgeom::attention_plasticity", std::string(name) + ": need at least 2 edges; edges", e.size());
+    for (std::size_t i = 1; i < e.size(); ++i)
+        if (!(e[i] > e[i - 1]))
+            fail_arg("qkgeom::attention_plasticity",
+                     std::string(name) + ": edges must be finite and strictly increasing; edge " + std::to_string(i),
+                     e[i]);
+}
+
+/// Widened copies of the annotations, validated (lengths, non-negative
+/// positions/buckets, consistency with the bucket scheme when given).
+template <IndexVector V>
+std::vector<std::int64_t> read_ids(std::string_view field, V const& v, index_t n) {
+    auto const r = as_indices(v);
+    if (r.size() != n)
+        fail_arg("qkgeom::attention_plasticity",
+                 std::string(field) + ": length differs from the " + std::to_string(n) + " rows; length", r.size());
+    std::vector<std::int64_t> out(static_cast<std::size_t>(n));
+    for (index_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = r[i];
+    return out;
+}
+
+inline void check_buckets(std::string_view kind_name, std::vector<std::int64_t> const& pos,
+                          std::vector<std::int64_t> const& bucket, std::optional<bucket_spec> const& spec) {
+    if (!spec) return;
+    for (std::size_t i = 0; i < pos.size(); ++i) {
+        std::int64_t const expect = bucket_of(*spec, pos[i]);
+        if (bucket[i] != expect)
+            fail_arg("qkgeom::attention_plasticity",
+                     std::string(kind_name) + " buckets: bucket does not match position " + std::to_string(pos[i]) +
+                         " at row " + std::to_string(i) + " (scheme " + bucket_scheme_name(spec->scheme) +
+                         ", width " + std::to_string(spec->width) + " gives " + std::to_string(expect) +
+                         "); bucket",
+                     bucket[i]);
+    }
+}
+
+}  // namespace detail
+
+/// \brief Attention plasticity of one head (SPEC §5–6) from the Householder
+/// model of its queries and the key rows; optionally the query rows for the
+/// empirical cross-check (pass `nullptr`-like empty queries to skip it via the
+/// overload without queries).
+///
+/// \param model      householder(...) of the head's queries (bucket models, H)
+/// \param keys       key rows (any RowMatrix, n_k × d)
+/// \param k_position, k_bucket, k_example  per key row
+/// \throws std::invalid_argument on mismatched dimensions or lengths, NaN/Inf
+///         in a key, negative positions, buckets that do not match positions
+///         (when `opt.buckets` is given), bad options.
+template <RowMatrix XK, IndexVector PK, IndexVector BK, IndexVector EK, RowMatrix XQ, IndexVector PQ, IndexVector BQ>
+plasticity_result attention_plasticity(householder_result const& model, XK const& keys, PK const& k_position,
+                                       BK const& k_bucket, EK const& k_example, XQ const* queries,
+                                       PQ const* q_position, BQ const* q_bucket, plasticity_options const& opt = {}) {
+    constexpr std::string_view fn = "qkgeom::attention_plasticity";
+    index_t const d = model.beta.size();
+    if (d < 1) detail::fail_arg(fn, "the Householder model is empty (d)", d);
+    if (opt.samples_per_cell < 1) detail::fail_arg(fn, "samples_per_cell must be >= 1", opt.samples_per_cell);
+    if (opt.sliding_window < 0) detail::fail_arg(fn, "sliding_window must be >= 0 tokens", opt.sliding_window);
+    if (opt.sliding_window > 0 && !opt.buckets)
+        detail::fail_arg(fn, "a sliding window needs the bucket scheme (options.buckets); sliding_window",
+                         opt.sliding_window);
+    if (opt.buckets) detail::check_bucket_spec(fn, *opt.buckets);
+
+    // --- keys: validate, widen, rotate (k̃ = H k; H never formed densely)
+    auto const kr = as_matrix(keys);
+    if (kr.cols() != d)
+        detail::fail_arg(fn, "keys: head dimension differs from the queries' model: model has d = " +
+                                 std::to_string(d) + ", keys have",
+                         kr.cols());
+    auto const kp = as_indices(k_position);
+    detail::check_batch(fn, d, kr, kp, static_cast<decltype(kp) const*>(nullptr));
+    detail::key_store ks;
+    ks.d = d;
+    index_t const nk = kr.rows();
+    ks.position = detail::read_ids("keys: positions", k_position, nk);
+    ks.bucket = detail::read_ids("keys: buckets", k_bucket, nk);
+    ks.example = detail::read_ids("keys: example ids", k_example, nk);
+    for (index_t i = 0; i < nk; ++i)
+        if (ks.bucket[static_cast<std::size_t>(i)] < 0)
+            detail::fail_arg(fn, "keys: buckets: negative bucket at row " + std::to_string(i),
+                             ks.bucket[static_cast<std::size_t>(i)]);
+    detail::check_buckets("keys", ks.position, ks.bucket, opt.buckets);
+    ks.orig.resize(nk, d);
+    for (index_t i = 0; i < nk; ++i) kr.read_row(i, ks.orig.row(i).data());
+    ks.rot = ks.orig;
+    model.H.apply_rows(ks.rot);
+
+    // --- queries (optional): per-bucket original-basis rows for the empirical check
+    std::map<std::int64_t, detail::query_rows> qrows;
+    std::int64_t max_pos = 0;
+    for (auto t : ks.position) max_pos = std::max(max_pos, t);
+    if (queries != nullptr) {
+        auto const qr = as_matrix(*queries);
+        if (qr.cols() != d)
+            detail::fail_arg(fn, "queries: head dimension differs from the keys' (" + std::to_string(d) + "); queries have",
+                             qr.cols());
+        auto const qp = as_indices(*q_position);
+        detail::check_batch(fn, d, qr, qp, static_cast<decltype(qp) const*>(nullptr));
+        auto const qpos = detail::read_ids("queries: positions", *q_position, qr.rows());
+        auto const qb = detail::read_ids("queries: buckets", *q_bucket, qr.rows());
+        detail::check_buckets("queries", qpos, qb, opt.buckets);
+        std::map<std::int64_t, std::vector<index_t>> rows_of;
+        for (index_t i = 0; i < qr.rows(); ++i) {
+            rows_of[qb[static_cast<std::size_t>(i)]].push_back(i);
+            max_pos = std::max(max_pos, qpos[static_cast<std::size_t>(i)]);
+        }
+        for (auto const& [b, rows] : rows_of) {
+            detail::query_rows m(static_cast<index_t>(rows.size()), d);
+            for (std::size_t r = 0; r < rows.size(); ++r) qr.read_row(rows[r], m.row(static_cast<index_t>(r)).data());
+            qrows.emplace(b, std::move(m));
+        }
+    } else {
+        // without query rows, L defaults from the keys and the bucket means of the queries
+        for (auto const& s : model.buckets) max_pos = std::max(max_pos, static_cast<std::int64_t>(std::ceil(s.tau)));
+    }
+
+    plasticity_result res;
+    std::int64_t const L = opt.context_length > 0 ? opt.context_length : max_pos + 1;
+    res.context_length = L;
+    res.ap_decile.fill(detail::nan);
+    auto& hm = res.heatmap;
+    hm.distance_edges = opt.heatmap.distance_edges.empty() ? detail::default_edges(0, double(L), 16)
+                                                            : opt.heatmap.distance_edges;
+    hm.offset_edges = opt.heatmap.offset_edges.empty() ? detail::default_edges(-double(L), double(L), 16)
+                                                        : opt.heatmap.offset_edges;
+    detail::check_edges(hm.distance_edges, "heatmap.distance_edges");
+    detail::check_edges(hm.offset_edges, "heatmap.offset_edges");
+    hm.sum = Eigen::MatrixXd::Zero(index_t(hm.distance_edges.size()) - 1, index_t(hm.offset_edges.size()) - 1);
+    hm.count.setZero(hm.sum.rows(), hm.sum.cols());
+
+    // --- groups: (key bucket, example) -> key indices (ascending)
+    std::map<std::int64_t, std::map<std::int64_t, std::vector<index_t>>> groups;
+    for (index_t i = 0; i < nk; ++i)
+        groups[ks.bucket[static_cast<std::size_t>(i)]][ks.example[static_cast<std::size_t>(i)]].push_back(i);
+
+    // Admissible key buckets of each query bucket; total pair count for `automatic`.
+    auto admissible = [&](std::int64_t b) {
+        std::vector<std::int64_t> cs;
+        for (auto const& [c, g] : groups)
+            if (c < b && detail::in_window(opt, b, c)) cs.push_back(c);
+        return cs;
+    };
+    auto pairs_of = [](std::size_t m) { return static_cast<std::int64_t>(m * (m > 0 ? m - 1 : 0) / 2); };
+    std::int64_t total_pairs = 0;
+    for (auto const& s : model.buckets) {
+        auto const cs = admissible(s.bucket);
+        if (opt.pairs == pair_policy::same_bucket) {
+            for (auto c : cs)
+                for (auto const& [e, idx] : groups[c]) total_pairs += pairs_of(idx.size());
+        } else {
+            std::map<std::int64_t, std::size_t> per_example;
+            for (auto c : cs)
+                for (auto const& [e, idx] : groups[c]) per_example[e] += idx.size();
+            for (auto const& [e, m] : per_example) total_pairs += pairs_of(m);
+        }
+    }
+    res.sampled = opt.enumeration == enumeration_policy::sampled ||
+                  (opt.enumeration == enumeration_policy::automatic && total_pairs > opt.max_exact_pairs);
+
+    detail::pair_evaluator ev(ks, hm, res.n_pairs_skipped);
+    for (auto const& s : model.buckets) {
+        plasticity_bucket pb;
+        pb.q_bucket = s.bucket;
+        pb.n_queries = s.n_queries;
+        pb.tau = s.tau;
+        pb.quintile = detail::quantile_of(s.tau, s.n_queries, L, 5);
+        pb.decile = detail::quantile_of(s.tau, s.n_queries, L, 10);
+        auto const cs = admissible(s.bucket);
+        if (cs.empty() || !s.used) {  // SPEC §6: no earlier key bucket; §9.8: no bucket model
+            ++res.n_query_buckets_skipped;
+            res.profile.push_back(pb);
+            continue;
+        }
+        detail::bucket_eval e;
+        e.w = s.mean;
+        e.tau = s.tau;
+        if (s.cov.size() != 0) {
+            e.V = Eigen::MatrixXd::Zero(d, d);
+            e.V(0, 0) = s.var(0);
+            e.V.bottomRightCorner(d - 1, d - 1) = s.cov;
+        } else {
+            e.var = s.var;
+        }
+        auto const qit = qrows.find(s.bucket);
+        if (qit != qrows.end() && qit->second.rows() >= 2) {  // SPEC §9.14
+            e.queries = &qit->second;
+            e.emp_scale = double(qit->second.rows()) / double(qit->second.rows() - 1);
+        }
+        auto finish_cell = [&](detail::cell_acc const& acc, std::int64_t c) {
+            plasticity_cell cell;
+            cell.q_bucket = s.bucket;
+            cell.k_bucket = c;
+            cell.n_pairs = acc.n;
+            if (acc.n > 0) {
+                cell.plasticity = acc.sum / double(acc.n);
+                if (res.sampled && acc.n > 1) {
+                    double const var = std::max(0.0, (acc.sumsq - acc.sum * acc.sum / double(acc.n)) / double(acc.n - 1));
+                    cell.std_error = std::sqrt(var / double(acc.n));
+                }
+                if (acc.emp_n > 0) cell.empirical = acc.emp_sum / double(acc.emp_n);
+            }
+            res.cells.push_back(cell);
+            return cell;
+        };
+        if (opt.pairs == pair_policy::same_bucket) {
+            double sum = 0, emp_sum = 0, se2 = 0;
+            std::int64_t n_emp = 0;
+            for (auto c : cs) {
+                detail::cell_acc acc;
+                if (res.sampled) {
+                    std::vector<std::vector<index_t> const*> gs;
+                    for (auto const& [ex, idx] : groups[c])
+                        if (idx.size() >= 2) gs.push_back(&idx);
+                    detail::evaluate_cell_sampled(ev, e, gs, acc, opt, s.bucket, c);
+                } else {
+                    for (auto const& [ex, idx] : groups[c]) detail::evaluate_group_exact(ev, ks, e, idx, acc, opt);
+                }
+                auto const cell = finish_cell(acc, c);
+                if (cell.n_pairs == 0) continue;  // SPEC §9.10: empty cells excluded
+                ++pb.n_cells;
+                pb.n_pairs += cell.n_pairs;
+                sum += cell.plasticity;
+                se2 += cell.std_error * cell.std_error;
+                if (std::isfinite(cell.empirical)) {
+                    emp_sum += cell.empirical;
+                    ++n_emp;
+                }
+            }
+            if (pb.n_cells > 0) {  // SPEC §9.11: unweighted mean of the non-empty cells
+                pb.ap = sum / double(pb.n_cells);
+                pb.std_error = std::sqrt(se2) / double(pb.n_cells);
+                if (n_emp == pb.n_cells) pb.ap_empirical = emp_sum / double(n_emp);
+            }
+        } else {
+            // prefix: per example, its keys in all admissible buckets
+            std::map<std::int64_t, std::vector<index_t>> per_example;
+            for (auto c : cs)
+                for (auto const& [ex, idx] : groups[c])
+                    per_example[ex].insert(per_example[ex].end(), idx.begin(), idx.end());
+            for (auto& [ex, idx] : per_example) std::sort(idx.begin(), idx.end());
+            detail::cell_acc acc;
+            if (res.sampled) {
+                std::vector<std::vector<index_t> const*> gs;
+                for (auto const& [ex, idx] : per_example)
+                    if (idx.size() >= 2) gs.push_back(&idx);
+                detail::evaluate_cell_sampled(ev, e, gs, acc, opt, s.bucket, -1);
+            } else {
+                for (auto const& [ex, idx] : per_example) detail::evaluate_group_exact(ev, ks, e, idx, acc, opt);
+            }
+            auto const cell = finish_cell(acc, -1);
+            if (cell.n_pairs > 0) {  // SPEC §9.11: mean over its pairs
+                pb.n_cells = 1;
+                pb.n_pairs = cell.n_pairs;
+                pb.ap = cell.plasticity;
+                pb.std_error = cell.std_error;
+                pb.ap_empirical = cell.empirical;
+            }
+        }
+        res.n_pairs += pb.n_pairs;
+        res.profile.push_back(pb);
+    }
+
+    // --- aggregates (SPEC §6, §9.10–9.12)
+    double wsum = 0, wap = 0;
+    for (auto const& pb : res.profile)
+        if (std::isfinite(pb.ap)) {
+            wsum += double(pb.n_queries);
+            wap += double(pb.n_queries) * pb.ap;
+        }
+    if (opt.weighting == ap_weighting::query_count) {
+        if (wsum > 0) res.ap_overall = wap / wsum;
+    } else {
+        double cs = 0;
+        std::int64_t cn = 0;
+        for (auto const& c : res.cells)
+            if (c.n_pairs > 0) {
+                cs += c.plasticity;
+                ++cn;
+            }
+        if (cn > 0) res.ap_overall = cs / double(cn);
+    }
+    auto quantile_profile = [&](int k, auto member) {
+        std::vector<double> num(static_cast<std::size_t>(k), 0.0), den(static_cast<std::size_t>(k), 0.0);
+        for (auto const& pb : res.profile)
+            if (std::isfinite(pb.ap)) {
+                auto const q = static_cast<std::size_t>(pb.*member);
+                num[q] += double(pb.n_queries) * pb.ap;
+                den[q] += double(pb.n_queries);
+            }
+        std::vector<double> out(static_cast<std::size_t>(k), detail::nan);
+        for (std::size_t q = 0; q < out.size(); ++q)
+            if (den[q] > 0) out[q] = num[q] / den[q];
+        return out;
+    };
+    auto const qp = quantile_profile(5, &plasticity_bucket::quintile);
+    auto const dp = quantile_profile(10, &plasticity_bucket::decile);
+    std::copy(qp.begin(), qp.end(), res.ap_quintile.begin());
+    std::copy(dp.begin(), dp.end(), res.ap_decile.begin());
+    res.ap_first_20pct = res.ap_quintile[0];
+    res.ap_last_20pct = res.ap_quintile[4];
+    res.ap_drop = res.ap_first_20pct - res.ap_last_20pct;
+    double gap = 0;
+    std::int64_t ng = 0;
+    for (auto const& pb : res.profile)
+        if (std::isfinite(pb.ap) && std::isfinite(pb.ap_empirical)) {
+            gap += std::abs(pb.ap - pb.ap_empirical);
+            ++ng;
+        }
+    if (ng > 0) res.gaussian_gap = gap / double(ng);
+    return res;
+}
+
+/// \brief Attention plasticity with the empirical cross-check from the query rows.
+template <RowMatrix XK, IndexVector PK, IndexVector BK, IndexVector EK, RowMatrix XQ, IndexVector PQ, IndexVector BQ>
+plasticity_result attention_plasticity(householder_result const& model, XK const& keys, PK const& k_position,
+                                       BK const& k_bucket, EK const& k_example, XQ const& queries,
+                                       PQ const& q_position, BQ const& q_bucket, plasticity_options const& opt = {}) {
+    return attention_plasticity(model, keys, k_position, k_bucket, k_example, &queries, &q_position, &q_bucket, opt);
+}
+
+/// \brief Attention plasticity without query rows (no empirical cross-check:
+/// `empirical`, `ap_empirical` and `gaussian_gap` stay NaN).
+template <RowMatrix XK, IndexVector PK, IndexVector BK, IndexVector EK>
+plasticity_result attention_plasticity(householder_result const& model, XK const& keys, PK const& k_position,
+                                       BK const& k_bucket, EK const& k_example, plasticity_options const& opt = {}) {
+    using none_rows = matrix_view<double>;
+    using none_ids = std::vector<std::int64_t>;
+    return attention_plasticity<XK, PK, BK, EK, none_rows, none_ids, none_ids>(
+        model, keys, k_position, k_bucket, k_example, nullptr, nullptr, nullptr, opt);
+}
+
+}  // namespace qkgeom
