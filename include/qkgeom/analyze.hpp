@@ -42,6 +42,23 @@ struct head_analysis {
     plasticity_result plasticity;
 };
 
+namespace detail {
+
+/// The closed forms over a head's moments (SPEC §2–4), shared by both entry points.
+inline head_analysis closed_forms(head_moments const& hm, analysis_options const& opt) {
+    head_analysis out;
+    out.id = hm.id;
+    out.n_q_tokens = hm.q.count();
+    out.n_k_tokens = hm.k.count();
+    out.d_model = hm.d;
+    out.pca = pca(hm, opt.pca);
+    out.rotation = planar_rotation(hm, opt.rotation);
+    out.householder = householder(hm.q, opt.householder);
+    return out;
+}
+
+}  // namespace detail
+
 /// \brief Analyse one head from its rows (any adapted tensor types): queries
 /// with positions and buckets, keys with positions, buckets and example ids.
 /// The moments are reduced once and shared by PCA, rotation and Householder;
@@ -60,14 +77,7 @@ head_analysis analyze_head(XQ const& queries, PQ const& q_position, BQ const& q_
     head_moments hm(qr.cols(), id);
     hm.add(kind::query, queries, q_position, q_bucket);
     hm.add(kind::key, keys, k_position, k_bucket);
-    head_analysis out;
-    out.id = id;
-    out.n_q_tokens = hm.q.count();
-    out.n_k_tokens = hm.k.count();
-    out.d_model = hm.d;
-    out.pca = pca(hm, opt.pca);
-    out.rotation = planar_rotation(hm, opt.rotation);
-    out.householder = householder(hm.q, opt.householder);
+    head_analysis out = detail::closed_forms(hm, opt);
     if (opt.diagnostics) out.diagnostics = householder_diagnostics(out.householder, queries, q_position, opt.ks_alpha);
     out.plasticity = attention_plasticity(out.householder, keys, k_position, k_bucket, k_example, queries, q_position,
                                           q_bucket, opt.plasticity);
@@ -80,14 +90,7 @@ head_analysis analyze_head(XQ const& queries, PQ const& q_position, BQ const& q_
 template <RowMatrix XK, IndexVector PK, IndexVector BK, IndexVector EK>
 head_analysis analyze_head(head_moments const& hm, XK const& keys, PK const& k_position, BK const& k_bucket,
                            EK const& k_example, analysis_options const& opt = {}) {
-    head_analysis out;
-    out.id = hm.id;
-    out.n_q_tokens = hm.q.count();
-    out.n_k_tokens = hm.k.count();
-    out.d_model = hm.d;
-    out.pca = pca(hm, opt.pca);
-    out.rotation = planar_rotation(hm, opt.rotation);
-    out.householder = householder(hm.q, opt.householder);
+    head_analysis out = detail::closed_forms(hm, opt);
     out.plasticity = attention_plasticity(out.householder, keys, k_position, k_bucket, k_example, opt.plasticity);
     return out;
 }

@@ -632,6 +632,25 @@ inline Eigen::VectorXd embed(Eigen::MatrixXd const& m, Eigen::VectorXd const& v)
     return m.rightCols(v.size()) * v;
 }
 
+/// Parameters, per-bucket means and rows of one kind of one head (queries of
+/// a q head or keys of a kv head), each from its own seeded stream.
+inline kind_block make_kind_block(kind_params const& kp, kept_tokens const& kt, bucket_table const& tb,
+                                  layer_spec const& L, capture_spec const& cap, Eigen::VectorXd const& freq,
+                                  Eigen::MatrixXd const* mixing, Eigen::VectorXd const& drift, stream_tag means_tag,
+                                  stream_tag tokens_tag, std::int64_t head) {
+    kind_block blk;
+    blk.kp = &kp;
+    blk.centroid = kp.centroid;
+    blk.axis_scale = kp.noise_axis_scale.size() != 0 ? kp.noise_axis_scale
+                                                     : Eigen::VectorXd(Eigen::VectorXd::Ones(L.d - L.rotary_dims));
+    blk.sigma = make_sigma(kp, tb.size());
+    normal_stream mrng(stream_seed(L.model_seed, means_tag, L.layer, head));
+    blk.means = make_bucket_means(tb, drift, kp.bucket_mean_scale, mrng);
+    normal_stream trng(stream_seed(cap.seed, tokens_tag, L.layer, head));
+    make_rows(blk, kt, tb, L, freq, mixing, drift, trng);
+    return blk;
+}
+
 inline head_truth make_truth(layer_spec const& L, bucket_table const& tb, Eigen::MatrixXd const& mixing,
                              Eigen::VectorXd const& drift, kind_block const& qb, kind_block const& kb,
                              kept_tokens const& kq, kept_tokens const& kk) {
@@ -744,15 +763,8 @@ inline std::vector<head_capture> generate(std::string_view fn, layer_spec const&
         } else {
             mixing[gi] = Eigen::MatrixXd::Identity(d, d);
         }
-        kind_block& kb = keys[gi];
-        kb.kp = &kv.key;
-        kb.centroid = kv.key.centroid;
-        kb.axis_scale = kv.key.noise_axis_scale.size() ? kv.key.noise_axis_scale : Eigen::VectorXd(Eigen::VectorXd::Ones(L.d - L.rotary_dims));
-        kb.sigma = make_sigma(kv.key, tb.size());
-        normal_stream mrng(stream_seed(L.model_seed, stream_tag::key_means, L.layer, g));
-        kb.means = make_bucket_means(tb, kv.drift, kv.key.bucket_mean_scale, mrng);
-        normal_stream trng(stream_seed(cap.seed, stream_tag::key_tokens, L.layer, g));
-        make_rows(kb, kk, tb, L, freq, L.mix ? &mixing[gi] : nullptr, kv.drift, trng);
+        keys[gi] = make_kind_block(kv.key, kk, tb, L, cap, freq, L.mix ? &mixing[gi] : nullptr, kv.drift,
+                                   stream_tag::key_means, stream_tag::key_tokens, g);
     }
 
     std::vector<head_capture> out;
@@ -762,15 +774,8 @@ inline std::vector<head_capture> generate(std::string_view fn, layer_spec const&
         auto const gi = static_cast<std::size_t>(g - g_lo);
         kv_head_params const& kv = rl.kv[static_cast<std::size_t>(g)];
         q_head_params const& qh = rl.q[static_cast<std::size_t>(h)];
-        kind_block qb;
-        qb.kp = &qh.query;
-        qb.centroid = qh.query.centroid;
-        qb.axis_scale = qh.query.noise_axis_scale.size() ? qh.query.noise_axis_scale : Eigen::VectorXd(Eigen::VectorXd::Ones(L.d - L.rotary_dims));
-        qb.sigma = make_sigma(qh.query, tb.size());
-        normal_stream mrng(stream_seed(L.model_seed, stream_tag::query_means, L.layer, h));
-        qb.means = make_bucket_means(tb, kv.drift, qh.query.bucket_mean_scale, mrng);
-        normal_stream trng(stream_seed(cap.seed, stream_tag::query_tokens, L.layer, h));
-        make_rows(qb, kq, tb, L, freq, L.mix ? &mixing[gi] : nullptr, kv.drift, trng);
+        kind_block qb = make_kind_block(qh.query, kq, tb, L, cap, freq, L.mix ? &mixing[gi] : nullptr, kv.drift,
+                                        stream_tag::query_means, stream_tag::query_tokens, h);
 
         head_capture hc;
         hc.layer = L.layer;
