@@ -101,7 +101,7 @@ head_analysis analyze_head(head_moments const& hm, XK const& keys, PK const& k_p
 // ---------------------------------------------------------------------------
 
 /// \brief Names of the numeric head metrics, in column order (SPEC §7).
-inline constexpr std::array<std::string_view, 35> head_metric_names{
+inline constexpr std::array<std::string_view, 39> head_metric_names{
     "n_q_tokens",          "n_k_tokens",          "d_model",
     "q_R2_pos",            "q_beta_norm",         "alpha_pos",
     "sigma2_pos",          "pos_skew",            "pos_excess_kurtosis",
@@ -113,7 +113,8 @@ inline constexpr std::array<std::string_view, 35> head_metric_names{
     "alpha_k",             "r_q_a",               "r_k_a",
     "position_r",          "bias_strength",       "separation_strength",
     "var_frac_a",          "var_frac_b",          "plane_var_fraction",
-    "pca_r_q",             "pca_r_k"};
+    "content_var_b",       "residual_pos_cov",    "pc0_r_q",
+    "pc0_r_k",             "q_pos_var_frac",      "k_pos_var_frac"};
 
 /// \brief The numeric head metrics of one head, in `head_metric_names` order.
 inline std::array<double, head_metric_names.size()> head_metric_values(head_analysis const& h) {
@@ -153,8 +154,12 @@ inline std::array<double, head_metric_names.size()> head_metric_values(head_anal
             r.var_frac_a,
             r.var_frac_b,
             r.plane_var_fraction,
+            r.content_var_b,
+            r.residual_pos_cov,
             h.pca.pc0_r_q,
-            h.pca.pc0_r_k};
+            h.pca.pc0_r_k,
+            h.pca.q_pos_var_frac,
+            h.pca.k_pos_var_frac};
 }
 
 /// \brief Averages over a set of heads (SPEC §6 "Model level"). Each mean is

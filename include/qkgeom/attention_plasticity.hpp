@@ -378,8 +378,8 @@ inline std::vector<double> default_edges(double lo, double hi, int bins) {
 
 inline void check_edges(std::vector<double> const& e, std::string_view name) {
     if (e.size() < 2) fail_arg("qkgeom::attention_plasticity", std::string(name) + ": need at least 2 edges; edges", e.size());
-    for (std::size_t i = 1; i < e.size(); ++i)
-        if (!(e[i] > e[i - 1]))
+    for (std::size_t i = 0; i < e.size(); ++i)
+        if (!std::isfinite(e[i]) || (i > 0 && !(e[i] > e[i - 1])))
             fail_arg("qkgeom::attention_plasticity",
                      std::string(name) + ": edges must be finite and strictly increasing; edge " + std::to_string(i),
                      e[i]);
@@ -522,6 +522,7 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
     auto pairs_of = [](std::size_t m) { return static_cast<std::int64_t>(m * (m > 0 ? m - 1 : 0) / 2); };
     std::int64_t total_pairs = 0;
     for (auto const& s : model.buckets) {
+        if (!s.used) continue;  // no bucket model: never evaluated
         auto const cs = admissible(s.bucket);
         if (opt.pairs == pair_policy::same_bucket) {
             for (auto c : cs)
