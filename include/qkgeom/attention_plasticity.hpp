@@ -204,6 +204,11 @@ struct bucket_eval {
     double tau = nan;
     query_rows const* queries = nullptr;  ///< original-basis queries of the bucket (≥ 2 rows) or null
     double emp_scale = 1.0;               ///< n/(n−1)
+    /// Scores q·k of the bucket's queries (rows) against every key that takes
+    /// part in a pair (columns), one GEMM per query bucket; `column[i]` is key
+    /// i's column (−1: not scored).
+    Eigen::MatrixXd scores;
+    std::vector<index_t> const* column = nullptr;
 };
 
 class pair_evaluator {
@@ -226,10 +231,7 @@ public:
     }
 
     /// Record an evaluated pair: cell accumulators, heatmap, empirical value.
-    /// `scores` (optional): the bucket's query scores against a group of keys,
-    /// with columns ci, cj holding keys i and j.
-    void record(bucket_eval const& e, index_t i, index_t j, double pp, cell_acc& acc,
-                Eigen::MatrixXd const* scores = nullptr, index_t ci = 0, index_t cj = 0) {
+    void record(bucket_eval const& e, index_t i, index_t j, double pp, cell_acc& acc) {
         acc.sum += pp;
         acc.sumsq += pp * pp;
         ++acc.n;
@@ -239,15 +241,10 @@ public:
         if (e.queries == nullptr) return;
         // SPEC §9.14: the fraction of the bucket's queries whose score for key i
         // is strictly larger than for key j (original basis).
-        index_t const nq = e.queries->rows();
+        index_t const ci = (*e.column)[static_cast<std::size_t>(i)], cj = (*e.column)[static_cast<std::size_t>(j)];
+        index_t const nq = e.scores.rows();
         std::int64_t wins = 0;
-        if (scores != nullptr) {
-            for (index_t r = 0; r < nq; ++r) wins += (*scores)(r, ci) > (*scores)(r, cj) ? 1 : 0;
-        } else {
-            Eigen::VectorXd const si = *e.queries * k_.orig.row(i).transpose();
-            Eigen::VectorXd const sj = *e.queries * k_.orig.row(j).transpose();
-            for (index_t r = 0; r < nq; ++r) wins += si(r) > sj(r) ? 1 : 0;
-        }
+        for (index_t r = 0; r < nq; ++r) wins += e.scores(r, ci) > e.scores(r, cj) ? 1 : 0;
         double const p = static_cast<double>(wins) / static_cast<double>(nq);
         acc.emp_sum += 4.0 * p * (1.0 - p) * e.emp_scale;
         ++acc.emp_n;
@@ -283,16 +280,8 @@ inline void evaluate_group_exact(pair_evaluator& ev, key_store const& k, bucket_
                                  std::vector<index_t> const& idx, cell_acc& acc, plasticity_options const& o) {
     auto const m = static_cast<index_t>(idx.size());
     if (m < 2) return;
-    // Original-basis scores of the bucket's queries against the group's keys (empirical).
-    Eigen::MatrixXd scores;
-    if (e.queries != nullptr) {
-        Eigen::MatrixXd kg(m, k.d);
-        for (index_t a = 0; a < m; ++a) kg.row(a) = k.orig.row(idx[static_cast<std::size_t>(a)]);
-        scores = *e.queries * kg.transpose();  // n_q × m
-    }
     auto record = [&](index_t a, index_t b, double pp) {
-        ev.record(e, idx[static_cast<std::size_t>(a)], idx[static_cast<std::size_t>(b)], pp, acc,
-                  e.queries != nullptr ? &scores : nullptr, a, b);
+        ev.record(e, idx[static_cast<std::size_t>(a)], idx[static_cast<std::size_t>(b)], pp, acc);
     };
     if (m < o.dense_min_keys) {
         for (index_t a = 0; a < m; ++a)
@@ -538,6 +527,7 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
                   (opt.enumeration == enumeration_policy::automatic && total_pairs > opt.max_exact_pairs);
 
     detail::pair_evaluator ev(ks, hm, res.n_pairs_skipped);
+    std::vector<index_t> column(static_cast<std::size_t>(nk), -1);  // key -> score column (per query bucket)
     for (auto const& s : model.buckets) {
         plasticity_bucket pb;
         pb.q_bucket = s.bucket;
@@ -565,6 +555,20 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
         if (qit != qrows.end() && qit->second.rows() >= 2) {  // SPEC §9.14
             e.queries = &qit->second;
             e.emp_scale = double(qit->second.rows()) / double(qit->second.rows() - 1);
+            // One GEMM: the bucket's queries against every key of the admissible
+            // buckets that belongs to an example with at least two such keys.
+            std::vector<index_t> scored;
+            for (auto c : cs)
+                for (auto const& [ex, idx] : groups[c])
+                    if (opt.pairs == pair_policy::prefix || idx.size() >= 2)
+                        scored.insert(scored.end(), idx.begin(), idx.end());
+            Eigen::MatrixXd ksub(static_cast<index_t>(scored.size()), d);
+            for (std::size_t a = 0; a < scored.size(); ++a) {
+                ksub.row(static_cast<index_t>(a)) = ks.orig.row(scored[a]);
+                column[static_cast<std::size_t>(scored[a])] = static_cast<index_t>(a);
+            }
+            e.scores.noalias() = qit->second * ksub.transpose();
+            e.column = &column;
         }
         auto finish_cell = [&](detail::cell_acc const& acc, std::int64_t c) {
             plasticity_cell cell;
