@@ -477,10 +477,8 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
             for (std::size_t r = 0; r < rows.size(); ++r) qr.read_row(rows[r], m.row(static_cast<index_t>(r)).data());
             qrows.emplace(b, std::move(m));
         }
-    } else {
-        // without query rows, L defaults from the keys and the bucket means of the queries
-        for (auto const& s : model.buckets) max_pos = std::max(max_pos, static_cast<std::int64_t>(std::ceil(s.tau)));
     }
+    max_pos = std::max(max_pos, model.max_position);  // the queries' largest position, from their moments
 
     plasticity_result res;
     std::int64_t const L = opt.context_length > 0 ? opt.context_length : max_pos + 1;

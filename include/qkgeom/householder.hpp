@@ -129,6 +129,7 @@ struct householder_result {
     Eigen::VectorXd beta_rot;          ///< Hβ = ‖β‖ e1
     std::vector<bucket_semantics> buckets;  ///< ascending bucket id
     std::int64_t n_queries = 0;
+    std::int64_t max_position = -1;         ///< largest query position (SPEC §9.12 default context length)
     std::int64_t n_buckets_skipped = 0;     ///< buckets with < 2 queries under diag/full
     semantic_model model = semantic_model::diag;
     bool degenerate_t = false;  ///< Var(t) = 0: β = 0, H = I, R² NaN (SPEC §9.8)
@@ -145,6 +146,7 @@ inline householder_result householder(bucketed_moments const& queries, household
     householder_result r;
     r.model = opt.model;
     r.n_queries = q.n;
+    r.max_position = static_cast<std::int64_t>(q.t_max);
     r.degenerate_t = q.n < 2 || !(q.m2_t > 0);
 
     // OLS of every coordinate on t (SPEC §4).

@@ -47,6 +47,8 @@ struct moments {
     std::int64_t n = 0;     ///< number of rows
     double mean_t = 0;      ///< t̄  (mean position)
     double m2_t = 0;        ///< Σ (t − t̄)²
+    double t_min = std::numeric_limits<double>::infinity();   ///< smallest position (exact integer; +∞ when empty)
+    double t_max = -std::numeric_limits<double>::infinity();  ///< largest position (−∞ when empty); SPEC §9.12
     Eigen::VectorXd mean_x; ///< x̄  (d)
     Eigen::VectorXd c_xt;   ///< Σ (x − x̄)(t − t̄)  (d)
     Eigen::MatrixXd c_xx;   ///< Σ (x − x̄)(x − x̄)ᵀ  (d × d, symmetric)
@@ -104,6 +106,8 @@ struct moments {
         double const dt = o.mean_t - mean_t;
         Eigen::VectorXd const dx = o.mean_x - mean_x;
         m2_t += o.m2_t + f * dt * dt;
+        t_min = std::min(t_min, o.t_min);
+        t_max = std::max(t_max, o.t_max);
         c_xt += o.c_xt + (f * dt) * dx;
         c_xx += o.c_xx;
         c_xx.noalias() += f * dx * dx.transpose();
@@ -144,6 +148,8 @@ struct moments {
         Eigen::VectorXd const dx = bx.transpose() - mean_x;
 
         m2_t += tc.squaredNorm() + f * dt * dt;
+        t_min = std::min(t_min, T.minCoeff());
+        t_max = std::max(t_max, T.maxCoeff());
         c_xt.noalias() += scratch * tc;
         c_xt += (f * dt) * dx;
         c_xx.selfadjointView<Eigen::Lower>().rankUpdate(scratch);

@@ -133,6 +133,8 @@ inline void write_moments(std::ostream& os, head_moments const& hm) {
             w.i64(m.n);
             w.f64(m.mean_t);
             w.f64(m.m2_t);
+            w.f64(m.t_min);
+            w.f64(m.t_max);
             for (index_t i = 0; i < hm.d; ++i) w.f64(m.mean_x(i));
             for (index_t i = 0; i < hm.d; ++i) w.f64(m.c_xt(i));
             for (index_t i = 0; i < hm.d; ++i)
@@ -190,6 +192,12 @@ inline head_moments read_moments(std::istream& is, std::string const& source = "
             m.mean_t = r.f64(f + ".mean_t");
             m.m2_t = r.f64(f + ".m2_t");
             if (m.m2_t < 0) detail::fail_input(source, f + ".m2_t", m.m2_t, "sum of squares must be >= 0");
+            m.t_min = r.f64(f + ".t_min");
+            m.t_max = r.f64(f + ".t_max");
+            if (!(m.t_min >= 0 && m.t_min <= m.mean_t * (1 + 1e-12) + 1e-9 && m.t_max >= m.mean_t * (1 - 1e-12) - 1e-9))
+                detail::fail_input(source, f + ".t_min", m.t_min,
+                                   "positions must satisfy 0 <= t_min <= mean_t <= t_max (t_max " +
+                                       detail::to_text(m.t_max) + ")");
             for (index_t i = 0; i < di; ++i) m.mean_x(i) = r.f64(f + ".mean_x");
             for (index_t i = 0; i < di; ++i) m.c_xt(i) = r.f64(f + ".c_xt");
             for (index_t i = 0; i < di; ++i)

@@ -68,6 +68,7 @@ double moments_diff(qkgeom::moments const& a, qkgeom::moments const& b) {
     double e = 0;
     e = std::max(e, rel_diff(a.mean_t, b.mean_t));
     e = std::max(e, rel_diff(a.m2_t, b.m2_t));
+    if (a.t_min != b.t_min || a.t_max != b.t_max) return INFINITY;  // exact, any merge order
     e = std::max(e, rel_diff(a.mean_x, b.mean_x));
     e = std::max(e, rel_diff(a.c_xt, b.c_xt));
     e = std::max(e, rel_diff(a.c_xx, b.c_xx));
@@ -107,6 +108,8 @@ TEST_CASE("single-group moments match a long-double two-pass reference", "[momen
     qkgeom::add_rows(m, b.x, b.t);
     auto const ref = two_pass(b.x, b.t);
     CHECK(m.n == b.x.rows());
+    CHECK(m.t_min == static_cast<double>(*std::min_element(b.t.begin(), b.t.end())));
+    CHECK(m.t_max == static_cast<double>(*std::max_element(b.t.begin(), b.t.end())));
     CHECK(rel_diff(m.mean_t, static_cast<double>(ref.mean_t)) < 1e-14);
     CHECK(rel_diff(m.m2_t, static_cast<double>(ref.m2_t)) < 1e-13);
     CHECK(rel_ld(ref.mean_x, m.mean_x) < 1e-13);
@@ -270,7 +273,7 @@ TEST_CASE("shard serialisation round-trips bit for bit", "[moments][io]") {
     CHECK(head_diff(back, hm) == 0.0);
     // size: header + per bucket (4 + 2d + d(d+1)/2) doubles/ints + checksum
     std::size_t nb = hm.q.buckets.size() + hm.k.buckets.size();
-    CHECK(bytes.size() == 8 + 4 + 4 + 3 * 8 + 8 + 2 * 8 + nb * 8 * (4 + 2 * 9 + 45) + 8);
+    CHECK(bytes.size() == 8 + 4 + 4 + 3 * 8 + 8 + 2 * 8 + nb * 8 * (6 + 2 * 9 + 45) + 8);
     // and through a file
     auto const path = std::filesystem::temp_directory_path() / "qkgeom_moments_test.qkm";
     qkgeom::save_moments(path, hm);

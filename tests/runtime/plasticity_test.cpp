@@ -1,0 +1,1432 @@
+// Attention plasticity (SPEC §5–6, §9.9–9.14, §9.16): the tail-accurate
+// Gaussian closed form against long-double references, the closed form
+// against Monte Carlo on a synthetic head with planted structure, the exact
+// enumeration against an independent brute-force triple loop, the Gram
+// (dense) path against the direct path, sampled enumeration and its
+// intervals, sliding windows, aggregates recomputed by hand, identical keys,
+// the heatmap, bad input, and analyze_head / summarise_model end to end.
+#include <qkgeom/plasticity.hpp>
+#include <qkgeom/synthetic.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "test_util.hpp"
+
+using qkgeom::index_t;
+using qkgeom_test::rel_diff;
+
+namespace {
+
+namespace syn = qkgeom::synthetic;
+using qkgeom::bucket_scheme;
+using qkgeom::bucket_spec;
+using qkgeom::pair_policy;
+using qkgeom::plasticity_options;
+using qkgeom::plasticity_result;
+using qkgeom::semantic_model;
+
+static_assert(std::is_same_v<decltype(qkgeom::pairwise_plasticity(0.0)), double>);
+static_assert(std::is_same_v<decltype(qkgeom::preference_probability(0.0)), double>);
+static_assert(std::is_same_v<decltype(qkgeom::attention_plasticity(
+                                 std::declval<qkgeom::householder_result const&>(), std::declval<Eigen::MatrixXd const&>(),
+                                 std::declval<std::vector<std::int64_t> const&>(),
+                                 std::declval<std::vector<std::int64_t> const&>(),
+                                 std::declval<std::vector<std::int64_t> const&>())),
+                             plasticity_result>);
+
+constexpr double k_nan = std::numeric_limits<double>::quiet_NaN();
+
+// --- long-double references of SPEC §5 -------------------------------------
+long double ref_tail(long double z) { return 0.5L * std::erfc(std::fabs(z) / std::sqrt(2.0L)); }
+long double ref_p(long double z) { return 0.5L * std::erfc(-z / std::sqrt(2.0L)); }
+long double ref_pp(long double z) {
+    long double const t = ref_tail(z);
+    return 4.0L * t * (1.0L - t);
+}
+
+/// Relative difference with NaN == NaN (empty cells).
+bool same_value(double a, double b, double tol) {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+    return std::abs(a - b) <= tol * std::max(std::abs(b), 1e-300);
+}
+
+/// A synthetic head (synthetic.hpp) with one query and one kv head.
+struct head_setup {
+    index_t d = 12, rotary = 4;
+    bool mix = true;
+    double q_slope = 1e-3, q_intercept = 2.0, k_slope = 2e-3, bucket_mean_scale = 0.5;
+    std::int64_t n_examples = 8, context = 1024;
+    bucket_spec buckets{bucket_scheme::uniform, 128, 4.0};
+    std::uint64_t seed = 1, model_seed = 0;
+};
+
+syn::head_capture make_head(head_setup const& s) {
+    syn::layer_spec L;
+    L.d = s.d;
+    L.rotary_dims = s.rotary;
+    L.mix = s.mix;
+    L.n_q_heads = 1;
+    L.n_kv_heads = 1;
+    L.model_seed = s.model_seed;
+    auto qh = syn::default_q_head();
+    qh.query.slope = s.q_slope;
+    qh.query.intercept = s.q_intercept;
+    qh.query.bucket_mean_scale = s.bucket_mean_scale;
+    auto kh = syn::default_kv_head();
+    kh.key.slope = s.k_slope;
+    kh.key.bucket_mean_scale = s.bucket_mean_scale;
+    L.q_heads = {qh};
+    L.kv_heads = {kh};
+    syn::capture_spec cap;
+    cap.n_examples = s.n_examples;
+    cap.context_length = s.context;
+    cap.buckets = s.buckets;
+    cap.seed = s.seed;
+    return syn::generate_head(L, cap, 0);
+}
+
+qkgeom::householder_result model_of(syn::head_capture const& h, semantic_model m = semantic_model::diag) {
+    return qkgeom::householder(h.q, h.q_position, h.q_bucket, {.model = m});
+}
+
+plasticity_result run(qkgeom::householder_result const& model, syn::head_capture const& h, plasticity_options const& o,
+                      bool with_queries = true) {
+    if (with_queries)
+        return qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, h.k_example, h.q, h.q_position,
+                                            h.q_bucket, o);
+    return qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, h.k_example, o);
+}
+
+/// Keeps the key rows for which keep(i) holds (queries untouched).
+template <class F>
+syn::head_capture filter_keys(syn::head_capture const& h, F&& keep) {
+    syn::head_capture out = h;
+    std::vector<index_t> rows;
+    for (index_t i = 0; i < h.k.rows(); ++i)
+        if (keep(i)) rows.push_back(i);
+    out.k = h.k(rows, Eigen::all);
+    out.k_position.clear();
+    out.k_bucket.clear();
+    out.k_example.clear();
+    for (auto i : rows) {
+        auto const s = static_cast<std::size_t>(i);
+        out.k_position.push_back(h.k_position[s]);
+        out.k_bucket.push_back(h.k_bucket[s]);
+        out.k_example.push_back(h.k_example[s]);
+    }
+    return out;
+}
+
+// --- an independent brute-force reference of SPEC §5–6 ----------------------
+// The triple loop query bucket × key bucket × key pair, written from the SPEC
+// without the library's grouping, Gram identity or bookkeeping: the dense H,
+// δ = H(k_i − k_j), m = w_b·δ, v = δᵀV_bδ, PP in long double.
+struct ref_cell {
+    double sum = 0, emp_sum = 0;
+    std::int64_t n = 0, emp_n = 0;
+};
+struct ref_point {
+    double x = 0, y = 0, pp = 0;  // |t_i − t_j|, τ_b − (t_i + t_j)/2, PP
+};
+struct ref_result {
+    std::map<std::pair<std::int64_t, std::int64_t>, ref_cell> cells;  // every admissible (b, c); prefix: c = −1
+    std::map<std::int64_t, double> ap, ap_emp;                        // finite AP_b only
+    std::int64_t n_pairs = 0, skipped = 0, q_skipped = 0;
+    std::vector<ref_point> points;
+};
+
+ref_result brute_force(qkgeom::householder_result const& model, syn::head_capture const& h, pair_policy policy,
+                       std::int64_t span_buckets, bool with_queries) {
+    index_t const d = model.beta.size();
+    Eigen::MatrixXd const H = model.H.dense(d);
+    std::set<std::int64_t> key_buckets(h.k_bucket.begin(), h.k_bucket.end());
+    index_t const nk = h.k.rows();
+    ref_result out;
+    for (auto const& s : model.buckets) {
+        std::int64_t const b = s.bucket;
+        std::vector<std::int64_t> adm;
+        for (auto c : key_buckets)
+            if (c < b && (span_buckets == 0 || c >= b - span_buckets)) adm.push_back(c);
+        if (adm.empty() || !s.used) {
+            ++out.q_skipped;
+            continue;
+        }
+        std::vector<index_t> qrows;
+        for (index_t r = 0; r < h.q.rows(); ++r)
+            if (h.q_bucket[static_cast<std::size_t>(r)] == b) qrows.push_back(r);
+        auto const nq = static_cast<double>(qrows.size());
+        auto evaluate = [&](index_t i, index_t j, ref_cell& cell) {
+            Eigen::VectorXd const diff = (h.k.row(i) - h.k.row(j)).transpose();
+            if ((diff.array() == 0.0).all()) {  // SPEC §9.9
+                ++out.skipped;
+                return;
+            }
+            Eigen::VectorXd const delta = H * diff;
+            double const m = s.mean.dot(delta);
+            double v = 0;
+            if (s.cov.size() != 0) {
+                Eigen::VectorXd const tail = delta.tail(d - 1);
+                v = delta(0) * delta(0) * s.var(0) + tail.dot(s.cov * tail);
+            } else {
+                v = (delta.array().square() * s.var.array()).sum();
+            }
+            double const pp = static_cast<double>(ref_pp(static_cast<long double>(m) / std::sqrt(static_cast<long double>(v))));
+            cell.sum += pp;
+            ++cell.n;
+            ++out.n_pairs;
+            double const ti = double(h.k_position[static_cast<std::size_t>(i)]);
+            double const tj = double(h.k_position[static_cast<std::size_t>(j)]);
+            out.points.push_back({std::abs(ti - tj), s.tau - 0.5 * (ti + tj), pp});
+            if (with_queries && qrows.size() >= 2) {  // SPEC §9.14
+                double wins = 0;
+                for (auto r : qrows) wins += h.q.row(r).dot(diff) > 0 ? 1 : 0;
+                double const p = wins / nq;
+                cell.emp_sum += 4 * p * (1 - p) * nq / (nq - 1);
+                ++cell.emp_n;
+            }
+        };
+        auto in = [&](std::int64_t c) { return std::find(adm.begin(), adm.end(), c) != adm.end(); };
+        auto same_example = [&](index_t i, index_t j) {
+            return h.k_example[static_cast<std::size_t>(i)] == h.k_example[static_cast<std::size_t>(j)];
+        };
+        auto bucket = [&](index_t i) { return h.k_bucket[static_cast<std::size_t>(i)]; };
+        if (policy == pair_policy::same_bucket) {
+            double sum = 0, emp = 0;
+            int n = 0, n_emp = 0;
+            for (auto c : adm) {
+                ref_cell cell;
+                for (index_t i = 0; i < nk; ++i)
+                    for (index_t j = i + 1; j < nk; ++j)
+                        if (bucket(i) == c && bucket(j) == c && same_example(i, j)) evaluate(i, j, cell);
+                out.cells[{b, c}] = cell;
+                if (cell.n > 0) {
+                    sum += cell.sum / double(cell.n);
+                    ++n;
+                }
+                if (cell.emp_n > 0) {
+                    emp += cell.emp_sum / double(cell.emp_n);
+                    ++n_emp;
+                }
+            }
+            if (n > 0) out.ap[b] = sum / n;
+            if (n_emp > 0 && n_emp == n) out.ap_emp[b] = emp / n_emp;
+        } else {
+            ref_cell cell;
+            for (index_t i = 0; i < nk; ++i)
+                for (index_t j = i + 1; j < nk; ++j)
+                    if (in(bucket(i)) && in(bucket(j)) && same_example(i, j)) evaluate(i, j, cell);
+            out.cells[{b, -1}] = cell;
+            if (cell.n > 0) out.ap[b] = cell.sum / double(cell.n);
+            if (cell.emp_n > 0) out.ap_emp[b] = cell.emp_sum / double(cell.emp_n);
+        }
+    }
+    return out;
+}
+
+/// Half-open bins [e_j, e_{j+1}), the last one closed (SPEC §9.13); −1 outside.
+index_t bin_of(std::vector<double> const& e, double v) {
+    if (!(v >= e.front() && v <= e.back())) return -1;
+    for (std::size_t j = 0; j + 1 < e.size(); ++j)
+        if (v >= e[j] && (v < e[j + 1] || (j + 2 == e.size() && v == e[j + 1]))) return static_cast<index_t>(j);
+    return -1;
+}
+
+/// The library's result equals the brute force: cells, profile, counts, heatmap.
+void check_against(plasticity_result const& r, ref_result const& ref, double tol) {
+    REQUIRE(r.cells.size() == ref.cells.size());
+    auto it = ref.cells.begin();
+    for (auto const& c : r.cells) {
+        INFO("cell (" << c.q_bucket << ", " << c.k_bucket << ")");
+        CHECK(c.q_bucket == it->first.first);
+        CHECK(c.k_bucket == it->first.second);
+        CHECK(c.n_pairs == it->second.n);
+        double const want = it->second.n > 0 ? it->second.sum / double(it->second.n) : k_nan;
+        CHECK(same_value(c.plasticity, want, tol));
+        double const want_emp = it->second.emp_n > 0 ? it->second.emp_sum / double(it->second.emp_n) : k_nan;
+        CHECK(same_value(c.empirical, want_emp, tol));
+        CHECK(c.std_error == 0.0);
+        ++it;
+    }
+    for (auto const& pb : r.profile) {
+        INFO("query bucket " << pb.q_bucket);
+        auto const a = ref.ap.find(pb.q_bucket);
+        CHECK(same_value(pb.ap, a == ref.ap.end() ? k_nan : a->second, tol));
+        auto const e = ref.ap_emp.find(pb.q_bucket);
+        CHECK(same_value(pb.ap_empirical, e == ref.ap_emp.end() ? k_nan : e->second, tol));
+    }
+    CHECK(r.n_pairs == ref.n_pairs);
+    CHECK(r.n_pairs_skipped == ref.skipped);
+    CHECK(r.n_query_buckets_skipped == ref.q_skipped);
+    // heatmap: every evaluated (query bucket, pair) once, binned independently here
+    auto const& hm = r.heatmap;
+    Eigen::MatrixXd sum = Eigen::MatrixXd::Zero(hm.sum.rows(), hm.sum.cols());
+    Eigen::Matrix<std::int64_t, Eigen::Dynamic, Eigen::Dynamic> count;
+    count.setZero(hm.sum.rows(), hm.sum.cols());
+    std::int64_t outside = 0;
+    for (auto const& p : ref.points) {
+        index_t const a = bin_of(hm.distance_edges, p.x), c = bin_of(hm.offset_edges, p.y);
+        if (a < 0 || c < 0) {
+            ++outside;
+            continue;
+        }
+        sum(a, c) += p.pp;
+        ++count(a, c);
+    }
+    CHECK(hm.n_outside == outside);
+    CHECK(count == hm.count);
+    CHECK((hm.sum - sum).cwiseAbs().maxCoeff() <= tol * std::max(1.0, sum.cwiseAbs().maxCoeff()));
+    CHECK(hm.count.sum() + hm.n_outside == r.n_pairs);
+}
+
+/// Two results agree: cells, profile, aggregates, heatmap (direct vs Gram, …).
+void check_same(plasticity_result const& a, plasticity_result const& b, double tol) {
+    REQUIRE(a.cells.size() == b.cells.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < a.cells.size(); ++i) {
+        auto const& x = a.cells[i];
+        auto const& y = b.cells[i];
+        CHECK(x.q_bucket == y.q_bucket);
+        CHECK(x.k_bucket == y.k_bucket);
+        CHECK(x.n_pairs == y.n_pairs);
+        CHECK(same_value(x.plasticity, y.plasticity, tol));
+        CHECK(same_value(x.empirical, y.empirical, tol));
+        if (std::isfinite(x.plasticity)) worst = std::max(worst, rel_diff(x.plasticity, y.plasticity));
+    }
+    INFO("largest relative cell difference " << worst);
+    REQUIRE(a.profile.size() == b.profile.size());
+    for (std::size_t i = 0; i < a.profile.size(); ++i) {
+        CHECK(a.profile[i].q_bucket == b.profile[i].q_bucket);
+        CHECK(same_value(a.profile[i].ap, b.profile[i].ap, tol));
+        CHECK(same_value(a.profile[i].ap_empirical, b.profile[i].ap_empirical, tol));
+        CHECK(a.profile[i].n_pairs == b.profile[i].n_pairs);
+    }
+    CHECK(same_value(a.ap_overall, b.ap_overall, tol));
+    CHECK(same_value(a.ap_drop, b.ap_drop, 1e3 * tol));  // a difference of two near values
+    CHECK(same_value(a.gaussian_gap, b.gaussian_gap, 1e3 * tol));
+    CHECK(a.n_pairs == b.n_pairs);
+    CHECK(a.n_pairs_skipped == b.n_pairs_skipped);
+    CHECK(a.heatmap.count == b.heatmap.count);
+    CHECK(a.heatmap.n_outside == b.heatmap.n_outside);
+    CHECK((a.heatmap.sum - b.heatmap.sum).cwiseAbs().maxCoeff() <= tol * b.heatmap.sum.cwiseAbs().maxCoeff());
+}
+
+double spearman(std::vector<double> const& x, std::vector<double> const& y) {
+    auto ranks = [](std::vector<double> const& v) {
+        std::vector<std::size_t> idx(v.size());
+        std::iota(idx.begin(), idx.end(), std::size_t{0});
+        std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return v[a] < v[b]; });
+        Eigen::VectorXd r(static_cast<index_t>(v.size()));
+        for (std::size_t i = 0; i < idx.size(); ++i) r(static_cast<index_t>(idx[i])) = double(i);
+        return r;
+    };
+    Eigen::VectorXd const rx = ranks(x), ry = ranks(y);
+    Eigen::VectorXd const cx = rx.array() - rx.mean(), cy = ry.array() - ry.mean();
+    return cx.dot(cy) / std::sqrt(cx.squaredNorm() * cy.squaredNorm());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// 1. SPEC §5: PP and p in the tails. Reference: erfc in long double (64-bit
+// mantissa) from the exact z. Bound: relative 1e-12 for |z| ≤ 37, where
+// Φ(−|z|) ≥ 5.7e-300 is a normal double; the argument z/√2 rounded to double
+// alone costs ≈ z²·1.1e-16 ≤ 1.5e-13 there. Beyond: PP ≥ 0, finite,
+// non-increasing in |z|, within a few subnormal ulps of the reference, and
+// exactly 0 once Φ(−|z|) underflows (|z| ≥ 38.6).
+// ---------------------------------------------------------------------------
+TEST_CASE("PP and p are accurate in the tails and underflow gracefully", "[plasticity][gaussian]") {
+    double worst_pp = 0, worst_p = 0;
+    for (int i = -37 * 512; i <= 37 * 512; ++i) {
+        double const z = i / 512.0;  // exact binary grid, step 1/512, |z| ≤ 37
+        long double const pp = ref_pp(z), p = ref_p(z);
+        worst_pp = std::max(worst_pp, static_cast<double>(std::fabs(qkgeom::pairwise_plasticity(z) - pp) / pp));
+        worst_p = std::max(worst_p, static_cast<double>(std::fabs(qkgeom::preference_probability(z) - p) / p));
+    }
+    // off-grid points too (z not a short binary fraction)
+    for (int i = 0; i < 2000; ++i) {
+        double const z = -37.0 + 74.0 * (i + 0.377) / 2000.0;
+        long double const pp = ref_pp(z), p = ref_p(z);
+        worst_pp = std::max(worst_pp, static_cast<double>(std::fabs(qkgeom::pairwise_plasticity(z) - pp) / pp));
+        worst_p = std::max(worst_p, static_cast<double>(std::fabs(qkgeom::preference_probability(z) - p) / p));
+    }
+    INFO("worst relative error: PP " << worst_pp << ", p " << worst_p);
+    CHECK(worst_pp < 1e-12);
+    CHECK(worst_p < 1e-12);
+    // the naive 4p(1 − p) loses everything here; the tail form does not
+    CHECK(qkgeom::pairwise_plasticity(30.0) > 0.0);
+    CHECK(rel_diff(qkgeom::pairwise_plasticity(30.0), static_cast<double>(ref_pp(30.0L))) < 1e-12);
+
+    // exact values and symmetry
+    CHECK(qkgeom::pairwise_plasticity(0.0) == 1.0);
+    CHECK(qkgeom::preference_probability(0.0) == 0.5);
+    for (double z : {0.1, 1.0, 3.7, 12.0, 36.9, 38.0, 50.0})
+        CHECK(qkgeom::pairwise_plasticity(z) == qkgeom::pairwise_plasticity(-z));
+
+    // beyond 37: graceful underflow (grid step 1/256: PP falls by ≥ 13% per
+    // step, far more than erfc's rounding, down to the last subnormals)
+    double prev = std::numeric_limits<double>::infinity();
+    bool monotone = true, finite = true, nonneg = true, close = true;
+    for (int i = 36 * 256; i <= 60 * 256; ++i) {
+        double const z = i / 256.0;
+        double const pp = qkgeom::pairwise_plasticity(z);
+        finite = finite && std::isfinite(pp) && std::isfinite(qkgeom::pairwise_plasticity(-z));
+        nonneg = nonneg && pp >= 0.0;
+        monotone = monotone && pp <= prev;
+        close = close && std::fabs(pp - static_cast<double>(ref_pp(z))) <= 1e-12 * static_cast<double>(ref_pp(z)) + 5e-323;
+        prev = pp;
+    }
+    CHECK(monotone);
+    // On a fine grid libm's erfc, which is not correctly rounded among the
+    // subnormals, may rise by an ulp (seen with glibc near z ≈ 38.3, step
+    // 1e-7): allow 8 subnormal ulps there, nothing more.
+    double worst_rise = 0;
+    prev = qkgeom::pairwise_plasticity(37.0);
+    for (int i = 1; i <= 20000; ++i) {
+        double const pp = qkgeom::pairwise_plasticity(37.0 + i * 1e-4);
+        worst_rise = std::max(worst_rise, pp - prev);
+        prev = pp;
+    }
+    CHECK(worst_rise <= 8 * std::numeric_limits<double>::denorm_min());
+    CHECK(finite);
+    CHECK(nonneg);
+    CHECK(close);
+    CHECK(qkgeom::pairwise_plasticity(37.9) > 0.0);  // a subnormal, not flushed early
+    CHECK(qkgeom::pairwise_plasticity(39.0) == 0.0);
+    CHECK(qkgeom::pairwise_plasticity(-1e3) == 0.0);
+    CHECK(qkgeom::pairwise_plasticity(1e300) == 0.0);
+    CHECK(qkgeom::pairwise_plasticity(std::numeric_limits<double>::infinity()) == 0.0);
+    CHECK(qkgeom::pairwise_plasticity(-std::numeric_limits<double>::infinity()) == 0.0);
+    CHECK(std::isnan(qkgeom::pairwise_plasticity(k_nan)));
+    CHECK(qkgeom::preference_probability(-39.0) == 0.0);
+    CHECK(qkgeom::preference_probability(39.0) == 1.0);
+    CHECK(qkgeom::preference_probability(-std::numeric_limits<double>::infinity()) == 0.0);
+    CHECK(qkgeom::preference_probability(std::numeric_limits<double>::infinity()) == 1.0);
+    CHECK(qkgeom::preference_probability(-30.0) > 0.0);
+    CHECK(rel_diff(qkgeom::preference_probability(-30.0), static_cast<double>(ref_p(-30.0L))) < 1e-12);
+}
+
+TEST_CASE("the span overload of PP equals the scalar one; a length mismatch throws", "[plasticity][gaussian]") {
+    std::vector<double> z;
+    for (int i = -400; i <= 400; ++i) z.push_back(i / 9.0);
+    for (double v : {0.0, -0.0, 37.5, -38.2, 40.0, 1e308, std::numeric_limits<double>::infinity(), k_nan}) z.push_back(v);
+    std::vector<double> out(z.size(), -1.0);
+    qkgeom::pairwise_plasticity(std::span<double const>(z), std::span<double>(out));
+    bool same = true;
+    for (std::size_t i = 0; i < z.size(); ++i) {
+        double const s = qkgeom::pairwise_plasticity(z[i]);
+        same = same && (s == out[i] || (std::isnan(s) && std::isnan(out[i])));
+    }
+    CHECK(same);
+    std::vector<double> none;
+    CHECK_NOTHROW(qkgeom::pairwise_plasticity(std::span<double const>(none), std::span<double>(none)));
+    std::vector<double> short_out(z.size() - 1);
+    CHECK_THROWS_AS(qkgeom::pairwise_plasticity(std::span<double const>(z), std::span<double>(short_out)),
+                    std::invalid_argument);
+    CHECK_THROWS_WITH(qkgeom::pairwise_plasticity(std::span<double const>(z), std::span<double>(short_out)),
+                      Catch::Contains("length") && Catch::Contains(std::to_string(z.size() - 1)));
+}
+
+// ---------------------------------------------------------------------------
+// 2. SPEC §5 against Monte Carlo. The Gaussian of each query bucket is
+// rebuilt here from the rows (rotated basis: coordinate 0 on the OLS line
+// with the residual variance, the others with the bucket's own means and
+// variances), N = 20000 queries are drawn from it per bucket, and the
+// frequency of q̃·(k̃_i − k̃_j) > 0 is compared with p = Φ(m/√v) for
+// 25 key pairs × 8 query buckets = 200 combinations. Under the model each
+// |p̂ − p| exceeds 4 standard errors √(p(1−p)/N) with probability 6.3e-5, so
+// 0.013 exceedances are expected; at most 2 are allowed (P(≥ 3) ≈ 4e-7).
+// The library's PP of each (pair, bucket), read from a one-pair key set,
+// must equal 4p(1−p) of that p (relative 1e-9: two roundings of the same
+// Gaussian).
+// ---------------------------------------------------------------------------
+TEST_CASE("the closed form agrees with Monte Carlo from the bucket Gaussians", "[plasticity][closed_form]") {
+    head_setup s;
+    s.q_slope = 2e-3;
+    s.context = 9 * 128;  // buckets 0..8
+    auto const h = make_head(s);
+    index_t const d = s.d;
+    auto const model = model_of(h);
+    Eigen::MatrixXd const H = model.H.dense(d);
+    // the model's Gaussian, rebuilt from the rows
+    Eigen::VectorXd t(h.q.rows());
+    for (index_t i = 0; i < t.size(); ++i) t(i) = double(h.q_position[static_cast<std::size_t>(i)]);
+    Eigen::MatrixXd const Y = h.q * H;  // rows (H q)ᵀ, H symmetric
+    Eigen::VectorXd const tc = t.array() - t.mean();
+    Eigen::VectorXd const beta = (h.q.rowwise() - h.q.colwise().mean()).transpose() * tc / tc.squaredNorm();
+    REQUIRE((H * beta.normalized() - Eigen::VectorXd::Unit(d, 0)).norm() < 1e-12);
+    Eigen::VectorXd const y0 = Y.col(0);
+    double const slope = (y0.array() - y0.mean()).matrix().dot(tc) / tc.squaredNorm();
+    double const icpt = y0.mean() - slope * t.mean();
+    double const s2pos = (y0.array() - icpt - slope * t.array()).square().sum() / double(t.size() - 1);
+
+    // 25 key pairs of one example in key bucket 0
+    std::vector<std::pair<index_t, index_t>> pairs;
+    for (index_t i = 0; i < h.k.rows() && pairs.size() < 25; ++i)
+        for (index_t j = i + 1; j < h.k.rows() && pairs.size() < 25; ++j)
+            if (h.k_bucket[static_cast<std::size_t>(i)] == 0 && h.k_bucket[static_cast<std::size_t>(j)] == 0 &&
+                h.k_example[static_cast<std::size_t>(i)] == h.k_example[static_cast<std::size_t>(j)])
+                pairs.emplace_back(i, j);
+    REQUIRE(pairs.size() == 25);
+    auto const np = static_cast<index_t>(pairs.size());
+    Eigen::MatrixXd D(d, np);  // δ̃ = H(k_i − k_j) per column
+    for (index_t c = 0; c < np; ++c)
+        D.col(c) = H * (h.k.row(pairs[std::size_t(c)].first) - h.k.row(pairs[std::size_t(c)].second)).transpose();
+    // the library's PP of each pair in every query bucket
+    std::map<std::int64_t, Eigen::VectorXd> lib_pp;
+    for (index_t c = 0; c < np; ++c) {
+        index_t const i = pairs[std::size_t(c)].first, j = pairs[std::size_t(c)].second;
+        auto const one = filter_keys(h, [&](index_t r) { return r == i || r == j; });
+        auto const r = run(model, one, {}, false);
+        for (auto const& cell : r.cells) {
+            REQUIRE(cell.k_bucket == 0);
+            REQUIRE(cell.n_pairs == 1);
+            auto& v = lib_pp[cell.q_bucket];
+            if (v.size() == 0) v = Eigen::VectorXd::Constant(np, k_nan);
+            v(c) = cell.plasticity;
+        }
+    }
+    REQUIRE(lib_pp.size() == 8);
+
+    constexpr index_t N = 20000;
+    syn::normal_stream rng(2024);
+    int exceed = 0, combos = 0, informative = 0;
+    double worst_bridge = 0;
+    for (std::int64_t b = 1; b <= 8; ++b) {
+        std::vector<index_t> rows;
+        for (index_t i = 0; i < h.q.rows(); ++i)
+            if (h.q_bucket[static_cast<std::size_t>(i)] == b) rows.push_back(i);
+        Eigen::MatrixXd const Yb = Y(rows, Eigen::all);
+        Eigen::VectorXd mean = Yb.colwise().mean().transpose();
+        Eigen::VectorXd var = (Yb.rowwise() - Yb.colwise().mean()).colwise().squaredNorm().transpose() /
+                              double(rows.size() - 1);
+        mean(0) = icpt + slope * t(rows).mean();
+        var(0) = s2pos;
+        Eigen::MatrixXd Qt(N, d);
+        for (index_t r = 0; r < N; ++r)
+            for (index_t j = 0; j < d; ++j) Qt(r, j) = mean(j) + std::sqrt(var(j)) * rng();
+        Eigen::MatrixXd const S = Qt * D;
+        for (index_t c = 0; c < np; ++c) {
+            double const m = mean.dot(D.col(c));
+            double const v = (D.col(c).array().square() * var.array()).sum();
+            double const p = qkgeom::preference_probability(m / std::sqrt(v));
+            double const phat = double((S.col(c).array() > 0).count()) / double(N);
+            double const se = std::sqrt(p * (1 - p) / double(N));
+            ++combos;
+            if (std::abs(phat - p) > 4 * se) ++exceed;
+            if (p > 0.05 && p < 0.95) ++informative;
+            double const bridge = rel_diff(lib_pp[b](c), 4 * p * (1 - p));
+            worst_bridge = std::isnan(bridge) ? 1.0 : std::max(worst_bridge, bridge);
+        }
+    }
+    INFO("4-sigma exceedances " << exceed << " of " << combos << "; combos with p in (0.05, 0.95): " << informative
+                                << "; worst |PP_lib − 4p(1−p)|/PP " << worst_bridge);
+    CHECK(combos == 200);
+    CHECK(exceed <= 2);
+    CHECK(informative >= 50);  // the comparison is not decided by saturated p ≈ 0 or 1
+    CHECK(worst_bridge < 1e-9);
+}
+
+// ---------------------------------------------------------------------------
+// SPEC §6/§9.14 gaussian_gap. On the generated head every query bucket is
+// Gaussian up to the within-bucket drift; what is left is the sampling error
+// of p̂ over ~60 queries per bucket averaged over ~100 pairs (≈ 0.01):
+// bound 0.02. Replacing the semantic coordinates by a ±c two-point mixture
+// (one sign per query, shared by all coordinates) makes q·δ two-valued, so
+// p̂ ≈ 0, ½ or 1 per pair while Φ(m/√v) is spread: the gap must exceed 0.06
+// and 5× the Gaussian head's (it is ≈ 0.1, 9×; independent ±c signs per
+// coordinate would not do: their sum is Gaussian again by the CLT).
+// ---------------------------------------------------------------------------
+TEST_CASE("gaussian_gap is small on a Gaussian head and large on a bimodal one", "[plasticity][empirical]") {
+    head_setup s;
+    s.mix = false;  // the drift is plain axis 0 = coordinate `rotary`
+    s.q_slope = 2e-3;
+    s.n_examples = 16;
+    s.context = 2048;
+    auto const h = make_head(s);
+    auto const g = run(model_of(h), h, {});
+    INFO("Gaussian head: gaussian_gap " << g.gaussian_gap);
+    CHECK(g.gaussian_gap < 0.02);
+
+    auto bimodal = h;
+    syn::normal_stream rng(77);
+    for (index_t i = 0; i < bimodal.q.rows(); ++i) {
+        double const sign = rng() > 0 ? 1.0 : -1.0;
+        for (index_t j = 0; j < s.d; ++j)
+            if (j != s.rotary) bimodal.q(i, j) = 1.5 * sign * ((j % 3 == 0) ? -1.0 : 1.0);
+    }
+    auto const nb = run(model_of(bimodal), bimodal, {});
+    INFO("bimodal head: gaussian_gap " << nb.gaussian_gap);
+    CHECK(nb.gaussian_gap > 0.06);
+    CHECK(nb.gaussian_gap > 5 * g.gaussian_gap);
+    // without queries there is no empirical side
+    auto const none = run(model_of(h), h, {}, false);
+    CHECK(std::isnan(none.gaussian_gap));
+    for (auto const& pb : none.profile) CHECK(std::isnan(pb.ap_empirical));
+}
+
+// ---------------------------------------------------------------------------
+// 3. Theorem 4.4 (thesis §4.4): with a query drift (β_pos ≠ 0) and a key
+// drift, |m| grows with τ_b through δ_1 β_pos τ_b and AP_b decays with the
+// query position; without a query drift the profile is flat. Heads of
+// 16 examples × 2048 tokens, buckets of 128 at rate 4 (≈ 60 queries and
+// ≈ 100 same-bucket pairs per cell), no planted per-bucket means, so the
+// only position dependence is the drift. Bounds: the AP_b of the flat head
+// scatter by ≈ 0.02 around their mean, so AP_drop (a difference of two
+// means of ≥ 2 buckets) has sd ≈ 0.015: |AP_drop| < 0.05 (3.5 sd); the
+// drifting heads drop by > 0.2, with Spearman(τ_b, AP_b) < −0.9, and a
+// 4× larger query drift drops by at least 0.05 more.
+// ---------------------------------------------------------------------------
+TEST_CASE("Theorem 4.4: the profile decays with a query drift and is flat without", "[plasticity][theorem]") {
+    auto profile_of = [](double q_slope) {
+        head_setup s;
+        s.q_slope = q_slope;
+        s.bucket_mean_scale = 0.0;
+        s.n_examples = 16;
+        s.context = 2048;
+        s.seed = 3;
+        auto const h = make_head(s);
+        return std::pair{model_of(h), run(model_of(h), h, {}, false)};
+    };
+    auto trend = [](plasticity_result const& r) {
+        std::vector<double> tau, ap;
+        for (auto const& pb : r.profile)
+            if (std::isfinite(pb.ap)) {
+                tau.push_back(pb.tau);
+                ap.push_back(pb.ap);
+            }
+        return spearman(tau, ap);
+    };
+    auto const [m0, flat] = profile_of(0.0);
+    auto const [m1, slow] = profile_of(1e-3);
+    auto const [m4, fast] = profile_of(4e-3);
+    INFO("AP_drop: no drift " << flat.ap_drop << ", slope 1e-3 " << slow.ap_drop << ", slope 4e-3 " << fast.ap_drop);
+    INFO("Spearman: " << trend(flat) << ", " << trend(slow) << ", " << trend(fast));
+    // the planted query slopes are recovered (β_pos ≈ |slope|)
+    CHECK(m0.beta_pos < 3e-4);
+    CHECK(std::abs(m1.beta_pos - 1e-3) < 3e-4);
+    CHECK(std::abs(m4.beta_pos - 4e-3) < 3e-4);
+    CHECK(std::abs(flat.ap_drop) < 0.05);
+    for (auto const* r : {&slow, &fast}) {
+        CHECK(r->ap_drop > 0.15);
+        CHECK(r->ap_last_20pct < r->ap_first_20pct);
+        CHECK(trend(*r) < -0.9);
+        for (int k = 0; k + 1 < 5; ++k) CHECK(r->ap_quintile[std::size_t(k + 1)] < r->ap_quintile[std::size_t(k)]);
+    }
+    CHECK(fast.ap_drop > slow.ap_drop + 0.05);
+    CHECK(fast.ap_overall < slow.ap_overall);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Exact enumeration = the brute-force triple loop (written above from the
+// SPEC), for both pair policies, three semantic models, full attention and
+// sliding windows (W < B, W not a multiple of B, W spanning several
+// buckets). Relative 1e-12: the two compute the same sums in a different
+// order (double vs long double erfc).
+// ---------------------------------------------------------------------------
+TEST_CASE("exact enumeration equals a brute-force triple loop", "[plasticity][exact]") {
+    head_setup s;
+    s.d = 6;
+    s.rotary = 2;
+    s.q_slope = 2e-3;
+    s.n_examples = 3;
+    s.context = 512;
+    s.buckets = {bucket_scheme::uniform, 64, 3.0};
+    auto const h = make_head(s);
+    REQUIRE(h.k.rows() > 40);
+    for (auto model : {semantic_model::diag, semantic_model::full, semantic_model::global_linear}) {
+        auto const mdl = model_of(h, model);
+        for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
+            for (std::int64_t window : {0, 30, 100, 200}) {
+                DYNAMIC_SECTION("model " << int(model) << " policy " << int(policy) << " window " << window) {
+                    plasticity_options o;
+                    o.pairs = policy;
+                    o.sliding_window = window;
+                    o.buckets = s.buckets;
+                    o.enumeration = qkgeom::enumeration_policy::exact;
+                    std::int64_t const span = window == 0 ? 0 : std::max<std::int64_t>(1, (window + 63) / 64);
+                    auto const r = run(mdl, h, o);
+                    CHECK_FALSE(r.sampled);
+                    auto const ref = brute_force(mdl, h, policy, span, true);
+                    REQUIRE(ref.n_pairs > 0);
+                    check_against(r, ref, 1e-12);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The Gram (dense) path equals the direct path: every group dense
+// (dense_min_keys = 2) with a tile edge of 5 that divides no group size and
+// with the default tile, against every group direct. Capture `all` with
+// buckets of 32: 32 keys per (example, bucket) and up to 128 per prefix group.
+// Relative 1e-12 on cells, profile and heatmap sums (the Gram form
+// v = n_i + n_j − 2 g_ij cancels ≈ ‖k̃‖²/v ≈ 10× more than δᵀVδ).
+// ---------------------------------------------------------------------------
+TEST_CASE("the Gram path equals the direct path, tiled or not", "[plasticity][dense]") {
+    head_setup s;
+    s.d = 8;
+    s.rotary = 4;
+    s.q_slope = 2e-3;
+    s.n_examples = 2;
+    s.context = 160;
+    s.buckets = {bucket_scheme::all, 32, 1.0};
+    auto const h = make_head(s);
+    REQUIRE(h.k.rows() == 2 * 160);
+    for (auto model : {semantic_model::diag, semantic_model::full}) {
+        auto const mdl = model_of(h, model);
+        for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
+            DYNAMIC_SECTION("model " << int(model) << " policy " << int(policy)) {
+                plasticity_options direct;
+                direct.pairs = policy;
+                direct.dense_min_keys = index_t{1} << 40;
+                plasticity_options tiled = direct;
+                tiled.dense_min_keys = 2;
+                tiled.tile_keys = 5;
+                plasticity_options dense = tiled;
+                dense.tile_keys = 256;
+                auto const a = run(mdl, h, direct);
+                auto const b = run(mdl, h, tiled);
+                auto const c = run(mdl, h, dense);
+                REQUIRE(a.n_pairs > 9000);
+                check_same(b, a, 1e-12);
+                check_same(c, a, 1e-12);
+                if (model == semantic_model::diag && policy == pair_policy::same_bucket)
+                    check_against(b, brute_force(mdl, h, policy, 0, true), 1e-12);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 5. Sampled enumeration (SPEC §6, §9.16). Keys of key bucket 0 only, in
+// groups of 32, 12 and 6 keys (496 + 66 + 15 pairs): a sampler that picked
+// groups uniformly instead of ∝ pair count would be biased. Coverage of
+// ap ± 1.96·std_error over 200 seeds on one cell: Binomial(200, 0.95) has
+// sd 0.015, so [0.89, 0.99] is −3.9 to +2.6 sd; over all five cells
+// (1000 intervals, sd 0.007) [0.925, 0.975]. Convergence: with 20000 draws
+// per cell every cell is within 4 standard errors of the exact value and the
+// standard error shrinks as 1/√n (ratio to 200 draws in [0.07, 0.14]).
+// ---------------------------------------------------------------------------
+TEST_CASE("sampled estimates converge to exact and their intervals cover it", "[plasticity][sampled]") {
+    head_setup s;
+    s.d = 8;
+    s.rotary = 4;
+    s.q_slope = 2e-3;
+    s.n_examples = 3;
+    s.context = 192;
+    s.buckets = {bucket_scheme::all, 32, 1.0};
+    auto const full = make_head(s);
+    auto const h = filter_keys(full, [&](index_t i) {
+        auto const u = static_cast<std::size_t>(i);
+        std::int64_t const cap[] = {32, 12, 6};
+        return full.k_bucket[u] == 0 && full.k_position[u] < cap[full.k_example[u]];
+    });
+    REQUIRE(h.k.rows() == 50);
+    auto const model = model_of(h);
+    plasticity_options ex;
+    ex.enumeration = qkgeom::enumeration_policy::exact;
+    auto const exact = run(model, h, ex, false);
+    REQUIRE(exact.cells.size() == 5);
+    for (auto const& c : exact.cells) REQUIRE(c.n_pairs == 577);
+
+    plasticity_options o;
+    o.enumeration = qkgeom::enumeration_policy::sampled;
+    o.samples_per_cell = 200;
+    std::array<int, 5> covered{};
+    for (std::uint64_t seed = 0; seed < 200; ++seed) {
+        o.seed = seed;
+        auto const r = run(model, h, o, false);
+        REQUIRE(r.sampled);
+        REQUIRE(r.cells.size() == 5);
+        for (std::size_t i = 0; i < 5; ++i) {
+            auto const& c = r.cells[i];
+            REQUIRE(c.n_pairs == 200);
+            REQUIRE(c.std_error > 0);
+            if (std::abs(c.plasticity - exact.cells[i].plasticity) <= 1.96 * c.std_error) ++covered[i];
+        }
+    }
+    double const one = covered[0] / 200.0;
+    double const all = std::accumulate(covered.begin(), covered.end(), 0) / 1000.0;
+    INFO("coverage: cell (1, 0) " << one << ", all cells " << all);
+    CHECK(one >= 0.89);
+    CHECK(one <= 0.99);
+    CHECK(all >= 0.925);
+    CHECK(all <= 0.975);
+
+    // convergence
+    o.seed = 7;
+    auto const small = run(model, h, o, false);
+    o.samples_per_cell = 20000;
+    auto const big = run(model, h, o, false);
+    for (std::size_t i = 0; i < 5; ++i) {
+        INFO("cell " << i << ": exact " << exact.cells[i].plasticity << ", sampled " << big.cells[i].plasticity
+                     << " ± " << big.cells[i].std_error);
+        CHECK(big.cells[i].n_pairs == 20000);
+        CHECK(std::abs(big.cells[i].plasticity - exact.cells[i].plasticity) <= 4 * big.cells[i].std_error);
+        CHECK(std::abs(big.cells[i].plasticity - exact.cells[i].plasticity) < 0.01);
+        double const ratio = big.cells[i].std_error / small.cells[i].std_error;
+        CHECK(ratio > 0.07);
+        CHECK(ratio < 0.14);
+    }
+    CHECK(std::abs(big.ap_overall - exact.ap_overall) < 0.01);
+    // deterministic in the seed; another seed draws differently
+    auto const again = run(model, h, o, false);
+    for (std::size_t i = 0; i < 5; ++i) CHECK(again.cells[i].plasticity == big.cells[i].plasticity);
+    o.seed = 8;
+    CHECK(run(model, h, o, false).cells[0].plasticity != big.cells[0].plasticity);
+    // automatic: exact while affordable (5 × 577 evaluations), sampled above max_exact_pairs
+    plasticity_options au;
+    CHECK_FALSE(run(model, h, au, false).sampled);
+    au.max_exact_pairs = 5 * 577 - 1;
+    au.samples_per_cell = 100;
+    auto const auto_sampled = run(model, h, au, false);
+    CHECK(auto_sampled.sampled);
+    CHECK(auto_sampled.cells[0].n_pairs == 100);
+    au.max_exact_pairs = 5 * 577;
+    CHECK_FALSE(run(model, h, au, false).sampled);
+    // exact cells carry no standard error
+    for (auto const& c : exact.cells) CHECK(c.std_error == 0.0);
+}
+
+// ---------------------------------------------------------------------------
+// 6. Sliding windows (SPEC §6): with uniform buckets of width B = 16 and a
+// window of W tokens the cells of query bucket b are exactly key buckets
+// b − span … b − 1, span = max(1, ⌈W/B⌉) buckets (not W buckets: the prior
+// tool's bug). Every token is kept (rate = B), so every cell has
+// 2 examples × C(16, 2) = 240 pairs.
+// ---------------------------------------------------------------------------
+TEST_CASE("sliding windows keep exactly the key buckets inside the span", "[plasticity][window]") {
+    head_setup s;
+    s.d = 6;
+    s.rotary = 2;
+    s.n_examples = 2;
+    s.context = 16 * 12;
+    s.buckets = {bucket_scheme::uniform, 16, 16.0};
+    auto const h = make_head(s);
+    REQUIRE(h.k.rows() == 2 * 192);
+    auto const model = model_of(h);
+    std::vector<std::pair<std::int64_t, std::int64_t>> const cases{{5, 1}, {16, 1}, {17, 2}, {40, 3}, {100, 7}, {0, 99}};
+    for (auto const& [W, span] : cases) {
+        DYNAMIC_SECTION("window " << W << " tokens = " << span << " buckets") {
+            plasticity_options o;
+            o.buckets = s.buckets;
+            o.sliding_window = W;
+            auto const r = run(model, h, o, false);
+            std::map<std::int64_t, std::vector<std::int64_t>> got;
+            for (auto const& c : r.cells) {
+                got[c.q_bucket].push_back(c.k_bucket);
+                CHECK(c.n_pairs == 240);
+            }
+            for (std::int64_t b = 0; b < 12; ++b) {
+                std::vector<std::int64_t> want;
+                for (std::int64_t c = std::max<std::int64_t>(0, b - span); c < b; ++c) want.push_back(c);
+                INFO("query bucket " << b);
+                CHECK(got[b] == want);
+            }
+            CHECK(r.n_query_buckets_skipped == 1);  // bucket 0: no earlier key bucket
+            // prefix: one cell per query bucket over the keys of the window
+            o.pairs = pair_policy::prefix;
+            auto const p = run(model, h, o, false);
+            for (auto const& c : p.cells) {
+                std::int64_t const m = 16 * std::min(span, c.q_bucket);
+                CHECK(c.k_bucket == -1);
+                CHECK(c.n_pairs == 2 * m * (m - 1) / 2);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 7. Aggregates recomputed by hand from the returned profile and cells
+// (SPEC §6, §9.10–9.12): AP_b, quintile/decile of each bucket by integer
+// arithmetic ⌊k·S_b/(n_b·L)⌋ (S_b the sum of its query positions), the
+// w_b-weighted quantile profiles, first/last 20%, AP_drop, and AP_overall
+// under both weighting policies.
+// ---------------------------------------------------------------------------
+TEST_CASE("AP aggregates, quantiles and weighting policies equal a hand computation", "[plasticity][aggregates]") {
+    head_setup s;
+    s.d = 6;
+    s.rotary = 2;
+    s.q_slope = 3e-3;
+    s.n_examples = 3;
+    s.context = 700;  // buckets 0..10, the last one partial
+    s.buckets = {bucket_scheme::uniform, 64, 3.0};
+    auto const h = make_head(s);
+    auto const model = model_of(h);
+    std::int64_t max_pos = 0;
+    for (auto t : h.q_position) max_pos = std::max(max_pos, t);
+    for (auto t : h.k_position) max_pos = std::max(max_pos, t);
+    for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
+        for (std::int64_t L : {std::int64_t{0}, std::int64_t{1000}, std::int64_t{450}}) {
+            DYNAMIC_SECTION("policy " << int(policy) << " L " << L) {
+                plasticity_options o;
+                o.pairs = policy;
+                o.context_length = L;
+                auto const qc = run(model, h, o);
+                o.weighting = qkgeom::ap_weighting::cell_mean;
+                auto const cm = run(model, h, o);
+                std::int64_t const Lu = L > 0 ? L : max_pos + 1;
+                CHECK(qc.context_length == Lu);
+                std::array<double, 5> qn{}, qd{};
+                std::array<double, 10> dn{}, dd{};
+                double wn = 0, wd = 0;
+                int finite = 0;
+                for (auto const& pb : qc.profile) {
+                    INFO("query bucket " << pb.q_bucket);
+                    std::int64_t n = 0, S = 0;
+                    for (std::size_t i = 0; i < h.q_bucket.size(); ++i)
+                        if (h.q_bucket[i] == pb.q_bucket) {
+                            ++n;
+                            S += h.q_position[i];
+                        }
+                    CHECK(pb.n_queries == n);
+                    CHECK(std::abs(pb.tau - double(S) / double(n)) <= 1e-12 * pb.tau);
+                    int const quint = int(std::min<std::int64_t>(4, 5 * S / (n * Lu)));
+                    int const dec = int(std::min<std::int64_t>(9, 10 * S / (n * Lu)));
+                    CHECK(pb.quintile == quint);
+                    CHECK(pb.decile == dec);
+                    // AP_b from the cells
+                    double sum = 0;
+                    int cells = 0;
+                    for (auto const& c : qc.cells)
+                        if (c.q_bucket == pb.q_bucket && c.n_pairs > 0) {
+                            sum += c.plasticity;
+                            ++cells;
+                        }
+                    CHECK(pb.n_cells == cells);
+                    if (cells == 0) {
+                        CHECK(std::isnan(pb.ap));
+                        continue;
+                    }
+                    CHECK(rel_diff(pb.ap, sum / cells) < 1e-14);
+                    ++finite;
+                    qn[std::size_t(quint)] += double(n) * pb.ap;
+                    qd[std::size_t(quint)] += double(n);
+                    dn[std::size_t(dec)] += double(n) * pb.ap;
+                    dd[std::size_t(dec)] += double(n);
+                    wn += double(n) * pb.ap;
+                    wd += double(n);
+                }
+                REQUIRE(finite >= 8);
+                for (std::size_t k = 0; k < 5; ++k) {
+                    CHECK(same_value(qc.ap_quintile[k], qd[k] > 0 ? qn[k] / qd[k] : k_nan, 1e-13));
+                    CHECK(same_value(cm.ap_quintile[k], qc.ap_quintile[k], 0.0));  // weighting-independent
+                }
+                for (std::size_t k = 0; k < 10; ++k) {
+                    CHECK(same_value(qc.ap_decile[k], dd[k] > 0 ? dn[k] / dd[k] : k_nan, 1e-13));
+                    CHECK(same_value(cm.ap_decile[k], qc.ap_decile[k], 0.0));
+                }
+                CHECK(same_value(qc.ap_first_20pct, qc.ap_quintile[0], 0.0));
+                CHECK(same_value(qc.ap_last_20pct, qc.ap_quintile[4], 0.0));
+                CHECK(same_value(qc.ap_drop, qc.ap_first_20pct - qc.ap_last_20pct, 0.0));
+                CHECK(same_value(cm.ap_drop, qc.ap_drop, 0.0));
+                // weighting: w_b-weighted mean of AP_b vs plain mean over non-empty cells
+                CHECK(rel_diff(qc.ap_overall, wn / wd) < 1e-13);
+                double cs = 0;
+                int cn = 0;
+                for (auto const& c : cm.cells)
+                    if (c.n_pairs > 0) {
+                        cs += c.plasticity;
+                        ++cn;
+                    }
+                CHECK(rel_diff(cm.ap_overall, cs / cn) < 1e-13);
+                CHECK(std::abs(cm.ap_overall - qc.ap_overall) > 1e-4);  // the policies differ here
+            }
+        }
+    }
+    // L = 450 < positions: quantiles are clipped to k − 1, the last quintile is populated
+    plasticity_options o;
+    o.context_length = 450;
+    CHECK(std::isfinite(run(model, h, o).ap_quintile[4]));
+}
+
+TEST_CASE("quantile indices use exact integer arithmetic at the boundaries", "[plasticity][aggregates]") {
+    // L = 91: S = 91 over n = 5 queries gives τ = 18.2 (not a binary
+    // fraction) and 5τ/L = 1 exactly; a float formula τ/L·5 gives 0.
+    std::vector<std::vector<std::int64_t>> const pos{
+        {16, 17, 18, 19, 21},  // S = 91:  quintile 1, decile 2 (on the boundary)
+        {16, 17, 18, 19, 20},  // S = 90:  quintile 0, decile 1 (just below)
+        {35, 36, 36, 37, 38},  // S = 182: quintile 2, decile 4
+        {70, 72, 73, 74, 75},  // S = 364: quintile 4, decile 8
+        {95, 100},             // beyond L: clipped to 4 and 9
+    };
+    std::array<int, 5> const quint{1, 0, 2, 4, 4}, dec{2, 1, 4, 8, 9};
+    syn::head_capture h;
+    std::mt19937_64 gen(3);
+    std::normal_distribution<double> nd;
+    std::vector<std::vector<double>> rows;
+    for (std::size_t b = 0; b < pos.size(); ++b)
+        for (auto t : pos[b]) {
+            h.q_position.push_back(t);
+            h.q_bucket.push_back(std::int64_t(b) + 1);
+        }
+    h.q = Eigen::MatrixXd::NullaryExpr(index_t(h.q_position.size()), 3, [&] { return nd(gen); });
+    for (std::int64_t e = 0; e < 2; ++e)
+        for (std::int64_t t = 0; t < 4; ++t) {
+            h.k_position.push_back(t);
+            h.k_bucket.push_back(0);
+            h.k_example.push_back(e);
+        }
+    h.k = Eigen::MatrixXd::NullaryExpr(8, 3, [&] { return nd(gen); });
+    plasticity_options o;
+    o.context_length = 91;
+    auto const r = run(model_of(h), h, o);
+    REQUIRE(r.profile.size() == 5);
+    for (std::size_t b = 0; b < 5; ++b) {
+        INFO("bucket " << b + 1 << " tau " << r.profile[b].tau);
+        CHECK(r.profile[b].quintile == quint[b]);
+        CHECK(r.profile[b].decile == dec[b]);
+    }
+    // quintile 3 is empty: NaN, excluded
+    CHECK(std::isnan(r.ap_quintile[3]));
+    CHECK(std::isfinite(r.ap_quintile[1]));
+}
+
+// ---------------------------------------------------------------------------
+// 8. Identical keys (SPEC §5, §9.9): duplicated key rows of one example and
+// bucket (a pair, and a triple) are skipped and counted, on the direct path
+// and on the Gram path, where v = n_i + n_j − 2g_ij of two identical rows is
+// rounding noise (the keys carry an offset of 3 to make it so). Everything
+// else equals the brute force.
+// ---------------------------------------------------------------------------
+TEST_CASE("identical keys are skipped and counted on the direct and the Gram path", "[plasticity][identical]") {
+    head_setup s;
+    s.q_slope = 2e-3;
+    s.n_examples = 3;
+    s.context = 512;
+    s.buckets = {bucket_scheme::uniform, 64, 3.0};
+    auto base = make_head(s);
+    base.k.array() += 3.0;
+    auto h = base;
+    std::vector<index_t> const dup{2, 10, 25, 5, 5};  // row 5 three times in all
+    for (auto i : dup) {
+        auto const u = static_cast<std::size_t>(i);
+        h.k.conservativeResize(h.k.rows() + 1, Eigen::NoChange);
+        h.k.row(h.k.rows() - 1) = h.k.row(i);
+        h.k_position.push_back(h.k_position[u]);
+        h.k_bucket.push_back(h.k_bucket[u]);
+        h.k_example.push_back(h.k_example[u]);
+    }
+    auto const model = model_of(h);
+    for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
+        DYNAMIC_SECTION("policy " << int(policy)) {
+            auto const ref = brute_force(model, h, policy, 0, true);
+            // 1 + 1 + 1 + 3 duplicate pairs, each skipped once per query bucket that sees it
+            REQUIRE(ref.skipped >= 6);
+            plasticity_options direct;
+            direct.pairs = policy;
+            direct.dense_min_keys = index_t{1} << 40;
+            plasticity_options gram = direct;
+            gram.dense_min_keys = 2;
+            gram.tile_keys = 3;
+            auto const a = run(model, h, direct);
+            auto const b = run(model, h, gram);
+            CHECK(a.n_pairs_skipped == ref.skipped);
+            CHECK(b.n_pairs_skipped == ref.skipped);
+            check_against(a, ref, 1e-12);
+            check_against(b, ref, 1e-12);
+            for (auto const& c : b.cells)
+                if (c.n_pairs > 0) CHECK(std::isfinite(c.plasticity));
+            // without the duplicates nothing is skipped
+            CHECK(run(model, base, gram).n_pairs_skipped == 0);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 9. Heatmap (SPEC §6, §9.13). A hand-made case: query bucket 1 with τ = 12,
+// keys of example 0 at 0, 4, 8 and of example 1 at 0, 9, grid
+// distance {0, 4, 8} × offset {6, 8, 10}:
+//   (0, 4): x = 4, y = 10 → bin (1, 1) (left-closed, last bin closed)
+//   (0, 8): x = 8, y =  8 → bin (1, 1) (last distance bin closed)
+//   (4, 8): x = 4, y =  6 → bin (1, 0) (first edge included)
+//   (0, 9): x = 9        → outside
+// Then on generated heads: every evaluated (query bucket, pair) once.
+// ---------------------------------------------------------------------------
+TEST_CASE("heatmap bins: half-open, last closed, each evaluation once", "[plasticity][heatmap]") {
+    syn::head_capture h;
+    std::mt19937_64 gen(9);
+    std::normal_distribution<double> nd;
+    h.q_position = {10, 14, 11, 13};
+    h.q_bucket = {1, 1, 1, 1};
+    h.q = Eigen::MatrixXd::NullaryExpr(4, 3, [&] { return nd(gen); });
+    h.k_position = {0, 4, 8, 0, 9};
+    h.k_bucket = {0, 0, 0, 0, 0};
+    h.k_example = {0, 0, 0, 1, 1};
+    h.k = Eigen::MatrixXd::NullaryExpr(5, 3, [&] { return nd(gen); });
+    auto const model = model_of(h);
+    REQUIRE(model.buckets.size() == 1);
+    REQUIRE(model.buckets[0].tau == 12.0);
+    plasticity_options o;
+    o.heatmap.distance_edges = {0, 4, 8};
+    o.heatmap.offset_edges = {6, 8, 10};
+    auto const r = run(model, h, o);
+    auto const ref = brute_force(model, h, pair_policy::same_bucket, 0, true);
+    REQUIRE(ref.points.size() == 4);
+    CHECK(r.n_pairs == 4);
+    CHECK(r.heatmap.n_outside == 1);
+    CHECK(r.heatmap.count(0, 0) == 0);
+    CHECK(r.heatmap.count(0, 1) == 0);
+    CHECK(r.heatmap.count(1, 0) == 1);
+    CHECK(r.heatmap.count(1, 1) == 2);
+    CHECK(rel_diff(r.heatmap.sum(1, 0), ref.points[2].pp) < 1e-12);
+    CHECK(rel_diff(r.heatmap.sum(1, 1), ref.points[0].pp + ref.points[1].pp) < 1e-12);
+    CHECK(r.heatmap.sum(0, 0) == 0.0);
+    check_against(r, ref, 1e-12);
+
+    // default grid: 16 bins over [0, L] and [−L, L]
+    auto const d = run(model, h, {});
+    REQUIRE(d.heatmap.distance_edges.size() == 17);
+    REQUIRE(d.heatmap.offset_edges.size() == 17);
+    CHECK(d.heatmap.distance_edges.front() == 0.0);
+    CHECK(d.heatmap.distance_edges.back() == double(d.context_length));
+    CHECK(d.heatmap.offset_edges.front() == -double(d.context_length));
+    CHECK(d.heatmap.offset_edges.back() == double(d.context_length));
+    CHECK(d.context_length == 15);
+    CHECK(d.heatmap.count.sum() + d.heatmap.n_outside == d.n_pairs);
+
+    // generated heads, custom coarse edges with many points outside, both policies, exact and sampled
+    head_setup s;
+    s.d = 6;
+    s.rotary = 2;
+    s.n_examples = 3;
+    s.context = 512;
+    s.buckets = {bucket_scheme::uniform, 64, 3.0};
+    auto const g = make_head(s);
+    auto const gm = model_of(g);
+    for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
+        plasticity_options go;
+        go.pairs = policy;
+        go.heatmap.distance_edges = {0, 10, 20, 40, 64};
+        go.heatmap.offset_edges = {0, 32, 64, 128, 256, 300};
+        auto const gr = run(gm, g, go);
+        CHECK(gr.heatmap.count.rows() == 4);
+        CHECK(gr.heatmap.count.cols() == 5);
+        CHECK(gr.heatmap.n_outside > 0);
+        CHECK(gr.heatmap.count.sum() + gr.heatmap.n_outside == gr.n_pairs);
+        check_against(gr, brute_force(gm, g, policy, 0, true), 1e-12);
+        // sampled: each draw once; the default grid [0, L] × [−L, L] holds every point
+        plasticity_options so;
+        so.pairs = policy;
+        so.enumeration = qkgeom::enumeration_policy::sampled;
+        so.samples_per_cell = 50;
+        auto const sr = run(gm, g, so);
+        CHECK(sr.heatmap.n_outside == 0);
+        CHECK(sr.heatmap.count.sum() == sr.n_pairs);
+        double cell_total = 0;
+        for (auto const& c : sr.cells)
+            if (c.n_pairs > 0) cell_total += c.plasticity * double(c.n_pairs);
+        CHECK(rel_diff(sr.heatmap.sum.sum(), cell_total) < 1e-12);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 10. Bad input: a clear std::invalid_argument naming the problem.
+// ---------------------------------------------------------------------------
+TEST_CASE("bad input is a clear error", "[plasticity][errors]") {
+    head_setup s;
+    s.d = 6;
+    s.rotary = 2;
+    s.n_examples = 2;
+    s.context = 256;
+    s.buckets = {bucket_scheme::uniform, 64, 3.0};
+    auto const h = make_head(s);
+    auto const model = model_of(h);
+    plasticity_options const none;
+    using Catch::Contains;
+    // q/k dimensions
+    Eigen::MatrixXd const k5 = h.k.leftCols(5);
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, k5, h.k_position, h.k_bucket, h.k_example),
+                      Contains("head dimension") && Contains("d = 6") && Contains("value 5"));
+    Eigen::MatrixXd const q5 = h.q.leftCols(5);
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, h.k_example, q5,
+                                                   h.q_position, h.q_bucket),
+                      Contains("queries: head dimension"));
+    CHECK_THROWS_WITH(qkgeom::analyze_head(h.q, h.q_position, h.q_bucket, k5, h.k_position, h.k_bucket, h.k_example),
+                      Contains("differ in head dimension"));
+    // keys without example ids, or too few
+    std::vector<std::int64_t> const no_ids;
+    std::vector<std::int64_t> short_ids(h.k_example.begin(), h.k_example.end() - 1);
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, no_ids),
+                      Contains("example ids") && Contains("length"));
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, short_ids),
+                      Contains("example ids") && Contains(std::to_string(short_ids.size())));
+    std::vector<std::int64_t> short_buckets(h.k_bucket.begin(), h.k_bucket.end() - 1);
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h.k, h.k_position, short_buckets, h.k_example),
+                      Contains("buckets") && Contains("length"));
+    std::vector<std::int64_t> short_pos(h.k_position.begin(), h.k_position.end() - 1);
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h.k, short_pos, h.k_bucket, h.k_example),
+                      Contains("positions") && Contains("length"));
+    // buckets that do not match positions under the declared scheme
+    plasticity_options o;
+    o.buckets = s.buckets;
+    CHECK_NOTHROW(run(model, h, o));
+    auto bad = h;
+    bad.k_bucket[3] += 1;
+    CHECK_THROWS_WITH(run(model, bad, o), Contains("keys buckets") && Contains("does not match position") &&
+                                              Contains("row 3"));
+    CHECK_NOTHROW(run(model, bad, none));  // without a scheme buckets are labels
+    auto badq = h;
+    badq.q_bucket[0] = 7;
+    CHECK_THROWS_WITH(run(model, badq, o), Contains("queries buckets") && Contains("does not match position"));
+    plasticity_options wide = o;
+    wide.buckets = bucket_spec{bucket_scheme::uniform, 32, 3.0};
+    CHECK_THROWS_WITH(run(model, h, wide), Contains("does not match position") && Contains("width 32"));
+    // NaN / Inf in a key
+    auto nan_key = h;
+    nan_key.k(3, 2) = k_nan;
+    CHECK_THROWS_WITH(run(model, nan_key, none), Contains("non-finite") && Contains("row 3") && Contains("column 2"));
+    auto inf_key = h;
+    inf_key.k(0, 0) = std::numeric_limits<double>::infinity();
+    CHECK_THROWS_WITH(run(model, inf_key, none, false), Contains("non-finite"));
+    // negative positions and buckets, bad options
+    auto neg = h;
+    neg.k_position[1] = -1;
+    CHECK_THROWS_WITH(run(model, neg, none), Contains("negative position"));
+    auto negb = h;
+    negb.k_bucket[1] = -2;
+    CHECK_THROWS_WITH(run(model, negb, none), Contains("negative bucket"));
+    plasticity_options w;
+    w.sliding_window = 100;
+    CHECK_THROWS_WITH(run(model, h, w), Contains("sliding window needs the bucket scheme"));
+    w.sliding_window = -1;
+    w.buckets = s.buckets;
+    CHECK_THROWS_WITH(run(model, h, w), Contains("sliding_window must be >= 0"));
+    plasticity_options sp;
+    sp.samples_per_cell = 0;
+    CHECK_THROWS_WITH(run(model, h, sp), Contains("samples_per_cell"));
+    plasticity_options he;
+    he.heatmap.distance_edges = {0, 5, 5, 9};
+    CHECK_THROWS_WITH(run(model, h, he), Contains("distance_edges") && Contains("strictly increasing"));
+    he.heatmap.distance_edges = {1};
+    CHECK_THROWS_WITH(run(model, h, he), Contains("at least 2 edges"));
+    he.heatmap.distance_edges = {};
+    he.heatmap.offset_edges = {0, k_nan, 2};
+    CHECK_THROWS_WITH(run(model, h, he), Contains("offset_edges"));
+    CHECK_THROWS_WITH(run(qkgeom::householder_result{}, h, none), Contains("model is empty"));
+}
+
+// ---------------------------------------------------------------------------
+// 11. analyze_head end to end and summarise_model (SPEC §6 "Model level").
+// ---------------------------------------------------------------------------
+namespace {
+
+std::vector<syn::head_capture> make_layer(std::int64_t layer, std::uint64_t model_seed) {
+    syn::layer_spec L;
+    L.d = 12;
+    L.rotary_dims = 4;
+    L.mix = true;
+    L.n_q_heads = 4;
+    L.n_kv_heads = 2;
+    L.layer = layer;
+    L.model_seed = model_seed;
+    auto q = syn::default_q_head();
+    L.q_heads = {q, q, q, q};
+    L.q_heads[1].query.slope = 0.0;   // a flat head
+    L.q_heads[2].query.slope = 4e-3;  // a strongly drifting one
+    syn::capture_spec cap;
+    cap.n_examples = 4;
+    cap.context_length = 1024;
+    cap.buckets = {bucket_scheme::uniform, 128, 3.0};
+    cap.seed = 11;
+    return syn::generate_layer(L, cap);
+}
+
+qkgeom::head_id id_of(syn::head_capture const& h) { return {h.layer, h.q_head, h.k_head}; }
+
+qkgeom::head_analysis analyze_rows(syn::head_capture const& h, qkgeom::analysis_options const& o = {}) {
+    return qkgeom::analyze_head(h.q, h.q_position, h.q_bucket, h.k, h.k_position, h.k_bucket, h.k_example, o, id_of(h));
+}
+
+/// The head's moments reduced in three shards (by example) merged out of order.
+qkgeom::head_moments sharded_moments(syn::head_capture const& h) {
+    std::array<qkgeom::head_moments, 3> shard{qkgeom::head_moments(h.q.cols(), id_of(h)),
+                                              qkgeom::head_moments(h.q.cols(), id_of(h)),
+                                              qkgeom::head_moments(h.q.cols(), id_of(h))};
+    auto add = [&](qkgeom::kind k, Eigen::MatrixXd const& x, std::vector<std::int64_t> const& t,
+                   std::vector<std::int64_t> const& b, std::vector<std::int64_t> const& e) {
+        for (std::size_t s = 0; s < 3; ++s) {
+            std::vector<index_t> rows;
+            std::vector<std::int64_t> ts, bs;
+            for (std::size_t i = 0; i < e.size(); ++i)
+                if (std::size_t(e[i] % 3) == s) {
+                    rows.push_back(index_t(i));
+                    ts.push_back(t[i]);
+                    bs.push_back(b[i]);
+                }
+            Eigen::MatrixXd const xs = x(rows, Eigen::all);
+            shard[s].add(k, xs, ts, bs);
+        }
+    };
+    add(qkgeom::kind::query, h.q, h.q_position, h.q_bucket, h.q_example);
+    add(qkgeom::kind::key, h.k, h.k_position, h.k_bucket, h.k_example);
+    qkgeom::head_moments m = shard[2];
+    m += shard[0];
+    m += shard[1];
+    return m;
+}
+
+bool row_only_metric(std::string_view name) {
+    return name == "gaussian_gap" || name.starts_with("pos_") || name.starts_with("sem_");
+}
+
+}  // namespace
+
+TEST_CASE("analyze_head and summarise_model: summaries are means over heads", "[plasticity][analyze]") {
+    auto const l0 = make_layer(0, 1);
+    auto const l2 = make_layer(2, 2);
+    std::vector<qkgeom::head_analysis> heads;
+    for (auto const& h : l0) heads.push_back(analyze_rows(h));
+    // layer 2: two heads from rows, two from merged moments (no diagnostics,
+    // no gaussian_gap: NaN metrics that the means must skip)
+    for (std::size_t i = 0; i < l2.size(); ++i)
+        heads.push_back(i < 2 ? analyze_rows(l2[i])
+                              : qkgeom::analyze_head(sharded_moments(l2[i]), l2[i].k, l2[i].k_position, l2[i].k_bucket,
+                                                     l2[i].k_example));
+    REQUIRE(heads.size() == 8);
+    // analyze_head wires the plasticity exactly as a direct call
+    auto const direct = run(model_of(l0[2]), l0[2], {});
+    CHECK(heads[2].plasticity.ap_overall == direct.ap_overall);
+    CHECK(heads[2].plasticity.gaussian_gap == direct.gaussian_gap);
+    CHECK(heads[2].d_model == 12);
+    CHECK(heads[2].id == id_of(l0[2]));
+    CHECK(std::isfinite(heads[2].diagnostics.pos_ks_p));
+    CHECK(std::isnan(heads[7].diagnostics.pos_ks_p));
+    CHECK(heads[2].plasticity.ap_drop > heads[1].plasticity.ap_drop);  // drifting vs flat head
+
+    auto const summary = qkgeom::summarise_model(heads);
+    auto check_set = [&](qkgeom::head_set_summary const& s, std::vector<std::size_t> const& members) {
+        CHECK(s.n_heads == std::int64_t(members.size()));
+        for (std::size_t m = 0; m < qkgeom::head_metric_names.size(); ++m) {
+            INFO("metric " << qkgeom::head_metric_names[m]);
+            double sum = 0;
+            std::int64_t n = 0;
+            for (auto i : members) {
+                double const v = qkgeom::head_metric_values(heads[i])[m];
+                if (std::isfinite(v)) {
+                    sum += v;
+                    ++n;
+                }
+            }
+            CHECK(s.n_finite[m] == n);
+            CHECK(same_value(s.mean[m], n > 0 ? sum / double(n) : k_nan, 1e-12));
+            CHECK(same_value(s[qkgeom::head_metric_names[m]], s.mean[m], 0.0));
+        }
+        for (std::size_t k = 0; k < 5; ++k) {
+            double sum = 0;
+            int n = 0;
+            for (auto i : members)
+                if (std::isfinite(heads[i].plasticity.ap_quintile[k])) {
+                    sum += heads[i].plasticity.ap_quintile[k];
+                    ++n;
+                }
+            CHECK(same_value(s.ap_quintile[k], n > 0 ? sum / n : k_nan, 1e-12));
+        }
+        for (std::size_t k = 0; k < 10; ++k) {
+            double sum = 0;
+            int n = 0;
+            for (auto i : members)
+                if (std::isfinite(heads[i].plasticity.ap_decile[k])) {
+                    sum += heads[i].plasticity.ap_decile[k];
+                    ++n;
+                }
+            CHECK(same_value(s.ap_decile[k], n > 0 ? sum / n : k_nan, 1e-12));
+        }
+        std::map<qkgeom::head_class, std::int64_t> tax;
+        for (auto i : members) ++tax[heads[i].pca.taxonomy];
+        CHECK(s.taxonomy_counts == tax);
+    };
+    check_set(summary.all, {0, 1, 2, 3, 4, 5, 6, 7});
+    REQUIRE(summary.per_layer.size() == 2);
+    check_set(summary.per_layer.at(0), {0, 1, 2, 3});
+    check_set(summary.per_layer.at(2), {4, 5, 6, 7});
+    // the NaN metrics of the moment-based heads are skipped, not averaged
+    auto const gap = std::size_t(std::find(qkgeom::head_metric_names.begin(), qkgeom::head_metric_names.end(),
+                                           "gaussian_gap") - qkgeom::head_metric_names.begin());
+    CHECK(summary.per_layer.at(2).n_finite[gap] == 2);
+    CHECK(summary.all.n_finite[gap] == 6);
+    CHECK(std::isnan(summary.all["no_such_metric"]));
+}
+
+TEST_CASE("analyze_head from merged moments + keys equals the rows version on every closed form",
+          "[plasticity][analyze]") {
+    // L is given: its default differs between the two paths (see the next test)
+    auto const layer = make_layer(1, 5);
+    for (auto const& h : {layer[0], layer[2]}) {
+        qkgeom::analysis_options o;
+        o.plasticity.context_length = 1024;
+        auto const rows = analyze_rows(h, o);
+        auto const mom = qkgeom::analyze_head(sharded_moments(h), h.k, h.k_position, h.k_bucket, h.k_example, o);
+        CHECK(mom.id == rows.id);
+        auto const a = qkgeom::head_metric_values(rows), b = qkgeom::head_metric_values(mom);
+        for (std::size_t m = 0; m < a.size(); ++m) {
+            auto const name = qkgeom::head_metric_names[m];
+            INFO("metric " << name << ": rows " << a[m] << ", moments " << b[m]);
+            if (row_only_metric(name)) {
+                CHECK(std::isfinite(a[m]));
+                CHECK(std::isnan(b[m]));  // needs query rows
+            } else {
+                CHECK(std::isfinite(a[m]));
+                CHECK(std::abs(a[m] - b[m]) <= 1e-9 * std::max(1.0, std::abs(a[m])));
+            }
+        }
+        CHECK(mom.pca.taxonomy == rows.pca.taxonomy);
+        CHECK(rel_diff(mom.householder.beta, rows.householder.beta) < 1e-10);
+        CHECK(mom.plasticity.context_length == rows.plasticity.context_length);
+        REQUIRE(mom.plasticity.cells.size() == rows.plasticity.cells.size());
+        for (std::size_t i = 0; i < rows.plasticity.cells.size(); ++i) {
+            auto const& x = rows.plasticity.cells[i];
+            auto const& y = mom.plasticity.cells[i];
+            CHECK(x.n_pairs == y.n_pairs);
+            CHECK(same_value(y.plasticity, x.plasticity, 1e-9));
+            CHECK(std::isnan(y.empirical));
+        }
+        for (std::size_t k = 0; k < 5; ++k) CHECK(same_value(mom.plasticity.ap_quintile[k], rows.plasticity.ap_quintile[k], 1e-9));
+        for (std::size_t k = 0; k < 10; ++k) CHECK(same_value(mom.plasticity.ap_decile[k], rows.plasticity.ap_decile[k], 1e-9));
+        CHECK(mom.plasticity.heatmap.count == rows.plasticity.heatmap.count);
+        CHECK(mom.plasticity.n_pairs == rows.plasticity.n_pairs);
+    }
+}
+
+// SPEC §9.12 on both paths: the default context length is the largest query
+// or key position + 1. The moments path knows the largest query position from
+// the moments (moments::t_max), so it needs no query rows for it.
+TEST_CASE("the default context length of the rows and of the moments path", "[plasticity][analyze]") {
+    auto const h = make_layer(1, 5)[0];
+    auto const rows = analyze_rows(h);
+    auto const mom = qkgeom::analyze_head(sharded_moments(h), h.k, h.k_position, h.k_bucket, h.k_example);
+    std::int64_t max_q = 0, max_k = 0, max_tau = 0;
+    for (auto t : h.q_position) max_q = std::max(max_q, t);
+    for (auto t : h.k_position) max_k = std::max(max_k, t);
+    for (auto const& b : mom.householder.buckets) max_tau = std::max(max_tau, std::int64_t(std::ceil(b.tau)));
+    CHECK(rows.plasticity.context_length == std::max(max_q, max_k) + 1);
+    CHECK(mom.plasticity.context_length == std::max(max_q, max_k) + 1);
+    CHECK(max_tau <= max_q);
+    for (auto const* r : {&rows.plasticity, &mom.plasticity}) {
+        CHECK(r->heatmap.distance_edges.back() == double(r->context_length));
+        for (auto const& pb : r->profile) {
+            std::int64_t const S = std::llround(pb.tau * double(pb.n_queries));  // sum of the bucket's positions
+            CHECK(pb.decile == std::min<std::int64_t>(9, 10 * S / (pb.n_queries * r->context_length)));
+        }
+    }
+}
