@@ -1,0 +1,36 @@
+# cli.demo: a one-layer demo run writes every report of every family, and the
+# families come out in the planted order of positional drift (AP_drop rises
+# from steady to steep).
+file(REMOVE_RECURSE "${OUT}")
+execute_process(COMMAND "${QKGEOM}" demo -o "${OUT}" --layers 1 --jobs 2 --quiet
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "qkgeom demo failed (${rc}):\n${out}\n${err}")
+endif()
+foreach(model steady moderate steep)
+  foreach(f head_metrics.csv head_bucket_plasticity.csv head_component_weights.csv qk_pca.csv model_report.csv
+            layer_report.csv)
+    if(NOT EXISTS "${OUT}/${model}/${f}")
+      message(FATAL_ERROR "qkgeom demo did not write ${OUT}/${model}/${f}")
+    endif()
+  endforeach()
+endforeach()
+if(NOT EXISTS "${OUT}/summary.txt")
+  message(FATAL_ERROR "qkgeom demo did not write ${OUT}/summary.txt")
+endif()
+# ap_drop is the 5th number of each model line of the table.
+set(drops "")
+foreach(model steady moderate steep)
+  string(REGEX MATCH "${model} +[0-9]+ +[-0-9.na]+ +[-0-9.na]+ +[-0-9.na]+ +([-0-9.na]+)" m "${out}")
+  if(NOT m)
+    message(FATAL_ERROR "no ${model} line in the demo table:\n${out}")
+  endif()
+  list(APPEND drops "${CMAKE_MATCH_1}")
+endforeach()
+list(GET drops 0 d0)
+list(GET drops 1 d1)
+list(GET drops 2 d2)
+if(NOT (d0 LESS d1 AND d1 LESS d2))
+  message(FATAL_ERROR "AP_drop should rise steady < moderate < steep, got ${drops}:\n${out}")
+endif()
+message(STATUS "demo AP_drop: ${drops}")

@@ -1,0 +1,349 @@
+// qkgeom — the command-line program.
+//
+//   qkgeom demo -o OUT [options]   analyse the embedded synthetic study (three
+//                                  model families with different drift and
+//                                  content strength) and write its reports
+//   qkgeom --help
+//
+// Heads are analysed in parallel (--jobs, default: all cores); each worker
+// holds one head at a time. Progress goes to stderr: a bar with rate and ETA
+// on a terminal, plain lines otherwise. Errors: one line on stderr, exit 1
+// (usage errors exit 2).
+#include <qkgeom/plasticity.hpp>
+#include <qkgeom/report/csv.hpp>
+#include <qkgeom/synthetic.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+namespace {
+
+constexpr char const* usage_text = R"(qkgeom — how position and content compete inside attention heads
+
+Usage:
+  qkgeom demo -o OUT [options]   analyse the embedded synthetic study and write
+                                 its reports to OUT/<model>/ (no input needed)
+  qkgeom --help                  this text
+
+The demo study: three synthetic model families (steady, moderate, steep) of
+4 layers x 8 query heads (GQA, 2 kv heads), d = 64 (32 rotary coordinates,
+RoPE theta 10000), 96 sequences of 4096 tokens, uniform buckets of 256 tokens,
+about one kept token per bucket per sequence (SPEC §0.1). The families differ
+in positional drift and content strength, like the thesis' three families.
+
+Reports per model (docs/outputs.md): head_metrics.csv, head_bucket_plasticity.csv,
+head_component_weights.csv, qk_pca.csv, model_report.csv, layer_report.csv; and
+OUT/summary.txt, the model table printed at the end.
+
+Options (defaults are the thesis'; SPEC section in brackets):
+  -o, --out DIR              output directory (required)
+  -j, --jobs N               worker threads (default: all cores)
+      --components K         PCA components reported (10) [§2]
+      --sign POLICY          dominant | query_anchor (dominant) [§2]
+      --low X, --high X      taxonomy thresholds (0.3, 0.7) [§2]
+      --separation POLICY    centroid | max_separation (centroid) [§3]
+      --semantic MODEL       diag | full | global_linear (diag) [§4]
+      --no-diagnostics       skip the row-based normality diagnostics [§4]
+      --ks-alpha X           level of the KS rejection fraction (0.05) [§4]
+      --pairs POLICY         same_bucket | prefix (same_bucket) [§6]
+      --weighting POLICY     query_count | cell_mean (query_count) [§6]
+      --enumeration MODE     auto | exact | sampled (auto) [§6]
+      --max-exact-pairs N    auto: exact up to N evaluations per head (4000000) [§6]
+      --samples N            sampled: pairs per cell (2000) [§6]
+      --seed N               sampled: seed (0) [§6]
+      --window W             sliding window in tokens, 0 = full attention (0) [§6]
+      --context L            context length for the quantiles, 0 = max position + 1 [§6]
+      --layers N             layers per demo model (4)
+      --quiet                no progress output
+)";
+
+[[noreturn]] void usage_error(std::string const& msg) {
+    std::cerr << "qkgeom: " << msg << " (see qkgeom --help)\n";
+    std::exit(2);
+}
+
+struct cli {
+    std::string command;
+    std::filesystem::path out;
+    unsigned jobs = 0;
+    bool quiet = false;
+    std::int64_t layers = 4;
+    qkgeom::analysis_options opt;
+};
+
+double parse_double(std::string const& flag, std::string const& v) {
+    try {
+        std::size_t pos = 0;
+        double const x = std::stod(v, &pos);
+        if (pos != v.size()) throw std::invalid_argument(v);
+        return x;
+    } catch (std::exception const&) {
+        usage_error(flag + ": not a number: '" + v + "'");
+    }
+}
+
+std::int64_t parse_int(std::string const& flag, std::string const& v, std::int64_t lo) {
+    try {
+        std::size_t pos = 0;
+        long long const x = std::stoll(v, &pos);
+        if (pos != v.size() || x < lo) throw std::invalid_argument(v);
+        return x;
+    } catch (std::exception const&) {
+        usage_error(flag + ": expected an integer >= " + std::to_string(lo) + ", got '" + v + "'");
+    }
+}
+
+template <class E>
+E parse_choice(std::string const& flag, std::string const& v, std::map<std::string, E> const& choices) {
+    auto const it = choices.find(v);
+    if (it == choices.end()) {
+        std::string all;
+        for (auto const& [k, e] : choices) all += (all.empty() ? "" : " | ") + k;
+        usage_error(flag + ": '" + v + "' is not one of " + all);
+    }
+    return it->second;
+}
+
+cli parse(int argc, char** argv) {
+    cli c;
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (args.empty()) usage_error("no command given");
+    if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+        std::cout << usage_text;
+        std::exit(0);
+    }
+    c.command = args[0];
+    if (c.command != "demo") usage_error("unknown command '" + c.command + "'");
+    auto& o = c.opt;
+    for (std::size_t i = 1; i < args.size(); ++i) {
+        std::string const& a = args[i];
+        auto value = [&]() -> std::string const& {
+            if (i + 1 >= args.size()) usage_error(a + " needs a value");
+            return args[++i];
+        };
+        if (a == "--help" || a == "-h") {
+            std::cout << usage_text;
+            std::exit(0);
+        } else if (a == "-o" || a == "--out") c.out = value();
+        else if (a == "-j" || a == "--jobs") c.jobs = static_cast<unsigned>(parse_int(a, value(), 1));
+        else if (a == "--quiet") c.quiet = true;
+        else if (a == "--layers") c.layers = parse_int(a, value(), 1);
+        else if (a == "--components") o.pca.n_components = parse_int(a, value(), 1);
+        else if (a == "--sign")
+            o.pca.sign = parse_choice<qkgeom::sign_policy>(
+                a, value(), {{"dominant", qkgeom::sign_policy::dominant}, {"query_anchor", qkgeom::sign_policy::query_anchor}});
+        else if (a == "--low") o.pca.thresholds.low = parse_double(a, value());
+        else if (a == "--high") o.pca.thresholds.high = parse_double(a, value());
+        else if (a == "--separation")
+            o.rotation.separation = parse_choice<qkgeom::separation_policy>(
+                a, value(),
+                {{"centroid", qkgeom::separation_policy::centroid},
+                 {"max_separation", qkgeom::separation_policy::max_separation}});
+        else if (a == "--semantic")
+            o.householder.model = parse_choice<qkgeom::semantic_model>(
+                a, value(),
+                {{"diag", qkgeom::semantic_model::diag},
+                 {"full", qkgeom::semantic_model::full},
+                 {"global_linear", qkgeom::semantic_model::global_linear}});
+        else if (a == "--no-diagnostics") o.diagnostics = false;
+        else if (a == "--ks-alpha") o.ks_alpha = parse_double(a, value());
+        else if (a == "--pairs")
+            o.plasticity.pairs = parse_choice<qkgeom::pair_policy>(
+                a, value(), {{"same_bucket", qkgeom::pair_policy::same_bucket}, {"prefix", qkgeom::pair_policy::prefix}});
+        else if (a == "--weighting")
+            o.plasticity.weighting = parse_choice<qkgeom::ap_weighting>(
+                a, value(),
+                {{"query_count", qkgeom::ap_weighting::query_count}, {"cell_mean", qkgeom::ap_weighting::cell_mean}});
+        else if (a == "--enumeration")
+            o.plasticity.enumeration = parse_choice<qkgeom::enumeration_policy>(
+                a, value(),
+                {{"auto", qkgeom::enumeration_policy::automatic},
+                 {"exact", qkgeom::enumeration_policy::exact},
+                 {"sampled", qkgeom::enumeration_policy::sampled}});
+        else if (a == "--max-exact-pairs") o.plasticity.max_exact_pairs = parse_int(a, value(), 0);
+        else if (a == "--samples") o.plasticity.samples_per_cell = parse_int(a, value(), 1);
+        else if (a == "--seed") o.plasticity.seed = static_cast<std::uint64_t>(parse_int(a, value(), 0));
+        else if (a == "--window") o.plasticity.sliding_window = parse_int(a, value(), 0);
+        else if (a == "--context") o.plasticity.context_length = parse_int(a, value(), 0);
+        else usage_error("unknown option '" + a + "'");
+    }
+    if (c.out.empty()) usage_error(c.command + " needs -o OUT");
+    if (!(o.pca.thresholds.low >= 0 && o.pca.thresholds.low <= o.pca.thresholds.high && o.pca.thresholds.high <= 1))
+        usage_error("--low/--high: need 0 <= low <= high <= 1");
+    if (!(o.ks_alpha > 0 && o.ks_alpha < 1)) usage_error("--ks-alpha: need 0 < alpha < 1");
+    if (c.jobs == 0) c.jobs = std::max(1u, std::thread::hardware_concurrency());
+    return c;
+}
+
+/// Progress on stderr: a bar with rate and ETA on a terminal, plain lines otherwise.
+class progress {
+public:
+    progress(std::size_t total, bool quiet)
+        : total_(total), quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0), start_(std::chrono::steady_clock::now()) {}
+    void tick(std::string const& what) {
+        std::lock_guard lock(m_);
+        ++done_;
+        if (quiet_) return;
+        double const el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        double const rate = el > 0 ? double(done_) / el : 0.0;
+        double const eta = rate > 0 ? double(total_ - done_) / rate : 0.0;
+        if (tty_) {
+            int const width = 30;
+            int const fill = static_cast<int>(width * done_ / std::max<std::size_t>(1, total_));
+            std::fprintf(stderr, "\r[%s%s] %zu/%zu heads  %.1f heads/s  ETA %.0fs ", std::string(fill, '#').c_str(),
+                         std::string(width - fill, '.').c_str(), done_, total_, rate, eta);
+            if (done_ == total_) std::fprintf(stderr, "\n");
+        } else {
+            std::fprintf(stderr, "qkgeom: %zu/%zu %s (%.1f heads/s, ETA %.0f s)\n", done_, total_, what.c_str(), rate,
+                         eta);
+        }
+        std::fflush(stderr);
+    }
+
+private:
+    std::size_t total_, done_ = 0;
+    bool quiet_, tty_;
+    std::chrono::steady_clock::time_point start_;
+    std::mutex m_;
+};
+
+/// Runs `work(i)` for i in [0, n) on `jobs` threads; rethrows the first error.
+void parallel_for(std::size_t n, unsigned jobs, std::function<void(std::size_t)> const& work) {
+    std::atomic<std::size_t> next{0};
+    std::exception_ptr err;
+    std::mutex em;
+    auto worker = [&] {
+        for (std::size_t i = next++; i < n; i = next++) {
+            try {
+                work(i);
+            } catch (...) {
+                std::lock_guard lock(em);
+                if (!err) err = std::current_exception();
+                next = n;
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < std::min<std::size_t>(jobs, n); ++t) pool.emplace_back(worker);
+    worker();
+    for (auto& t : pool) t.join();
+    if (err) std::rethrow_exception(err);
+}
+
+/// One synthetic model family of the demo study.
+struct family {
+    std::string name;
+    double q_slope, k_slope;  ///< positional drift per token (plain units)
+    double content;           ///< per-bucket semantic mean scale (content strength)
+    double noise;             ///< semantic noise sd
+};
+
+qkgeom::synthetic::layer_spec demo_layer(family const& f, std::int64_t layer) {
+    qkgeom::synthetic::layer_spec L;
+    L.d = 64;
+    L.rotary_dims = 32;
+    L.mix = true;
+    L.n_q_heads = 8;
+    L.n_kv_heads = 2;
+    L.layer = layer;
+    L.model_seed = 1000 + static_cast<std::uint64_t>(layer);
+    for (std::int64_t h = 0; h < L.n_q_heads; ++h) {
+        qkgeom::synthetic::q_head_params q;
+        double const jitter = 1.0 + 0.15 * double((h * 7 + layer * 3) % 5 - 2);  // heads differ
+        q.query.intercept = 2.0;
+        q.query.slope = f.q_slope * jitter;
+        q.query.bucket_mean_scale = f.content;
+        q.query.noise_sd = f.noise;
+        L.q_heads.push_back(q);
+    }
+    for (std::int64_t g = 0; g < L.n_kv_heads; ++g) {
+        qkgeom::synthetic::kv_head_params kv;
+        kv.key.intercept = -1.0;
+        kv.key.slope = f.k_slope * (1.0 + 0.2 * double(g + layer % 2));
+        kv.key.bucket_mean_scale = f.content;
+        kv.key.noise_sd = f.noise;
+        L.kv_heads.push_back(kv);
+    }
+    return L;
+}
+
+int run_demo(cli const& c) {
+    std::vector<family> const families{
+        {"steady", 2e-4, 4e-4, 1.0, 1.0},    // weak drift, strong content: small AP_drop
+        {"moderate", 6e-4, 1.2e-3, 0.6, 1.0},
+        {"steep", 1.2e-3, 2.4e-3, 0.3, 0.8},  // strong drift, weak content: large AP_drop
+    };
+    std::int64_t const n_layers = c.layers;
+    qkgeom::synthetic::capture_spec cap;
+    cap.n_examples = 96;
+    cap.context_length = 4096;
+    cap.buckets = {.scheme = qkgeom::bucket_scheme::uniform, .width = 256, .rate = 1.0};
+    cap.seed = 7;
+    qkgeom::analysis_options opt = c.opt;
+    opt.plasticity.buckets = cap.buckets;
+
+    std::filesystem::create_directories(c.out);
+    std::size_t const per_model = static_cast<std::size_t>(n_layers * 8);
+    progress bar(families.size() * per_model, c.quiet);
+    std::vector<std::pair<std::string, qkgeom::model_summary>> table;
+    for (auto const& f : families) {
+        std::vector<qkgeom::head_analysis> heads(per_model);
+        // One task per (layer, q head): the task generates its head and analyses it,
+        // so a worker holds one head at a time.
+        parallel_for(per_model, c.jobs, [&](std::size_t i) {
+            auto const layer = static_cast<std::int64_t>(i / 8), qh = static_cast<std::int64_t>(i % 8);
+            auto const hc = qkgeom::synthetic::generate_head(demo_layer(f, layer), cap, qh);
+            heads[i] = qkgeom::analyze_head(hc.q, hc.q_position, hc.q_bucket, hc.k, hc.k_position, hc.k_bucket,
+                                            hc.k_example, opt, {hc.layer, hc.q_head, hc.k_head});
+            bar.tick(f.name + " l" + std::to_string(layer) + "h" + std::to_string(qh));
+        });
+        qkgeom::report::write_reports(c.out / f.name, f.name, heads);
+        table.emplace_back(f.name, qkgeom::summarise_model(heads));
+    }
+
+    // The model table (also in OUT/summary.txt).
+    std::string text = "model      heads  ap_overall  ap_first_20pct  ap_last_20pct  ap_drop  gaussian_gap  bias_strength\n";
+    for (auto const& [name, m] : table) {
+        char line[256];
+        std::snprintf(line, sizeof line, "%-10s %5lld  %10.4f  %14.4f  %13.4f  %7.4f  %12.4f  %13.3g\n", name.c_str(),
+                      static_cast<long long>(m.all.n_heads), m.all["ap_overall"], m.all["ap_first_20pct"],
+                      m.all["ap_last_20pct"], m.all["ap_drop"], m.all["gaussian_gap"], m.all["bias_strength"]);
+        text += line;
+    }
+    std::cout << text;
+    std::FILE* fp = std::fopen((c.out / "summary.txt").string().c_str(), "w");
+    if (fp == nullptr) throw std::runtime_error("cannot write " + (c.out / "summary.txt").string());
+    std::fputs(text.c_str(), fp);
+    std::fclose(fp);
+    std::cout << "reports written to " << c.out.string() << "/{steady,moderate,steep}/\n";
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    cli const c = parse(argc, argv);
+    try {
+        return run_demo(c);
+    } catch (std::exception const& e) {
+        std::cerr << "qkgeom: error: " << e.what() << "\n";
+        return 1;
+    }
+}

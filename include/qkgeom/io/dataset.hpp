@@ -1,0 +1,469 @@
+// qkgeom — the on-disk dataset layout of one model (issue 5, SPEC §0).
+//
+//   DIR/manifest.json
+//   DIR/lLLhHHq/{vectors,position,bucket,example_id[,sliding_window]}.npy   (NumPy form)
+//   DIR/lLLhHHk.safetensors  (tensors of the same names)                    (safetensors form)
+//
+// LL and HH are the zero-padded layer and head (two digits, more when >= 100).
+// q entries are indexed by query head, k entries by key (kv) head.
+// See docs/dataset.md for the manifest fields and the validation rules.
+#pragma once
+
+#include <qkgeom/buckets.hpp>
+#include <qkgeom/config.hpp>
+#include <qkgeom/errors.hpp>
+#include <qkgeom/io/json.hpp>
+#include <qkgeom/io/npy.hpp>
+#include <qkgeom/io/safetensors.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qkgeom::io {
+
+/// \brief What one model's capture looks like (manifest.json).
+struct manifest {
+    std::string model;                     ///< model name
+    std::int64_t n_layers = 0;             ///< number of layers (>= 1)
+    std::vector<std::int64_t> n_q_heads;   ///< query heads per layer (size n_layers)
+    std::vector<std::int64_t> n_kv_heads;  ///< key/value heads per layer (divides n_q_heads)
+    std::int64_t head_dim = 0;             ///< d (>= 1)
+    bucket_spec buckets{};                 ///< bucket scheme, width, rate
+    std::int64_t context_length = 0;       ///< L (>= 1)
+    std::uint64_t seed = 0;                ///< capture sampling seed
+};
+
+/// \brief Storage form of one head entry.
+enum class storage_format : std::uint8_t { npy = 0, safetensors = 1 };
+
+/// \brief One head and kind, read back: rows widened to double.
+struct head_entry {
+    std::int64_t layer = 0, head = 0;
+    kind k = kind::query;
+    row_matrix vectors;  ///< n × head_dim
+    std::string dtype;   ///< storage dtype of vectors: "f32", "f16", "bf16", "f64"
+    std::vector<std::int64_t> position, bucket, example_id;
+    std::optional<std::int64_t> sliding_window;  ///< none = full attention
+};
+
+/// \brief Identifies an entry in a dataset directory.
+struct head_id {
+    std::int64_t layer = 0, head = 0;
+    kind k = kind::query;
+    storage_format format = storage_format::npy;
+    friend bool operator==(head_id const&, head_id const&) = default;
+};
+
+/// \brief "lLLhHHq" / "lLLhHHk" (two-digit zero-padded layer and head).
+[[nodiscard]] inline std::string head_entry_name(std::int64_t layer, std::int64_t head, kind k) {
+    auto pad2 = [](std::int64_t v) {
+        std::string s = std::to_string(v);
+        return s.size() < 2 ? std::string(2 - s.size(), '0') + s : s;
+    };
+    return "l" + pad2(layer) + "h" + pad2(head) + kind_name(k);
+}
+
+namespace detail {
+
+inline std::string manifest_fail_src(std::filesystem::path const& p) { return p.string(); }
+
+inline std::int64_t json_int(json::value const& root, std::string const& src, std::string const& key,
+                             std::int64_t min) {
+    auto const* v = root.find(key);
+    if (!v) qkgeom::detail::fail_input(src, key, "<missing>", "required manifest field is missing");
+    if (!v->is_int()) qkgeom::detail::fail_input(src, key, json::dump(*v), "must be an integer");
+    if (v->as_int() < min)
+        qkgeom::detail::fail_input(src, key, v->as_int(), "must be >= " + std::to_string(min));
+    return v->as_int();
+}
+
+/// Per-layer head counts: an integer (same for every layer) or an array of n_layers integers.
+inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::string const& src,
+                                                std::string const& key, std::int64_t n_layers) {
+    auto const* v = root.find(key);
+    if (!v) qkgeom::detail::fail_input(src, key, "<missing>", "required manifest field is missing");
+    std::vector<std::int64_t> out;
+    if (v->is_int()) {
+        out.assign(static_cast<std::size_t>(n_layers), v->as_int());
+    } else if (v->is_array()) {
+        if (static_cast<std::int64_t>(v->as_array().size()) != n_layers)
+            qkgeom::detail::fail_input(src, key, v->as_array().size(),
+                                       "per-layer array length differs from n_layers = " + std::to_string(n_layers));
+        for (auto const& e : v->as_array()) {
+            if (!e.is_int()) qkgeom::detail::fail_input(src, key, json::dump(e), "entries must be integers");
+            out.push_back(e.as_int());
+        }
+    } else {
+        qkgeom::detail::fail_input(src, key, json::dump(*v), "must be an integer or an array of integers");
+    }
+    for (auto h : out)
+        if (h < 1) qkgeom::detail::fail_input(src, key, h, "head counts must be >= 1");
+    return out;
+}
+
+}  // namespace detail
+
+/// \brief Parses manifest.json text. \throws qkgeom::input_error (source, field, value).
+[[nodiscard]] inline manifest parse_manifest(std::string_view text, std::string const& src = "manifest.json") {
+    using qkgeom::detail::fail_input;
+    json::value const root = json::parse(text, src);
+    if (!root.is_object()) fail_input(src, "manifest", root.type_name(), "manifest must be a JSON object");
+    manifest m;
+    auto const* model = root.find("model");
+    if (!model || !model->is_string())
+        fail_input(src, "model", model ? json::dump(*model) : std::string("<missing>"), "model name must be a string");
+    m.model = model->as_string();
+    constexpr std::int64_t big = std::int64_t{1} << 40;
+    m.n_layers = detail::json_int(root, src, "n_layers", 1);
+    if (m.n_layers > 100000) fail_input(src, "n_layers", m.n_layers, "implausibly many layers");
+    m.n_q_heads = detail::json_per_layer(root, src, "n_q_heads", m.n_layers);
+    m.n_kv_heads = detail::json_per_layer(root, src, "n_kv_heads", m.n_layers);
+    for (std::size_t l = 0; l < m.n_q_heads.size(); ++l)
+        if (m.n_q_heads[l] % m.n_kv_heads[l] != 0)
+            fail_input(src, "n_kv_heads[" + std::to_string(l) + "]", m.n_kv_heads[l],
+                       "n_q_heads (" + std::to_string(m.n_q_heads[l]) + ") must be a multiple of n_kv_heads");
+    m.head_dim = detail::json_int(root, src, "head_dim", 1);
+    if (m.head_dim > big) fail_input(src, "head_dim", m.head_dim, "implausibly large");
+    m.context_length = detail::json_int(root, src, "context_length", 1);
+    auto const* b = root.find("buckets");
+    if (!b || !b->is_object())
+        fail_input(src, "buckets", b ? json::dump(*b) : std::string("<missing>"),
+                   "must be an object {scheme, width, rate}");
+    auto const* sc = b->find("scheme");
+    if (!sc || !sc->is_string()) fail_input(src, "buckets.scheme", sc ? json::dump(*sc) : "<missing>", "must be a string");
+    if (sc->as_string() == "uniform") m.buckets.scheme = bucket_scheme::uniform;
+    else if (sc->as_string() == "log") m.buckets.scheme = bucket_scheme::log;
+    else if (sc->as_string() == "all") m.buckets.scheme = bucket_scheme::all;
+    else fail_input(src, "buckets.scheme", sc->as_string(), "unknown bucket scheme (uniform, log, all)");
+    m.buckets.width = detail::json_int(*b, src, "width", 1);
+    if (auto const* r = b->find("rate")) {
+        if (!r->is_number() || !(r->as_double() > 0.0) || !std::isfinite(r->as_double()))
+            fail_input(src, "buckets.rate", json::dump(*r), "must be a finite number > 0");
+        m.buckets.rate = r->as_double();
+    } else {
+        m.buckets.rate = 1.0;
+    }
+    if (auto const* c = root.find("capture")) {
+        if (!c->is_object()) fail_input(src, "capture", json::dump(*c), "must be an object");
+        if (auto const* s = c->find("seed")) {
+            if (!s->is_int() || s->as_int() < 0) fail_input(src, "capture.seed", json::dump(*s), "must be an integer >= 0");
+            m.seed = static_cast<std::uint64_t>(s->as_int());
+        }
+    }
+    return m;
+}
+
+/// \brief Reads DIR/manifest.json. \throws qkgeom::input_error.
+[[nodiscard]] inline manifest read_manifest(std::filesystem::path const& dir) {
+    auto const p = dir / "manifest.json";
+    auto const bytes = detail::read_file_bytes(p);
+    return parse_manifest(std::string_view(reinterpret_cast<char const*>(bytes.data()), bytes.size()), p.string());
+}
+
+/// \brief The manifest as JSON text (pretty-printed).
+[[nodiscard]] inline std::string dump_manifest(manifest const& m) {
+    auto ints = [](std::vector<std::int64_t> const& v) {
+        json::array a;
+        for (auto x : v) a.emplace_back(x);
+        return json::value(std::move(a));
+    };
+    json::object b{{"scheme", json::value(bucket_scheme_name(m.buckets.scheme))},
+                   {"width", json::value(m.buckets.width)},
+                   {"rate", json::value(m.buckets.rate)}};
+    json::object cap{{"seed", json::value(static_cast<std::int64_t>(m.seed))}};
+    json::object o{{"format", json::value("qkgeom-dataset")},
+                   {"version", json::value(1)},
+                   {"model", json::value(m.model)},
+                   {"n_layers", json::value(m.n_layers)},
+                   {"n_q_heads", ints(m.n_q_heads)},
+                   {"n_kv_heads", ints(m.n_kv_heads)},
+                   {"head_dim", json::value(m.head_dim)},
+                   {"buckets", json::value(std::move(b))},
+                   {"context_length", json::value(m.context_length)},
+                   {"capture", json::value(std::move(cap))}};
+    return json::dump(json::value(std::move(o)), 2) + "\n";
+}
+
+/// \brief Writes DIR/manifest.json (creating DIR). Validates by re-parsing.
+/// \throws std::invalid_argument / qkgeom::input_error for an invalid manifest.
+inline void write_manifest(std::filesystem::path const& dir, manifest const& m) {
+    if (m.seed > static_cast<std::uint64_t>(INT64_MAX)) qkgeom::detail::fail_arg("qkgeom::io::write_manifest", "seed must be < 2^63", m.seed);
+    std::string const text = dump_manifest(m);
+    (void)parse_manifest(text, "qkgeom::io::write_manifest");
+    std::filesystem::create_directories(dir);
+    detail::write_file_bytes(dir / "manifest.json",
+                             std::span<unsigned char const>(reinterpret_cast<unsigned char const*>(text.data()), text.size()));
+}
+
+namespace detail {
+
+inline dtype vector_dtype_from_name(std::string_view s) {
+    if (s == "f32") return dtype::f32;
+    if (s == "f64") return dtype::f64;
+    if (s == "f16") return dtype::f16;
+    if (s == "bf16") return dtype::bf16;
+    qkgeom::detail::fail_arg("qkgeom::io::write_head", "vector dtype must be f32, f64, f16 or bf16", s);
+}
+
+inline std::vector<unsigned char> encode_vectors(row_matrix const& v, dtype t) {
+    std::size_t const n = static_cast<std::size_t>(v.size()), w = dtype_size(t);
+    std::vector<unsigned char> out(n * w);
+    double const* p = v.data();
+    for (std::size_t i = 0; i < n; ++i) {
+        unsigned char* q = out.data() + i * w;
+        switch (t) {
+            case dtype::f64: store_value(q, p[i]); break;
+            case dtype::f32: store_value(q, static_cast<float>(p[i])); break;
+            case dtype::f16: store_value(q, float16::from_float(static_cast<float>(p[i]))); break;
+            case dtype::bf16: store_value(q, bfloat16::from_float(static_cast<float>(p[i]))); break;
+            default: break;
+        }
+    }
+    return out;
+}
+
+inline npy_array int_array(std::vector<std::int64_t> const& v) {
+    return make_npy(std::span<std::int64_t const>(v), {static_cast<std::int64_t>(v.size())});
+}
+
+/// Validates a head entry against the manifest. `src(field)` names the file of a field.
+template <class Src>
+void validate_head(head_entry const& e, manifest const& m, Src const& src) {
+    using qkgeom::detail::fail_input;
+    auto const n = static_cast<std::size_t>(e.vectors.rows());
+    if (e.vectors.cols() != m.head_dim)
+        fail_input(src("vectors"), "vectors.shape[1]", e.vectors.cols(),
+                   std::string(kind_name(e.k)) + " head dimension differs from manifest head_dim = " +
+                       std::to_string(m.head_dim));
+    auto len = [&](std::vector<std::int64_t> const& v, char const* f) {
+        if (v.size() != n)
+            fail_input(src(f), std::string(f) + ".length", v.size(),
+                       "length differs from the " + std::to_string(n) + " rows of vectors");
+    };
+    len(e.position, "position");
+    len(e.bucket, "bucket");
+    len(e.example_id, "example_id");
+    for (index_t i = 0; i < e.vectors.rows(); ++i)
+        for (index_t j = 0; j < e.vectors.cols(); ++j)
+            if (!std::isfinite(e.vectors(i, j)))
+                fail_input(src("vectors"), "vectors[row " + std::to_string(i) + ", col " + std::to_string(j) + "]",
+                           e.vectors(i, j), "non-finite value");
+    for (std::size_t i = 0; i < n; ++i) {
+        std::int64_t const t = e.position[i];
+        if (t < 0) fail_input(src("position"), "position[" + std::to_string(i) + "]", t, "position must be >= 0");
+        if (t >= m.context_length)
+            fail_input(src("position"), "position[" + std::to_string(i) + "]", t,
+                       "position beyond manifest context_length = " + std::to_string(m.context_length));
+        std::int64_t const b = bucket_of(m.buckets, t);
+        if (e.bucket[i] != b)
+            fail_input(src("bucket"), "bucket[" + std::to_string(i) + "]", e.bucket[i],
+                       "bucket inconsistent with position " + std::to_string(t) + " under the " +
+                           bucket_scheme_name(m.buckets.scheme) + " scheme (expected " + std::to_string(b) + ")");
+    }
+    if (e.sliding_window && *e.sliding_window < 1)
+        fail_input(src("sliding_window"), "sliding_window", *e.sliding_window, "sliding window must be >= 1");
+}
+
+}  // namespace detail
+
+/// \brief Writes one head entry under DIR in the given format, vectors stored
+/// as `vector_dtype` ("f32", "f64", "f16", "bf16"; narrowing rounds to nearest even).
+/// Validates the entry (lengths, finiteness, buckets) against the manifest first.
+/// \throws qkgeom::input_error for an invalid entry, std::invalid_argument for a bad dtype / I/O failure.
+inline void write_head(std::filesystem::path const& dir, manifest const& m, head_entry const& e, storage_format format,
+                       std::string_view vector_dtype = "f32") {
+    std::string const name = head_entry_name(e.layer, e.head, e.k);
+    detail::validate_head(e, m, [&](std::string_view) { return (dir / name).string(); });
+    dtype const t = detail::vector_dtype_from_name(vector_dtype);
+    std::vector<std::int64_t> const vshape{e.vectors.rows(), e.vectors.cols()};
+    std::filesystem::create_directories(dir);
+    if (format == storage_format::npy) {
+        auto const sub = dir / name;
+        std::filesystem::create_directories(sub);
+        npy_array v;
+        v.descr = std::string(detail::npy_descr_of(t));
+        v.shape = vshape;
+        v.data = detail::encode_vectors(e.vectors, t);
+        write_npy(sub / "vectors.npy", v);
+        write_npy(sub / "position.npy", detail::int_array(e.position));
+        write_npy(sub / "bucket.npy", detail::int_array(e.bucket));
+        write_npy(sub / "example_id.npy", detail::int_array(e.example_id));
+        std::error_code ec;
+        std::filesystem::remove(sub / "sliding_window.npy", ec);
+        if (e.sliding_window) {
+            std::int64_t const w = *e.sliding_window;
+            write_npy(sub / "sliding_window.npy", make_npy(std::span<std::int64_t const>(&w, 1), {}));
+        }
+    } else {
+        safetensors_file f;
+        st_tensor v;
+        v.type = t;
+        v.shape = vshape;
+        v.data = detail::encode_vectors(e.vectors, t);
+        f.tensors.emplace("vectors", std::move(v));
+        auto ints = [](std::vector<std::int64_t> const& x) {
+            return make_tensor(std::span<std::int64_t const>(x), {static_cast<std::int64_t>(x.size())});
+        };
+        f.tensors.emplace("position", ints(e.position));
+        f.tensors.emplace("bucket", ints(e.bucket));
+        f.tensors.emplace("example_id", ints(e.example_id));
+        if (e.sliding_window) {
+            std::int64_t const w = *e.sliding_window;
+            f.tensors.emplace("sliding_window", make_tensor(std::span<std::int64_t const>(&w, 1), {}));
+        }
+        f.metadata.emplace("format", "qkgeom-dataset");
+        write_safetensors(dir / (name + ".safetensors"), f);
+    }
+}
+
+/// \brief As above, reading the manifest from DIR/manifest.json.
+inline void write_head(std::filesystem::path const& dir, head_entry const& e, storage_format format,
+                       std::string_view vector_dtype = "f32") {
+    write_head(dir, read_manifest(dir), e, format, vector_dtype);
+}
+
+namespace detail {
+
+inline std::vector<std::int64_t> int_vector(npy_array const& a, std::string const& src, std::string const& field) {
+    if (a.shape.size() != 1)
+        qkgeom::detail::fail_input(src, field + ".shape", shape_text(a.shape), "expected a rank-1 array");
+    return npy_to_int64(a, src, field);
+}
+
+inline std::int64_t int_scalar(npy_array const& a, std::string const& src, std::string const& field) {
+    if (!(a.shape.empty() || (a.shape.size() == 1 && a.shape[0] == 1)))
+        qkgeom::detail::fail_input(src, field + ".shape", shape_text(a.shape), "expected a scalar (shape () or (1,))");
+    return npy_to_int64(a, src, field)[0];
+}
+
+inline void check_vector_dtype(npy_array const& a, std::string const& src, head_entry& e) {
+    dtype const t = npy_dtype(a, src);
+    if (!dtype_is_float(t))
+        qkgeom::detail::fail_input(src, "vectors.dtype", a.descr, "vectors must be f32, f64, f16 or bf16");
+    if (a.shape.size() != 2)
+        qkgeom::detail::fail_input(src, "vectors.shape", shape_text(a.shape), "vectors must be a rank-2 array (n, d)");
+    e.dtype = std::string(dtype_name(t));
+}
+
+}  // namespace detail
+
+/// \brief Reads and validates one head entry, detecting the storage form
+/// (directory lLLhHHq/ of .npy files, or lLLhHHq.safetensors).
+/// \throws qkgeom::input_error naming the file, field and value.
+[[nodiscard]] inline head_entry read_head(std::filesystem::path const& dir, manifest const& m, std::int64_t layer,
+                                          std::int64_t head, kind k) {
+    using qkgeom::detail::fail_input;
+    std::string const name = head_entry_name(layer, head, k);
+    if (layer < 0 || layer >= m.n_layers)
+        fail_input((dir / name).string(), "layer", layer, "layer outside [0, n_layers = " + std::to_string(m.n_layers) + ")");
+    std::int64_t const nh = k == kind::query ? m.n_q_heads[static_cast<std::size_t>(layer)]
+                                             : m.n_kv_heads[static_cast<std::size_t>(layer)];
+    if (head < 0 || head >= nh)
+        fail_input((dir / name).string(), "head", head,
+                   std::string("head outside [0, ") + (k == kind::query ? "n_q_heads" : "n_kv_heads") + " = " +
+                       std::to_string(nh) + ")");
+    head_entry e;
+    e.layer = layer;
+    e.head = head;
+    e.k = k;
+    auto const sub = dir / name;
+    auto const st = dir / (name + ".safetensors");
+    bool const is_npy = std::filesystem::is_directory(sub);
+    bool const is_st = std::filesystem::is_regular_file(st);
+    if (is_npy && is_st) fail_input(sub.string(), "entry", name, "both a .npy directory and a .safetensors file exist");
+    if (!is_npy && !is_st) fail_input(sub.string(), "entry", name, "head entry not found (no directory, no .safetensors)");
+    if (is_npy) {
+        auto src = [&](std::string_view f) { return (sub / (std::string(f) + ".npy")).string(); };
+        auto const v = read_npy(sub / "vectors.npy");
+        detail::check_vector_dtype(v, src("vectors"), e);
+        e.vectors = npy_to_matrix(v, src("vectors"));
+        e.position = detail::int_vector(read_npy(sub / "position.npy"), src("position"), "position");
+        e.bucket = detail::int_vector(read_npy(sub / "bucket.npy"), src("bucket"), "bucket");
+        e.example_id = detail::int_vector(read_npy(sub / "example_id.npy"), src("example_id"), "example_id");
+        if (std::filesystem::exists(sub / "sliding_window.npy"))
+            e.sliding_window =
+                detail::int_scalar(read_npy(sub / "sliding_window.npy"), src("sliding_window"), "sliding_window");
+        detail::validate_head(e, m, src);
+    } else {
+        std::string const s = st.string();
+        auto const f = read_safetensors(st);
+        auto get = [&](std::string const& t) -> npy_array {
+            auto it = f.tensors.find(t);
+            if (it == f.tensors.end()) fail_input(s, t, "<missing>", "required tensor is missing");
+            return to_npy_array(it->second);
+        };
+        auto const v = get("vectors");
+        detail::check_vector_dtype(v, s, e);
+        e.vectors = npy_to_matrix(v, s);
+        e.position = detail::int_vector(get("position"), s, "position");
+        e.bucket = detail::int_vector(get("bucket"), s, "bucket");
+        e.example_id = detail::int_vector(get("example_id"), s, "example_id");
+        if (f.tensors.count("sliding_window"))
+            e.sliding_window = detail::int_scalar(get("sliding_window"), s, "sliding_window");
+        detail::validate_head(e, m, [&](std::string_view) { return s; });
+    }
+    return e;
+}
+
+/// \brief As above, reading DIR/manifest.json first.
+[[nodiscard]] inline head_entry read_head(std::filesystem::path const& dir, std::int64_t layer, std::int64_t head,
+                                          kind k) {
+    return read_head(dir, read_manifest(dir), layer, head, k);
+}
+
+/// \brief The head entries present in DIR (names lLLhHH[qk] as directory or
+/// .safetensors file), sorted by layer, head, kind. Other names are ignored.
+[[nodiscard]] inline std::vector<head_id> list_heads(std::filesystem::path const& dir) {
+    std::vector<head_id> out;
+    std::error_code ec;
+    for (auto const& de : std::filesystem::directory_iterator(dir, ec)) {
+        std::string name = de.path().filename().string();
+        head_id id;
+        if (de.is_directory()) {
+            id.format = storage_format::npy;
+        } else if (de.is_regular_file() && name.size() > 12 && name.ends_with(".safetensors")) {
+            id.format = storage_format::safetensors;
+            name.resize(name.size() - 12);
+        } else {
+            continue;
+        }
+        // l<digits>h<digits>[qk]
+        if (name.size() < 7 || name[0] != 'l') continue;
+        std::size_t const hpos = name.find('h', 1);
+        if (hpos == std::string::npos || hpos < 3) continue;
+        char const kc = name.back();
+        if (kc != 'q' && kc != 'k') continue;
+        auto digits = [](std::string_view s, std::int64_t& v) {
+            if (s.size() < 2 || s.size() > 9) return false;
+            v = 0;
+            for (char c : s) {
+                if (c < '0' || c > '9') return false;
+                v = v * 10 + (c - '0');
+            }
+            return true;
+        };
+        std::string_view const nv(name);
+        if (!digits(nv.substr(1, hpos - 1), id.layer) || !digits(nv.substr(hpos + 1, nv.size() - hpos - 2), id.head))
+            continue;
+        if (head_entry_name(id.layer, id.head, kc == 'q' ? kind::query : kind::key) != name) continue;  // canonical only
+        id.k = kc == 'q' ? kind::query : kind::key;
+        out.push_back(id);
+    }
+    if (ec) qkgeom::detail::fail_input(dir.string(), "directory", dir.string(), "cannot list directory: " + ec.message());
+    std::sort(out.begin(), out.end(), [](head_id const& a, head_id const& b) {
+        if (a.layer != b.layer) return a.layer < b.layer;
+        if (a.head != b.head) return a.head < b.head;
+        return a.k < b.k;
+    });
+    return out;
+}
+
+}  // namespace qkgeom::io

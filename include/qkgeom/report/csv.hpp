@@ -1,0 +1,372 @@
+// qkgeom — the CSV outputs of SPEC §7: head_metrics.csv,
+// head_bucket_plasticity.csv, head_component_weights.csv, qk_pca.csv,
+// model_report.csv (and layer_report.csv). Column names are part of the API
+// and are documented in docs/outputs.md.
+//
+// Format: RFC 4180 style, comma separated, '\n' line ends, one header row then
+// one row per record. Doubles are written in the shortest form that reads back
+// to the same double (std::to_chars), NaN as `nan` (never `-nan`), infinities
+// as `inf` / `-inf`; integers as integers. Only free text (the model name) is
+// ever quoted: when it contains a comma, a double quote, CR or LF, or has
+// leading/trailing blanks, it is enclosed in double quotes with each inner
+// quote doubled.
+#pragma once
+
+#include <qkgeom/analyze.hpp>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace qkgeom::report {
+
+// ---------------------------------------------------------------------------
+// File names (what write_reports writes)
+// ---------------------------------------------------------------------------
+inline constexpr std::string_view head_metrics_file = "head_metrics.csv";
+inline constexpr std::string_view head_bucket_plasticity_file = "head_bucket_plasticity.csv";
+inline constexpr std::string_view head_component_weights_file = "head_component_weights.csv";
+inline constexpr std::string_view qk_pca_file = "qk_pca.csv";
+inline constexpr std::string_view model_report_file = "model_report.csv";
+inline constexpr std::string_view layer_report_file = "layer_report.csv";
+
+/// \brief The six head classes in column order of the taxonomy counts.
+inline constexpr std::array<head_class, 6> taxonomy_classes{head_class::position_dominated, head_class::q_positional,
+                                                            head_class::k_positional,       head_class::content_focused,
+                                                            head_class::mixed,              head_class::undefined};
+
+// ---------------------------------------------------------------------------
+// Field formatting
+// ---------------------------------------------------------------------------
+
+/// \brief A double as written in every numeric column: shortest round-trip
+/// form (`std::to_chars`), `nan` for any NaN, `inf` / `-inf` for infinities.
+inline std::string format_double(double x) {
+    if (std::isnan(x)) return "nan";
+    if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+    std::array<char, 64> buf{};
+    auto const r = std::to_chars(buf.data(), buf.data() + buf.size(), x);
+    return std::string(buf.data(), r.ptr);
+}
+
+/// \brief An integer as written in integer columns.
+inline std::string format_int(std::int64_t x) {
+    std::array<char, 32> buf{};
+    auto const r = std::to_chars(buf.data(), buf.data() + buf.size(), x);
+    return std::string(buf.data(), r.ptr);
+}
+
+/// \brief A free-text field, quoted when needed (comma, double quote, CR, LF,
+/// leading or trailing space/tab): `a,"b` becomes `"a,""b"`.
+inline std::string csv_quote(std::string_view s) {
+    bool need = s.find_first_of(",\"\r\n") != std::string_view::npos;
+    if (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.back() == ' ' || s.back() == '\t')) need = true;
+    if (!need) return std::string(s);
+    std::string out;
+    out.reserve(s.size() + 2);
+    out += '"';
+    for (char c : s) {
+        if (c == '"') out += '"';
+        out += c;
+    }
+    out += '"';
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// Column names
+// ---------------------------------------------------------------------------
+
+/// \brief Columns of head_metrics.csv: layer, q_head, k_head, every
+/// `head_metric_names` entry in order, taxonomy.
+inline std::vector<std::string> head_metrics_columns() {
+    std::vector<std::string> c{"layer", "q_head", "k_head"};
+    for (auto n : head_metric_names) c.emplace_back(n);
+    c.emplace_back("taxonomy");
+    return c;
+}
+
+/// \brief Columns of head_bucket_plasticity.csv.
+inline std::vector<std::string> head_bucket_plasticity_columns() {
+    return {"layer", "q_head", "k_head", "q_bucket", "k_bucket", "plasticity", "n_pairs", "std_error", "empirical"};
+}
+
+/// \brief Columns of head_component_weights.csv.
+inline std::vector<std::string> head_component_weights_columns() {
+    return {"layer", "q_head", "k_head", "component", "component_r2", "component_weight"};
+}
+
+/// \brief Columns of qk_pca.csv.
+inline std::vector<std::string> qk_pca_columns() {
+    return {"layer", "q_head", "k_head", "component", "explained_variance_ratio", "r_q", "r_k"};
+}
+
+namespace detail {
+
+inline std::vector<std::string> summary_columns(std::string_view key) {
+    std::vector<std::string> c{std::string(key), "n_heads"};
+    for (auto n : head_metric_names) c.push_back("mean_" + std::string(n));
+    for (int i = 0; i < 5; ++i) c.push_back("ap_quintile_" + std::to_string(i));
+    for (int i = 0; i < 10; ++i) c.push_back("ap_decile_" + std::to_string(i));
+    for (auto k : taxonomy_classes) c.push_back("n_" + std::string(to_string(k)));
+    return c;
+}
+
+}  // namespace detail
+
+/// \brief Columns of model_report.csv: model, n_heads, mean_<metric>…,
+/// ap_quintile_0..4, ap_decile_0..9, n_<class> for the six classes.
+inline std::vector<std::string> model_report_columns() { return detail::summary_columns("model"); }
+
+/// \brief Columns of layer_report.csv: as model_report.csv with `layer` first.
+inline std::vector<std::string> layer_report_columns() { return detail::summary_columns("layer"); }
+
+// ---------------------------------------------------------------------------
+// Writers
+// ---------------------------------------------------------------------------
+
+/// \brief One row of model_report.csv.
+struct model_entry {
+    std::string model;         ///< the model's name (quoted on output when needed)
+    head_set_summary summary;  ///< e.g. `summarise_model(heads).all`
+};
+
+namespace detail {
+
+class row_writer {
+public:
+    explicit row_writer(std::ostream& os) : os_(os) {}
+    row_writer& raw(std::string_view s) {
+        if (!first_) line_ += ',';
+        first_ = false;
+        line_ += s;
+        return *this;
+    }
+    row_writer& num(double x) { return raw(format_double(x)); }
+    row_writer& integer(std::int64_t x) { return raw(format_int(x)); }
+    row_writer& id(head_id const& h) { return integer(h.layer).integer(h.q_head).integer(h.k_head); }
+    void end() {
+        line_ += '\n';
+        os_.write(line_.data(), static_cast<std::streamsize>(line_.size()));
+        line_.clear();
+        first_ = true;
+    }
+
+private:
+    std::ostream& os_;
+    std::string line_;
+    bool first_ = true;
+};
+
+inline void header(std::ostream& os, std::vector<std::string> const& cols) {
+    row_writer w(os);
+    for (auto const& c : cols) w.raw(c);
+    w.end();
+}
+
+inline void check_stream(std::ostream& os, std::string_view fn) {
+    if (!os) throw std::runtime_error(std::string(fn) + ": writing to the output stream failed");
+}
+
+inline void summary_row(row_writer& w, head_set_summary const& s) {
+    w.integer(s.n_heads);
+    for (double m : s.mean) w.num(m);
+    for (double q : s.ap_quintile) w.num(q);
+    for (double q : s.ap_decile) w.num(q);
+    for (auto k : taxonomy_classes) {
+        auto const it = s.taxonomy_counts.find(k);
+        w.integer(it == s.taxonomy_counts.end() ? 0 : it->second);
+    }
+}
+
+/// Open `path` for writing, call `body(stream)`, and throw std::runtime_error
+/// naming the path when it cannot be opened or written.
+template <class F>
+void to_file(std::filesystem::path const& path, std::string_view fn, F&& body) {
+    std::ofstream f(path, std::ios::out | std::ios::trunc | std::ios::binary);
+    if (!f) throw std::runtime_error(std::string(fn) + ": cannot open '" + path.string() + "' for writing");
+    body(f);
+    f.flush();
+    if (!f) throw std::runtime_error(std::string(fn) + ": writing '" + path.string() + "' failed");
+}
+
+}  // namespace detail
+
+/// \brief head_metrics.csv: one row per head.
+inline void write_head_metrics(std::ostream& os, std::span<head_analysis const> heads) {
+    detail::header(os, head_metrics_columns());
+    detail::row_writer w(os);
+    for (auto const& h : heads) {
+        w.id(h.id);
+        auto const v = head_metric_values(h);
+        // Counts are integers: write them as such (exact, same text as the double form).
+        for (std::size_t i = 0; i < v.size(); ++i) {
+            if (i < 3) w.integer(i == 0 ? h.n_q_tokens : i == 1 ? h.n_k_tokens : static_cast<std::int64_t>(h.d_model));
+            else w.num(v[i]);
+        }
+        w.raw(to_string(h.pca.taxonomy));
+        w.end();
+    }
+    detail::check_stream(os, "qkgeom::report::write_head_metrics");
+}
+
+/// \brief head_bucket_plasticity.csv: one row per plasticity cell of every head
+/// (empty cells included, with plasticity `nan` and n_pairs 0).
+inline void write_head_bucket_plasticity(std::ostream& os, std::span<head_analysis const> heads) {
+    detail::header(os, head_bucket_plasticity_columns());
+    detail::row_writer w(os);
+    for (auto const& h : heads)
+        for (auto const& c : h.plasticity.cells) {
+            w.id(h.id).integer(c.q_bucket).integer(c.k_bucket).num(c.plasticity).integer(c.n_pairs);
+            w.num(c.std_error).num(c.empirical).end();
+        }
+    detail::check_stream(os, "qkgeom::report::write_head_bucket_plasticity");
+}
+
+/// \brief head_component_weights.csv: one row per query coordinate of every head.
+inline void write_head_component_weights(std::ostream& os, std::span<head_analysis const> heads) {
+    detail::header(os, head_component_weights_columns());
+    detail::row_writer w(os);
+    for (auto const& h : heads) {
+        auto const& r2 = h.householder.component_r2;
+        auto const& wt = h.householder.component_weight;
+        index_t const n = std::max(r2.size(), wt.size());
+        for (index_t j = 0; j < n; ++j) {
+            w.id(h.id).integer(static_cast<std::int64_t>(j));
+            w.num(j < r2.size() ? r2(j) : qkgeom::detail::nan).num(j < wt.size() ? wt(j) : qkgeom::detail::nan);
+            w.end();
+        }
+    }
+    detail::check_stream(os, "qkgeom::report::write_head_component_weights");
+}
+
+/// \brief qk_pca.csv: one row per reported PCA component of every head.
+inline void write_qk_pca(std::ostream& os, std::span<head_analysis const> heads) {
+    detail::header(os, qk_pca_columns());
+    detail::row_writer w(os);
+    for (auto const& h : heads)
+        for (auto const& c : h.pca.components) {
+            w.id(h.id).integer(static_cast<std::int64_t>(c.component));
+            w.num(c.explained_variance_ratio).num(c.r_q).num(c.r_k).end();
+        }
+    detail::check_stream(os, "qkgeom::report::write_qk_pca");
+}
+
+/// \brief model_report.csv: one row per model.
+inline void write_model_report(std::ostream& os, std::span<model_entry const> models) {
+    detail::header(os, model_report_columns());
+    detail::row_writer w(os);
+    for (auto const& m : models) {
+        w.raw(csv_quote(m.model));
+        detail::summary_row(w, m.summary);
+        w.end();
+    }
+    detail::check_stream(os, "qkgeom::report::write_model_report");
+}
+
+/// \brief model_report.csv with the one row of `summary`.
+inline void write_model_report(std::ostream& os, std::string_view model_name, head_set_summary const& summary) {
+    model_entry const e{std::string(model_name), summary};
+    write_model_report(os, std::span<model_entry const>(&e, 1));
+}
+
+/// \brief model_report.csv with one row: `summarise_model(heads).all`.
+inline void write_model_report(std::ostream& os, std::string_view model_name, std::span<head_analysis const> heads) {
+    write_model_report(os, model_name, summarise_model(heads).all);
+}
+
+/// \brief layer_report.csv: one row per layer of `m.per_layer`, ascending.
+inline void write_layer_report(std::ostream& os, model_summary const& m) {
+    detail::header(os, layer_report_columns());
+    detail::row_writer w(os);
+    for (auto const& [layer, s] : m.per_layer) {
+        w.integer(layer);
+        detail::summary_row(w, s);
+        w.end();
+    }
+    detail::check_stream(os, "qkgeom::report::write_layer_report");
+}
+
+/// \brief layer_report.csv of `summarise_model(heads)`.
+inline void write_layer_report(std::ostream& os, std::span<head_analysis const> heads) {
+    write_layer_report(os, summarise_model(heads));
+}
+
+// --- path overloads: create/truncate the file; std::runtime_error naming the
+// --- path when it cannot be opened or written.
+
+inline void write_head_metrics(std::filesystem::path const& path, std::span<head_analysis const> heads) {
+    detail::to_file(path, "qkgeom::report::write_head_metrics", [&](std::ostream& os) { write_head_metrics(os, heads); });
+}
+inline void write_head_bucket_plasticity(std::filesystem::path const& path, std::span<head_analysis const> heads) {
+    detail::to_file(path, "qkgeom::report::write_head_bucket_plasticity",
+                    [&](std::ostream& os) { write_head_bucket_plasticity(os, heads); });
+}
+inline void write_head_component_weights(std::filesystem::path const& path, std::span<head_analysis const> heads) {
+    detail::to_file(path, "qkgeom::report::write_head_component_weights",
+                    [&](std::ostream& os) { write_head_component_weights(os, heads); });
+}
+inline void write_qk_pca(std::filesystem::path const& path, std::span<head_analysis const> heads) {
+    detail::to_file(path, "qkgeom::report::write_qk_pca", [&](std::ostream& os) { write_qk_pca(os, heads); });
+}
+inline void write_model_report(std::filesystem::path const& path, std::span<model_entry const> models) {
+    detail::to_file(path, "qkgeom::report::write_model_report",
+                    [&](std::ostream& os) { write_model_report(os, models); });
+}
+inline void write_model_report(std::filesystem::path const& path, std::string_view model_name,
+                               head_set_summary const& summary) {
+    detail::to_file(path, "qkgeom::report::write_model_report",
+                    [&](std::ostream& os) { write_model_report(os, model_name, summary); });
+}
+inline void write_model_report(std::filesystem::path const& path, std::string_view model_name,
+                               std::span<head_analysis const> heads) {
+    detail::to_file(path, "qkgeom::report::write_model_report",
+                    [&](std::ostream& os) { write_model_report(os, model_name, heads); });
+}
+inline void write_layer_report(std::filesystem::path const& path, model_summary const& m) {
+    detail::to_file(path, "qkgeom::report::write_layer_report", [&](std::ostream& os) { write_layer_report(os, m); });
+}
+inline void write_layer_report(std::filesystem::path const& path, std::span<head_analysis const> heads) {
+    detail::to_file(path, "qkgeom::report::write_layer_report",
+                    [&](std::ostream& os) { write_layer_report(os, heads); });
+}
+
+/// \brief Create `out_dir` (and its parents) and write every file into it:
+/// head_metrics.csv, head_bucket_plasticity.csv, head_component_weights.csv,
+/// qk_pca.csv, model_report.csv (one row named `model_name`) and
+/// layer_report.csv. Returns the paths written, in that order.
+/// \throws std::runtime_error naming the directory or file that could not be
+/// created or written.
+inline std::vector<std::filesystem::path> write_reports(std::filesystem::path const& out_dir,
+                                                        std::string const& model_name,
+                                                        std::span<head_analysis const> heads) {
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    if (ec || !std::filesystem::is_directory(out_dir))
+        throw std::runtime_error("qkgeom::report::write_reports: cannot create directory '" + out_dir.string() +
+                                 "'" + (ec ? ": " + ec.message() : std::string()));
+    model_summary const m = summarise_model(heads);
+    std::vector<std::filesystem::path> out;
+    auto const p = [&](std::string_view name) { return out.emplace_back(out_dir / std::string(name)); };
+    write_head_metrics(p(head_metrics_file), heads);
+    write_head_bucket_plasticity(p(head_bucket_plasticity_file), heads);
+    write_head_component_weights(p(head_component_weights_file), heads);
+    write_qk_pca(p(qk_pca_file), heads);
+    write_model_report(p(model_report_file), model_name, m.all);
+    write_layer_report(p(layer_report_file), m);
+    return out;
+}
+
+}  // namespace qkgeom::report
