@@ -3,12 +3,16 @@
 //   qkgeom demo -o OUT [options]   analyse the embedded synthetic study (three
 //                                  model families with different drift and
 //                                  content strength) and write its reports
+//   qkgeom synth DIR [options]     write one synthetic family as a capture in
+//                                  the dataset layout (docs/dataset.md)
+//   qkgeom analyze DIR -o OUT      analyse every head of a capture directory
 //   qkgeom --help
 //
 // Heads are analysed in parallel (--jobs, default: all cores); each worker
 // holds one head at a time. Progress goes to stderr: a bar with rate and ETA
 // on a terminal, plain lines otherwise. Errors: one line on stderr, exit 1
 // (usage errors exit 2).
+#include <qkgeom/io/dataset.hpp>
 #include <qkgeom/plasticity.hpp>
 #include <qkgeom/report/csv.hpp>
 #include <qkgeom/synthetic.hpp>
@@ -40,6 +44,13 @@ constexpr char const* usage_text = R"(qkgeom — how position and content compet
 Usage:
   qkgeom demo -o OUT [options]   analyse the embedded synthetic study and write
                                  its reports to OUT/<model>/ (no input needed)
+  qkgeom synth DIR [options]     write one family of the study as a capture in
+                                 the dataset layout of docs/dataset.md
+  qkgeom analyze DIR -o OUT      analyse every query head of the capture in DIR
+                                 (manifest.json + lLLhHHq/k entries) and write
+                                 the reports to OUT/; a head that fails to read
+                                 is listed in OUT/failures.txt and the others go
+                                 on (exit status 3), unless --strict
   qkgeom --help                  this text
 
 The demo study: three synthetic model families (steady, moderate, steep) of
@@ -70,7 +81,11 @@ Options (defaults are the thesis'; SPEC section in brackets):
       --seed N               sampled: seed (0) [§6]
       --window W             sliding window in tokens, 0 = full attention (0) [§6]
       --context L            context length for the quantiles, 0 = max position + 1 [§6]
-      --layers N             layers per demo model (4)
+      --layers N             layers per demo/synth model (4)
+      --family NAME          synth: steady | moderate | steep (steep)
+      --format F             synth: npy | safetensors (npy)
+      --dtype T              synth: f32 | f16 | bf16 | f64 (f32)
+      --strict               analyze: stop at the first head that fails
       --quiet                no progress output
 )";
 
@@ -85,6 +100,11 @@ struct cli {
     unsigned jobs = 0;
     bool quiet = false;
     std::int64_t layers = 4;
+    std::filesystem::path dir;  // synth / analyze
+    std::string family = "steep";
+    qkgeom::io::storage_format format = qkgeom::io::storage_format::npy;
+    std::string dtype = "f32";
+    bool strict = false;
     qkgeom::analysis_options opt;
 };
 
@@ -130,7 +150,8 @@ cli parse(int argc, char** argv) {
         std::exit(0);
     }
     c.command = args[0];
-    if (c.command != "demo") usage_error("unknown command '" + c.command + "'");
+    if (c.command != "demo" && c.command != "synth" && c.command != "analyze")
+        usage_error("unknown command '" + c.command + "'");
     auto& o = c.opt;
     for (std::size_t i = 1; i < args.size(); ++i) {
         std::string const& a = args[i];
@@ -145,6 +166,13 @@ cli parse(int argc, char** argv) {
         else if (a == "-j" || a == "--jobs") c.jobs = static_cast<unsigned>(parse_int(a, value(), 1));
         else if (a == "--quiet") c.quiet = true;
         else if (a == "--layers") c.layers = parse_int(a, value(), 1);
+        else if (a == "--family") c.family = value();
+        else if (a == "--format")
+            c.format = parse_choice<qkgeom::io::storage_format>(
+                a, value(), {{"npy", qkgeom::io::storage_format::npy}, {"safetensors", qkgeom::io::storage_format::safetensors}});
+        else if (a == "--dtype") c.dtype = parse_choice<std::string>(a, value(), {{"f32", "f32"}, {"f16", "f16"}, {"bf16", "bf16"}, {"f64", "f64"}});
+        else if (a == "--strict") c.strict = true;
+        else if (!a.empty() && a[0] != '-' && c.dir.empty() && c.command != "demo") c.dir = a;
         else if (a == "--components") o.pca.n_components = parse_int(a, value(), 1);
         else if (a == "--sign")
             o.pca.sign = parse_choice<qkgeom::sign_policy>(
@@ -184,7 +212,8 @@ cli parse(int argc, char** argv) {
         else if (a == "--context") o.plasticity.context_length = parse_int(a, value(), 0);
         else usage_error("unknown option '" + a + "'");
     }
-    if (c.out.empty()) usage_error(c.command + " needs -o OUT");
+    if (c.command != "demo" && c.dir.empty()) usage_error(c.command + " needs DIR");
+    if (c.command != "synth" && c.out.empty()) usage_error(c.command + " needs -o OUT");
     if (!(o.pca.thresholds.low >= 0 && o.pca.thresholds.low <= o.pca.thresholds.high && o.pca.thresholds.high <= 1))
         usage_error("--low/--high: need 0 <= low <= high <= 1");
     if (!(o.ks_alpha > 0 && o.ks_alpha < 1)) usage_error("--ks-alpha: need 0 < alpha < 1");
@@ -284,18 +313,135 @@ qkgeom::synthetic::layer_spec demo_layer(family const& f, std::int64_t layer) {
     return L;
 }
 
-int run_demo(cli const& c) {
-    std::vector<family> const families{
-        {"steady", 2e-4, 4e-4, 1.0, 1.0},    // weak drift, strong content: small AP_drop
-        {"moderate", 6e-4, 1.2e-3, 0.6, 1.0},
-        {"steep", 1.2e-3, 2.4e-3, 0.3, 0.8},  // strong drift, weak content: large AP_drop
-    };
-    std::int64_t const n_layers = c.layers;
+std::vector<family> const families{
+    {"steady", 2e-4, 4e-4, 1.0, 1.0},    // weak drift, strong content: small AP_drop
+    {"moderate", 6e-4, 1.2e-3, 0.6, 1.0},
+    {"steep", 1.2e-3, 2.4e-3, 0.3, 0.8},  // strong drift, weak content: large AP_drop
+};
+
+qkgeom::synthetic::capture_spec demo_capture() {
     qkgeom::synthetic::capture_spec cap;
     cap.n_examples = 96;
     cap.context_length = 4096;
     cap.buckets = {.scheme = qkgeom::bucket_scheme::uniform, .width = 256, .rate = 1.0};
     cap.seed = 7;
+    return cap;
+}
+
+std::string model_table(std::vector<std::pair<std::string, qkgeom::model_summary>> const& table) {
+    std::string text = "model      heads  ap_overall  ap_first_20pct  ap_last_20pct  ap_drop  gaussian_gap  bias_strength\n";
+    for (auto const& [name, m] : table) {
+        char line[256];
+        std::snprintf(line, sizeof line, "%-10s %5lld  %10.4f  %14.4f  %13.4f  %7.4f  %12.4f  %13.3g\n", name.c_str(),
+                      static_cast<long long>(m.all.n_heads), m.all["ap_overall"], m.all["ap_first_20pct"],
+                      m.all["ap_last_20pct"], m.all["ap_drop"], m.all["gaussian_gap"], m.all["bias_strength"]);
+        text += line;
+    }
+    return text;
+}
+
+void write_text(std::filesystem::path const& p, std::string const& text) {
+    std::FILE* fp = std::fopen(p.string().c_str(), "w");
+    if (fp == nullptr) throw std::runtime_error("cannot write " + p.string());
+    std::fputs(text.c_str(), fp);
+    if (std::fclose(fp) != 0) throw std::runtime_error("writing " + p.string() + " failed");
+}
+
+/// qkgeom synth DIR: one family of the study in the dataset layout.
+int run_synth(cli const& c) {
+    auto const fit = std::find_if(families.begin(), families.end(), [&](family const& f) { return f.name == c.family; });
+    if (fit == families.end()) usage_error("--family: '" + c.family + "' is not one of steady | moderate | steep");
+    auto const cap = demo_capture();
+    qkgeom::io::manifest m;
+    m.model = fit->name;
+    m.n_layers = c.layers;
+    m.n_q_heads.assign(static_cast<std::size_t>(c.layers), 8);
+    m.n_kv_heads.assign(static_cast<std::size_t>(c.layers), 2);
+    m.head_dim = 64;
+    m.buckets = cap.buckets;
+    m.context_length = cap.context_length;
+    m.seed = cap.seed;
+    std::filesystem::create_directories(c.dir);
+    qkgeom::io::write_manifest(c.dir, m);
+    progress bar(static_cast<std::size_t>(c.layers), c.quiet);
+    for (std::int64_t layer = 0; layer < c.layers; ++layer) {
+        auto const heads = qkgeom::synthetic::generate_layer(demo_layer(*fit, layer), cap);
+        for (auto const& hc : heads) {
+            qkgeom::io::head_entry q{hc.layer, hc.q_head, qkgeom::kind::query, hc.q, c.dtype, hc.q_position,
+                                     hc.q_bucket, hc.q_example, std::nullopt};
+            qkgeom::io::write_head(c.dir, m, q, c.format, c.dtype);
+            if (hc.q_head % 4 == 0) {  // each kv head once (GQA group of 4)
+                qkgeom::io::head_entry k{hc.layer, hc.k_head, qkgeom::kind::key, hc.k, c.dtype, hc.k_position,
+                                         hc.k_bucket, hc.k_example, std::nullopt};
+                qkgeom::io::write_head(c.dir, m, k, c.format, c.dtype);
+            }
+        }
+        bar.tick("layer " + std::to_string(layer));
+    }
+    std::cout << "synthetic capture '" << m.model << "' (" << c.layers << " layers x 8 query heads) written to "
+              << c.dir.string() << "\n";
+    return 0;
+}
+
+/// qkgeom analyze DIR -o OUT: every query head of a capture, streamed (one
+/// head per worker), with the failures listed instead of aborting.
+int run_analyze(cli const& c) {
+    auto const m = qkgeom::io::read_manifest(c.dir);
+    struct task {
+        std::int64_t layer, q_head, k_head;
+    };
+    std::vector<task> tasks;
+    for (std::int64_t l = 0; l < m.n_layers; ++l) {
+        auto const nq = m.n_q_heads[static_cast<std::size_t>(l)], nkv = m.n_kv_heads[static_cast<std::size_t>(l)];
+        for (std::int64_t h = 0; h < nq; ++h) tasks.push_back({l, h, h / (nq / nkv)});  // SPEC §0 GQA mapping
+    }
+    qkgeom::analysis_options opt = c.opt;
+    opt.plasticity.buckets = m.buckets;
+    if (opt.plasticity.context_length == 0) opt.plasticity.context_length = m.context_length;
+    std::vector<std::optional<qkgeom::head_analysis>> results(tasks.size());
+    std::vector<std::string> errors(tasks.size());
+    progress bar(tasks.size(), c.quiet);
+    parallel_for(tasks.size(), c.jobs, [&](std::size_t i) {
+        auto const& t = tasks[i];
+        std::string const name = qkgeom::io::head_entry_name(t.layer, t.q_head, qkgeom::kind::query);
+        try {
+            auto const q = qkgeom::io::read_head(c.dir, m, t.layer, t.q_head, qkgeom::kind::query);
+            auto const k = qkgeom::io::read_head(c.dir, m, t.layer, t.k_head, qkgeom::kind::key);
+            qkgeom::analysis_options o = opt;
+            if (q.sliding_window) o.plasticity.sliding_window = *q.sliding_window;
+            results[i] = qkgeom::analyze_head(q.vectors, q.position, q.bucket, k.vectors, k.position, k.bucket,
+                                              k.example_id, o, {t.layer, t.q_head, t.k_head});
+        } catch (std::exception const& e) {
+            if (c.strict) throw;
+            errors[i] = e.what();
+        }
+        bar.tick(name);
+    });
+    std::vector<qkgeom::head_analysis> heads;
+    std::string failures;
+    for (std::size_t i = 0; i < tasks.size(); ++i) {
+        if (results[i]) heads.push_back(std::move(*results[i]));
+        else
+            failures += "l" + std::to_string(tasks[i].layer) + " q_head " + std::to_string(tasks[i].q_head) + ": " +
+                        errors[i] + "\n";
+    }
+    std::filesystem::create_directories(c.out);
+    if (!heads.empty()) qkgeom::report::write_reports(c.out, m.model, heads);
+    write_text(c.out / "failures.txt", failures);
+    std::string const text = model_table({{m.model, qkgeom::summarise_model(heads)}});
+    write_text(c.out / "summary.txt", text);
+    std::cout << text << "reports written to " << c.out.string() << "/\n";
+    if (!failures.empty()) {
+        std::cerr << "qkgeom: " << (tasks.size() - heads.size()) << " of " << tasks.size()
+                  << " heads failed (listed in " << (c.out / "failures.txt").string() << ")\n";
+        return 3;
+    }
+    return 0;
+}
+
+int run_demo(cli const& c) {
+    std::int64_t const n_layers = c.layers;
+    auto const cap = demo_capture();
     qkgeom::analysis_options opt = c.opt;
     opt.plasticity.buckets = cap.buckets;
 
@@ -319,19 +465,9 @@ int run_demo(cli const& c) {
     }
 
     // The model table (also in OUT/summary.txt).
-    std::string text = "model      heads  ap_overall  ap_first_20pct  ap_last_20pct  ap_drop  gaussian_gap  bias_strength\n";
-    for (auto const& [name, m] : table) {
-        char line[256];
-        std::snprintf(line, sizeof line, "%-10s %5lld  %10.4f  %14.4f  %13.4f  %7.4f  %12.4f  %13.3g\n", name.c_str(),
-                      static_cast<long long>(m.all.n_heads), m.all["ap_overall"], m.all["ap_first_20pct"],
-                      m.all["ap_last_20pct"], m.all["ap_drop"], m.all["gaussian_gap"], m.all["bias_strength"]);
-        text += line;
-    }
+    std::string const text = model_table(table);
     std::cout << text;
-    std::FILE* fp = std::fopen((c.out / "summary.txt").string().c_str(), "w");
-    if (fp == nullptr) throw std::runtime_error("cannot write " + (c.out / "summary.txt").string());
-    std::fputs(text.c_str(), fp);
-    std::fclose(fp);
+    write_text(c.out / "summary.txt", text);
     std::cout << "reports written to " << c.out.string() << "/{steady,moderate,steep}/\n";
     return 0;
 }
@@ -341,6 +477,8 @@ int run_demo(cli const& c) {
 int main(int argc, char** argv) {
     cli const c = parse(argc, argv);
     try {
+        if (c.command == "synth") return run_synth(c);
+        if (c.command == "analyze") return run_analyze(c);
         return run_demo(c);
     } catch (std::exception const& e) {
         std::cerr << "qkgeom: error: " << e.what() << "\n";
