@@ -205,6 +205,14 @@ inline void write_file_bytes(std::filesystem::path const& path, std::span<unsign
 // .npy
 // ---------------------------------------------------------------------------
 
+/// \brief Number of elements of a shape, prod(shape) (1 for a 0-d array);
+/// shared by the .npy and safetensors containers.
+[[nodiscard]] inline std::int64_t element_count(std::vector<std::int64_t> const& shape) noexcept {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+}
+
 /// \brief A parsed .npy array: descr as in the file, shape, order and the raw
 /// little-endian data bytes (prod(shape) * itemsize of them, validated).
 struct npy_array {
@@ -214,11 +222,7 @@ struct npy_array {
     std::vector<unsigned char> data;
 
     /// Number of elements, prod(shape) (1 for a 0-d array).
-    [[nodiscard]] std::int64_t size() const noexcept {
-        std::int64_t n = 1;
-        for (auto d : shape) n *= d;
-        return n;
-    }
+    [[nodiscard]] std::int64_t size() const noexcept { return element_count(shape); }
 };
 
 namespace detail {

@@ -37,11 +37,7 @@ struct st_tensor {
     std::vector<std::int64_t> shape;
     std::vector<unsigned char> data;
 
-    [[nodiscard]] std::int64_t size() const noexcept {
-        std::int64_t n = 1;
-        for (auto d : shape) n *= d;
-        return n;
-    }
+    [[nodiscard]] std::int64_t size() const noexcept { return element_count(shape); }
 };
 
 /// \brief A safetensors file: tensors by name (sorted) and the string metadata.
