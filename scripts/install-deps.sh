@@ -13,6 +13,10 @@ PACKAGES=(
   libxtensor-dev libxtensor-blas-dev  # xtensor 0.24 + xtensor-blas (adapter)
   catch2                        # Catch2 2.13 (tests)
   libbenchmark-dev              # Google Benchmark (benchmarks)
+  zlib1g-dev                    # zlib: deflate-compressed .npz entries (io/npz.hpp)
+  python3-numpy                 # cross-checks of .npy/.npz against NumPy itself (tests)
+  libtorch-dev                  # LibTorch 1.13 CPU (adapters/torch, qkgeom::torch)
+  chromium                      # headless render of the HTML report (one test)
 )
 
 missing=()

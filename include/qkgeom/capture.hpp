@@ -1,0 +1,453 @@
+// qkgeom — the capture protocol as library components (SPEC §0, §0.1).
+//
+// Everything a capture loop needs besides the token sampler of buckets.hpp:
+//
+//   * GQA mapping            h_k = ⌊h_q / (n_q / n_kv)⌋                       (SPEC §0)
+//   * the model's layout     heads per layer, sliding window per layer, RoPE
+//   * eligibility            full-attention layers only (default) or all      (SPEC §0.1)
+//   * head sampling          `count` (layer, q_head) pairs without replacement,
+//                            seeded, all of them when fewer are eligible       (SPEC §0.1)
+//   * capture_sampler        the deterministic keep decision applied to a step
+//                            of tokens (positions + example ids)               (SPEC §0.1)
+//   * capture_store          rows of the selected heads, kept tokens only,
+//                            ready for plasticity pairs or the dataset writer
+//
+// None of this depends on a tensor library: a capture loop in C++ (or the
+// LibTorch adapter) hands rows over through the tensor concept (tensor.hpp).
+#pragma once
+
+#include <qkgeom/buckets.hpp>
+#include <qkgeom/config.hpp>
+#include <qkgeom/errors.hpp>
+#include <qkgeom/tensor.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <compare>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace qkgeom {
+
+// ---------------------------------------------------------------------------
+// GQA mapping (SPEC §0)
+// ---------------------------------------------------------------------------
+
+/// \brief The GQA group size n_q / n_kv (SPEC §0).
+/// \throws std::invalid_argument when n_q < 1, n_kv < 1 or n_kv does not divide n_q.
+inline std::int64_t gqa_group_size(std::int64_t n_q_heads, std::int64_t n_kv_heads) {
+    constexpr std::string_view fn = "qkgeom::gqa_group_size";
+    if (n_q_heads < 1) detail::fail_arg(fn, "n_q_heads must be >= 1", n_q_heads);
+    if (n_kv_heads < 1) detail::fail_arg(fn, "n_kv_heads must be >= 1", n_kv_heads);
+    if (n_q_heads % n_kv_heads != 0)
+        detail::fail_arg(fn, "n_q_heads = " + std::to_string(n_q_heads) + " is not a multiple of n_kv_heads",
+                         n_kv_heads);
+    return n_q_heads / n_kv_heads;
+}
+
+/// \brief The key/value head read by query head `q_head` (SPEC §0):
+/// h_k = ⌊h_q / (n_q / n_kv)⌋.
+/// \throws std::invalid_argument for an invalid (n_q, n_kv) or q_head outside [0, n_q).
+inline std::int64_t key_head_of(std::int64_t q_head, std::int64_t n_q_heads, std::int64_t n_kv_heads) {
+    std::int64_t const g = gqa_group_size(n_q_heads, n_kv_heads);
+    if (q_head < 0 || q_head >= n_q_heads)
+        detail::fail_arg("qkgeom::key_head_of",
+                         "q_head must be in [0, n_q_heads = " + std::to_string(n_q_heads) + ")", q_head);
+    return q_head / g;
+}
+
+// ---------------------------------------------------------------------------
+// The model's layout
+// ---------------------------------------------------------------------------
+
+/// \brief How RoPE pairs the coordinates of a head (recorded, never guessed).
+enum class rope_pairing : std::uint8_t {
+    rotate_half = 0,  ///< pairs (i, i + d_rot/2): Llama / GPT-NeoX / HF `rotate_half`
+    interleaved = 1,  ///< pairs (2i, 2i + 1): GPT-J / Meta's original Llama code
+};
+
+/// \brief Name of a pairing (`rotate_half`, `interleaved`).
+constexpr const char* rope_pairing_name(rope_pairing p) noexcept {
+    return p == rope_pairing::interleaved ? "interleaved" : "rotate_half";
+}
+
+/// \brief The rotary embedding a capture was taken under. Nothing in the
+/// analysis uses it; it is recorded so that captures are only merged with
+/// captures taken the same way (io::check_compatible).
+struct rope_spec {
+    rope_pairing pairing = rope_pairing::rotate_half;  ///< coordinate pairing
+    std::int64_t rotary_dim = 0;                       ///< rotated coordinates; 0 = the whole head
+    double theta = 10000.0;                            ///< base frequency
+    std::string scaling = "none";                      ///< "none", "linear", "dynamic", "yarn", "llama3", ...
+    double scaling_factor = 1.0;                       ///< the scaling's factor (1 when none)
+    friend bool operator==(rope_spec const&, rope_spec const&) = default;
+};
+
+/// \brief One layer's attention shape.
+struct layer_layout {
+    std::int64_t n_q_heads = 0;                  ///< query heads (>= 1)
+    std::int64_t n_kv_heads = 0;                 ///< key/value heads (>= 1, divides n_q_heads)
+    std::optional<std::int64_t> sliding_window;  ///< attention span in tokens; none = full attention
+    friend bool operator==(layer_layout const&, layer_layout const&) = default;
+};
+
+/// \brief A model's attention layout: what a capture loop must know to choose
+/// heads and map query heads to key heads.
+struct model_layout {
+    std::int64_t head_dim = 0;          ///< d (>= 1)
+    std::vector<layer_layout> layers;   ///< one per layer, in order
+    friend bool operator==(model_layout const&, model_layout const&) = default;
+};
+
+/// \brief A layout with the same attention shape in every layer.
+inline model_layout uniform_layout(std::int64_t n_layers, std::int64_t n_q_heads, std::int64_t n_kv_heads,
+                                   std::int64_t head_dim, std::optional<std::int64_t> sliding_window = {}) {
+    if (n_layers < 1) detail::fail_arg("qkgeom::uniform_layout", "n_layers must be >= 1", n_layers);
+    return model_layout{head_dim, std::vector<layer_layout>(static_cast<std::size_t>(n_layers),
+                                                            layer_layout{n_q_heads, n_kv_heads, sliding_window})};
+}
+
+/// \brief Checks a layout: head_dim >= 1, at least one layer, every layer's
+/// GQA shape valid and sliding windows >= 1. Messages name `layers[L].field`.
+inline void check_layout(model_layout const& m, std::string_view where = "qkgeom::check_layout") {
+    if (m.head_dim < 1) detail::fail_arg(where, "head_dim must be >= 1", m.head_dim);
+    if (m.layers.empty()) detail::fail_arg(where, "layers: a layout needs at least one layer; count", 0);
+    for (std::size_t l = 0; l < m.layers.size(); ++l) {
+        auto const& L = m.layers[l];
+        std::string const f = "layers[" + std::to_string(l) + "].";
+        if (L.n_q_heads < 1) detail::fail_arg(where, f + "n_q_heads must be >= 1", L.n_q_heads);
+        if (L.n_kv_heads < 1) detail::fail_arg(where, f + "n_kv_heads must be >= 1", L.n_kv_heads);
+        if (L.n_q_heads % L.n_kv_heads != 0)
+            detail::fail_arg(where,
+                             f + "n_q_heads = " + std::to_string(L.n_q_heads) + " is not a multiple of n_kv_heads",
+                             L.n_kv_heads);
+        if (L.sliding_window && *L.sliding_window < 1)
+            detail::fail_arg(where, f + "sliding_window must be >= 1 (or none for full attention)",
+                             *L.sliding_window);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Eligibility and head sampling (SPEC §0.1)
+// ---------------------------------------------------------------------------
+
+/// \brief Which layers' heads may be sampled (SPEC §0.1). The thesis'
+/// default: full-attention layers only (a sliding-window layer cannot show
+/// long-range positional preferences).
+enum class layer_eligibility : std::uint8_t {
+    full_attention_only = 0,  ///< layers with no sliding window (default)
+    all_layers = 1,           ///< every layer
+};
+
+/// \brief One analysed head pair: a query head and the key head it reads.
+struct head_pair {
+    std::int64_t layer = 0;   ///< layer index
+    std::int64_t q_head = 0;  ///< query head
+    std::int64_t k_head = 0;  ///< key/value head, key_head_of(q_head)
+    friend bool operator==(head_pair const&, head_pair const&) = default;
+    friend auto operator<=>(head_pair const&, head_pair const&) = default;
+};
+
+/// \brief Every eligible (layer, q_head), ascending by (layer, q_head), with
+/// its key head.
+/// \throws std::invalid_argument for an invalid layout.
+inline std::vector<head_pair> eligible_heads(model_layout const& m,
+                                             layer_eligibility e = layer_eligibility::full_attention_only) {
+    check_layout(m, "qkgeom::eligible_heads");
+    std::vector<head_pair> out;
+    for (std::size_t l = 0; l < m.layers.size(); ++l) {
+        auto const& L = m.layers[l];
+        if (e == layer_eligibility::full_attention_only && L.sliding_window) continue;
+        std::int64_t const g = L.n_q_heads / L.n_kv_heads;
+        for (std::int64_t h = 0; h < L.n_q_heads; ++h) out.push_back({static_cast<std::int64_t>(l), h, h / g});
+    }
+    return out;
+}
+
+namespace detail {
+/// A uniform integer in [0, m) from a splitmix64 stream, without modulo bias
+/// (rejection of the top 2^64 mod m values).
+inline std::uint64_t bounded_draw(std::uint64_t& state, std::uint64_t m) noexcept {
+    std::uint64_t const reject_from = (0 - m) % m;  // 2^64 mod m
+    for (;;) {
+        state = splitmix64(state);
+        if (state >= reject_from) return state % m;
+    }
+}
+}  // namespace detail
+
+/// \brief Head sampling (SPEC §0.1): `count` query heads uniformly without
+/// replacement from the eligible (layer, q_head) pairs, seeded; all of them
+/// when fewer than `count` are eligible. Returned ascending by (layer, q_head).
+///
+/// The generator is documented so other tools can reproduce it: the eligible
+/// list E (ascending) is shuffled by a partial Fisher–Yates pass,
+///
+///     s = splitmix64(seed ^ 0x6865616473616D70)            // "headsamp"
+///     for i = 0 .. count-1:  j = i + draw(s, |E| - i);  swap(E[i], E[j])
+///
+/// where draw(s, m) repeats s = splitmix64(s) until s >= (2^64 mod m) and
+/// returns s mod m; the first `count` entries, sorted, are the sample.
+/// \throws std::invalid_argument for an invalid layout or count < 0.
+inline std::vector<head_pair> sample_heads(model_layout const& m, std::int64_t count, std::uint64_t seed,
+                                           layer_eligibility e = layer_eligibility::full_attention_only) {
+    if (count < 0) detail::fail_arg("qkgeom::sample_heads", "count must be >= 0", count);
+    auto pool = eligible_heads(m, e);
+    auto const n = static_cast<std::uint64_t>(pool.size());
+    if (static_cast<std::uint64_t>(count) >= n) return pool;
+    std::uint64_t s = detail::splitmix64(seed ^ 0x6865616473616D70ULL);
+    for (std::uint64_t i = 0; i < static_cast<std::uint64_t>(count); ++i) {
+        std::uint64_t const j = i + detail::bounded_draw(s, n - i);
+        std::swap(pool[i], pool[j]);
+    }
+    pool.resize(static_cast<std::size_t>(count));
+    std::sort(pool.begin(), pool.end());
+    return pool;
+}
+
+/// \brief The distinct (layer, k_head) a set of head pairs reads, ascending.
+inline std::vector<std::pair<std::int64_t, std::int64_t>> key_heads_of(std::vector<head_pair> const& heads) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> out;
+    out.reserve(heads.size());
+    for (auto const& h : heads) out.emplace_back(h.layer, h.k_head);
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// The token sampler applied to a step (SPEC §0.1)
+// ---------------------------------------------------------------------------
+
+/// \brief The SPEC §0.1 keep decision bound to a bucket scheme and a seed.
+struct capture_sampler {
+    bucket_spec buckets{};   ///< scheme, width (B or B_min), rate
+    std::uint64_t seed = 0;  ///< sampling seed
+
+    /// Whether the token is kept (keep_token).
+    [[nodiscard]] bool keep(std::int64_t example_id, std::int64_t layer, kind k, std::int64_t position) const {
+        return keep_token(buckets, seed, example_id, layer, k, position);
+    }
+
+    /// Bucket of a position (bucket_of).
+    [[nodiscard]] std::int64_t bucket(std::int64_t position) const { return bucket_of(buckets, position); }
+
+    /// \brief Indices i (ascending) of the kept tokens of one step, given each
+    /// token's position and example id (equal lengths). The same indices for
+    /// every head of one (layer, kind).
+    /// \throws std::invalid_argument on unequal lengths or a negative position
+    ///         (naming the index and value).
+    [[nodiscard]] std::vector<std::int64_t> select(std::span<std::int64_t const> positions,
+                                                   std::span<std::int64_t const> example_ids, std::int64_t layer,
+                                                   kind k) const {
+        constexpr std::string_view fn = "qkgeom::capture_sampler::select";
+        detail::check_bucket_spec(fn, buckets);
+        if (positions.size() != example_ids.size())
+            detail::fail_arg(fn,
+                             "example_ids: length differs from positions (" + std::to_string(positions.size()) +
+                                 "); length",
+                             example_ids.size());
+        std::vector<std::int64_t> out;
+        for (std::size_t i = 0; i < positions.size(); ++i) {
+            std::int64_t const t = positions[i];
+            if (t < 0) detail::fail_arg(fn, "positions[" + std::to_string(i) + "] must be >= 0", t);
+            double const p = detail::keep_probability_unchecked(buckets, t);
+            if (p >= 1.0 || keep_uniform(seed, example_ids[i], layer, k, t) < p)
+                out.push_back(static_cast<std::int64_t>(i));
+        }
+        return out;
+    }
+};
+
+// ---------------------------------------------------------------------------
+// Row store
+// ---------------------------------------------------------------------------
+
+/// \brief The kept rows of one (layer, kind, head), in capture order.
+///
+/// `values` is row-major n × dim in `Scalar` (float by default: captures come
+/// in f32/f16/bf16, which widen to float exactly); use `matrix()` to hand the
+/// rows to any analysis.
+template <class Scalar = float>
+struct captured_rows {
+    std::int64_t layer = 0, head = 0;
+    kind k = kind::query;
+    std::int64_t dim = 0;
+    std::vector<Scalar> values;                  ///< n × dim, row-major
+    std::vector<std::int64_t> position, bucket, example_id;
+    std::optional<std::int64_t> sliding_window;  ///< the layer's, none = full attention
+
+    [[nodiscard]] std::int64_t rows() const noexcept { return static_cast<std::int64_t>(position.size()); }
+    /// The rows as a bounds-checked view satisfying RowMatrix.
+    [[nodiscard]] auto matrix() const { return make_matrix_view(std::span<Scalar const>(values), rows(), dim); }
+};
+
+/// \brief Collects the kept rows of a chosen set of heads from a capture loop.
+///
+/// Call `add` once per (layer, kind, head) and step with that head's rows for
+/// the step's tokens (T × d, any RowMatrix), the tokens' positions and example
+/// ids. Only heads in the plan are stored (queries of the sampled q heads,
+/// keys of the key heads they read); only tokens the sampler keeps are stored;
+/// the rows must be finite. Not thread-safe: one store per capture thread, or
+/// merge with `+=` (rows are appended; order does not matter to any analysis).
+template <class Scalar = float>
+class capture_store {
+public:
+    capture_store() = default;
+    capture_store(model_layout layout, std::vector<head_pair> heads, capture_sampler sampler)
+        : layout_(std::move(layout)), heads_(std::move(heads)), sampler_(sampler) {
+        constexpr std::string_view fn = "qkgeom::capture_store";
+        check_layout(layout_, fn);
+        detail::check_bucket_spec(fn, sampler_.buckets);
+        for (auto const& h : heads_) {
+            if (h.layer < 0 || h.layer >= static_cast<std::int64_t>(layout_.layers.size()))
+                detail::fail_arg(fn, "heads: layer out of range", h.layer);
+            auto const& L = layout_.layers[static_cast<std::size_t>(h.layer)];
+            if (key_head_of(h.q_head, L.n_q_heads, L.n_kv_heads) != h.k_head)
+                detail::fail_arg(fn,
+                                 "heads: k_head does not follow the GQA mapping for layer " +
+                                     std::to_string(h.layer) + " q_head " + std::to_string(h.q_head) + "; k_head",
+                                 h.k_head);
+            slot(h.layer, kind::query, h.q_head);
+            slot(h.layer, kind::key, h.k_head);
+        }
+    }
+
+    [[nodiscard]] model_layout const& layout() const noexcept { return layout_; }
+    [[nodiscard]] std::vector<head_pair> const& heads() const noexcept { return heads_; }
+    [[nodiscard]] capture_sampler const& sampler() const noexcept { return sampler_; }
+
+    /// Whether rows of (layer, kind, head) are stored.
+    [[nodiscard]] bool wants(std::int64_t layer, kind k, std::int64_t head) const {
+        return store_.count(std::tuple{layer, static_cast<int>(k), head}) != 0;
+    }
+
+    /// \brief Add one head's rows for one step. Returns the number kept.
+    /// \throws std::invalid_argument when the head is not in the plan, the row
+    ///         count differs from positions/example_ids, the width differs from
+    ///         head_dim, or a kept value is not finite (naming row, column, value).
+    template <RowMatrix X>
+    std::int64_t add(std::int64_t layer, kind k, std::int64_t head, X const& rows,
+                     std::span<std::int64_t const> positions, std::span<std::int64_t const> example_ids) {
+        auto const idx = sampler_.select(positions, example_ids, layer, k);
+        return add_selected(layer, k, head, rows, positions, example_ids, idx);
+    }
+
+    /// \brief As `add`, with the kept indices already chosen by
+    /// `sampler().select(positions, example_ids, layer, k)` — compute them once
+    /// per (layer, kind) and step and reuse them for every head.
+    template <RowMatrix X>
+    std::int64_t add_selected(std::int64_t layer, kind k, std::int64_t head, X const& rows,
+                              std::span<std::int64_t const> positions, std::span<std::int64_t const> example_ids,
+                              std::span<std::int64_t const> kept) {
+        constexpr std::string_view fn = "qkgeom::capture_store::add";
+        auto it = store_.find(std::tuple{layer, static_cast<int>(k), head});
+        if (it == store_.end())
+            detail::fail_arg(fn,
+                             "(layer " + std::to_string(layer) + ", " + kind_name(k) +
+                                 ") head is not in the capture plan; head",
+                             head);
+        auto r = as_matrix(rows);
+        auto const n = static_cast<std::int64_t>(r.rows());
+        if (static_cast<std::int64_t>(positions.size()) != n)
+            detail::fail_arg(fn, "positions: length differs from the row count (" + std::to_string(n) + "); length",
+                             positions.size());
+        if (static_cast<std::int64_t>(example_ids.size()) != n)
+            detail::fail_arg(fn,
+                             "example_ids: length differs from the row count (" + std::to_string(n) + "); length",
+                             example_ids.size());
+        if (static_cast<std::int64_t>(r.cols()) != layout_.head_dim)
+            detail::fail_arg(fn, "rows: width differs from head_dim (" + std::to_string(layout_.head_dim) + "); width",
+                             r.cols());
+        auto& dst = it->second;
+        auto const d = layout_.head_dim;
+        std::size_t const base = dst.values.size();
+        dst.values.resize(base + kept.size() * static_cast<std::size_t>(d));
+        std::size_t w = base;
+        for (std::int64_t i : kept) {
+            if (i < 0 || i >= n) detail::fail_arg(fn, "kept: index out of range", i);
+            for (std::int64_t j = 0; j < d; ++j) {
+                double const v = r(static_cast<index_t>(i), static_cast<index_t>(j));
+                if (!std::isfinite(v)) {
+                    dst.values.resize(base);
+                    detail::fail_arg(fn,
+                                     "rows: non-finite value at row " + std::to_string(i) + ", column " +
+                                         std::to_string(j) + " of (layer " + std::to_string(layer) + ", " +
+                                         kind_name(k) + " head " + std::to_string(head) + "); value",
+                                     v);
+                }
+                dst.values[w++] = static_cast<Scalar>(v);
+            }
+        }
+        for (std::int64_t i : kept) {
+            auto const t = positions[static_cast<std::size_t>(i)];
+            dst.position.push_back(t);
+            dst.bucket.push_back(detail::bucket_of_unchecked(sampler_.buckets, t));
+            dst.example_id.push_back(example_ids[static_cast<std::size_t>(i)]);
+        }
+        return static_cast<std::int64_t>(kept.size());
+    }
+
+    /// The stored rows of (layer, kind, head).
+    /// \throws std::invalid_argument when the head is not in the plan.
+    [[nodiscard]] captured_rows<Scalar> const& rows(std::int64_t layer, kind k, std::int64_t head) const {
+        auto it = store_.find(std::tuple{layer, static_cast<int>(k), head});
+        if (it == store_.end())
+            detail::fail_arg("qkgeom::capture_store::rows",
+                             "(layer " + std::to_string(layer) + ", " + kind_name(k) +
+                                 ") head is not in the capture plan; head",
+                             head);
+        return it->second;
+    }
+
+    /// Every stored entry, ordered by (layer, kind, head).
+    [[nodiscard]] std::vector<captured_rows<Scalar> const*> entries() const {
+        std::vector<captured_rows<Scalar> const*> out;
+        for (auto const& [key, v] : store_) out.push_back(&v);
+        return out;
+    }
+
+    /// \brief Append another store's rows (same layout, heads and sampler).
+    /// \throws std::invalid_argument naming what differs.
+    capture_store& operator+=(capture_store const& o) {
+        constexpr std::string_view fn = "qkgeom::capture_store::operator+=";
+        if (!(o.layout_ == layout_)) detail::fail_arg(fn, "layout differs; other head_dim", o.layout_.head_dim);
+        if (!(o.heads_ == heads_)) detail::fail_arg(fn, "heads differ; other head count", o.heads_.size());
+        if (!(o.sampler_.buckets == sampler_.buckets)) detail::fail_arg(fn, "sampler buckets differ; other width", o.sampler_.buckets.width);
+        if (o.sampler_.seed != sampler_.seed) detail::fail_arg(fn, "sampler seed differs; other", o.sampler_.seed);
+        for (auto const& [key, v] : o.store_) {
+            auto& dst = store_.at(key);
+            dst.values.insert(dst.values.end(), v.values.begin(), v.values.end());
+            dst.position.insert(dst.position.end(), v.position.begin(), v.position.end());
+            dst.bucket.insert(dst.bucket.end(), v.bucket.begin(), v.bucket.end());
+            dst.example_id.insert(dst.example_id.end(), v.example_id.begin(), v.example_id.end());
+        }
+        return *this;
+    }
+
+private:
+    void slot(std::int64_t layer, kind k, std::int64_t head) {
+        auto [it, inserted] = store_.try_emplace(std::tuple{layer, static_cast<int>(k), head});
+        if (!inserted) return;
+        auto& e = it->second;
+        e.layer = layer;
+        e.head = head;
+        e.k = k;
+        e.dim = layout_.head_dim;
+        e.sliding_window = layout_.layers[static_cast<std::size_t>(layer)].sliding_window;
+    }
+
+    model_layout layout_{};
+    std::vector<head_pair> heads_;
+    capture_sampler sampler_{};
+    std::map<std::tuple<std::int64_t, int, std::int64_t>, captured_rows<Scalar>> store_;
+};
+
+}  // namespace qkgeom
