@@ -28,6 +28,7 @@
 #pragma once
 
 #include <qkgeom/buckets.hpp>
+#include <qkgeom/capture.hpp>
 #include <qkgeom/config.hpp>
 #include <qkgeom/errors.hpp>
 
@@ -798,18 +799,11 @@ inline std::vector<head_capture> generate(std::string_view fn, layer_spec const&
 }  // namespace detail
 
 /// \brief The GQA kv head of a query head (SPEC §0): ⌊h_q / (n_q / n_kv)⌋.
+/// The same function as qkgeom::key_head_of (capture.hpp), kept under this
+/// name for the synthetic generator's users.
 /// \throws std::invalid_argument when n_q, n_kv < 1, n_q % n_kv ≠ 0 or h_q ∉ [0, n_q).
 inline std::int64_t kv_head_of(std::int64_t q_head, std::int64_t n_q_heads, std::int64_t n_kv_heads) {
-    constexpr std::string_view fn = "qkgeom::synthetic::kv_head_of";
-    if (n_q_heads < 1) qkgeom::detail::fail_arg(fn, "n_q_heads: must be >= 1", n_q_heads);
-    if (n_kv_heads < 1) qkgeom::detail::fail_arg(fn, "n_kv_heads: must be >= 1", n_kv_heads);
-    if (n_q_heads % n_kv_heads != 0)
-        qkgeom::detail::fail_arg(fn, "n_q_heads: must be a multiple of n_kv_heads = " + std::to_string(n_kv_heads) +
-                                 "; n_q_heads",
-                         n_q_heads);
-    if (q_head < 0 || q_head >= n_q_heads)
-        qkgeom::detail::fail_arg(fn, "q_head: must be in [0, n_q_heads = " + std::to_string(n_q_heads) + ")", q_head);
-    return q_head / (n_q_heads / n_kv_heads);
+    return qkgeom::key_head_of(q_head, n_q_heads, n_kv_heads);
 }
 
 /// \brief Generates every query head of a layer, each paired with its GQA kv
