@@ -4,18 +4,22 @@
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/json.hpp>
 #include <qkgeom/io/npy.hpp>
+#include <qkgeom/io/npz.hpp>
 #include <qkgeom/io/safetensors.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -586,7 +590,7 @@ TEST_CASE("dataset: head round trip in both formats and every vector dtype", "[i
     auto const m = test_manifest();
     io::write_manifest(tmp.path, m);
     int h = 0;
-    for (auto fmt : {io::storage_format::npy, io::storage_format::safetensors}) {
+    for (auto fmt : {io::storage_format::npy, io::storage_format::safetensors, io::storage_format::npz}) {
         for (char const* dt : {"f32", "f64", "f16", "bf16"}) {
             for (auto k : {qkgeom::kind::query, qkgeom::kind::key}) {
                 std::int64_t const layer = h % 2, head = (h / 2) % 2;
@@ -605,6 +609,7 @@ TEST_CASE("dataset: head round trip in both formats and every vector dtype", "[i
                 // clean up so the next round can use the other format
                 fs::remove_all(tmp.path / io::head_entry_name(layer, head, k));
                 fs::remove(tmp.path / (io::head_entry_name(layer, head, k) + ".safetensors"));
+                fs::remove(tmp.path / (io::head_entry_name(layer, head, k) + ".npz"));
             }
         }
     }
@@ -718,5 +723,544 @@ TEST_CASE("dataset: invalid heads fail naming file, field and value", "[io][data
         f.tensors["example_id"] = io::make_tensor(std::span<std::int64_t const>(e.example_id), {10});
         io::write_safetensors(tmp.path / "l00h01q.safetensors", f);
         require_input_error(read, "l00h01q.safetensors: vectors[row 1, col 2]: non-finite value");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// .npz (ZIP archives of .npy members)
+// ---------------------------------------------------------------------------
+
+namespace {
+
+std::uint32_t rd(bytes_t const& b, std::size_t p, std::size_t n) {
+    std::uint32_t v = 0;
+    for (std::size_t i = n; i-- > 0;) v = (v << 8) | b[p + i];
+    return v;
+}
+void wr(bytes_t& b, std::size_t p, std::uint32_t v, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i, v >>= 8) b[p + i] = static_cast<unsigned char>(v & 0xFFu);
+}
+
+/// Offsets of the central directory entries of a comment-less, non-ZIP64 archive.
+std::vector<std::size_t> central_entries(bytes_t const& z) {
+    std::size_t const eocd = z.size() - 22;
+    REQUIRE(rd(z, eocd, 4) == 0x06054b50u);
+    std::vector<std::size_t> out;
+    std::size_t p = rd(z, eocd + 16, 4);
+    for (std::uint32_t i = 0; i < rd(z, eocd + 10, 2); ++i) {
+        out.push_back(p);
+        p += 46 + rd(z, p + 28, 2) + rd(z, p + 30, 2) + rd(z, p + 32, 2);
+    }
+    return out;
+}
+
+/// Replaces every occurrence of `from` by `to` (same length) in the bytes.
+void replace_all(bytes_t& b, std::string const& from, std::string const& to) {
+    REQUIRE(from.size() == to.size());
+    int n = 0;
+    for (auto it = std::search(b.begin(), b.end(), from.begin(), from.end()); it != b.end();
+         it = std::search(it + 1, b.end(), from.begin(), from.end())) {
+        std::copy(to.begin(), to.end(), it);
+        ++n;
+    }
+    REQUIRE(n > 0);
+}
+
+template <class T>
+io::npy_array arr(std::vector<T> const& v, std::vector<std::int64_t> shape, bool fortran = false) {
+    return io::make_npy(std::span<T const>(v), std::move(shape), fortran);
+}
+
+/// One array of every dtype, plus 0-d, empty, Fortran-order and a compressible one.
+io::npz_file every_dtype_npz() {
+    io::npz_file f;
+    f.add("f64", arr(std::vector<double>{0.0, -1.5, 1e-300, std::numeric_limits<double>::max(),
+                                         -std::numeric_limits<double>::infinity(), 4.9e-324},
+                     {2, 3}));
+    f.add("f32", arr(std::vector<float>{0.0f, -1.5f, 1e-45f, 3.4e38f, 7.0f, -0.0f}, {3, 2}));
+    std::vector<qkgeom::float16> h;
+    for (std::uint16_t bits : {0x0000, 0x0001, 0x3C00, 0x7BFF, 0x8000, 0xFC00}) h.push_back(qkgeom::float16::from_bits(bits));
+    f.add("f16", arr(h, {6}));
+    std::vector<qkgeom::bfloat16> b;
+    for (std::uint16_t bits : {0x3F80, 0x0001, 0xFF80, 0x7F7F}) b.push_back(qkgeom::bfloat16::from_bits(bits));
+    f.add("bf16", arr(b, {2, 2}));
+    f.add("i64", arr(std::vector<std::int64_t>{std::numeric_limits<std::int64_t>::min(), -1, 0,
+                                               std::numeric_limits<std::int64_t>::max()},
+                     {4}));
+    f.add("i32", arr(std::vector<std::int32_t>{-2147483647 - 1, 2147483647}, {2}));
+    f.add("i16", arr(std::vector<std::int16_t>{-32768, 32767}, {2}));
+    f.add("i8", arr(std::vector<std::int8_t>{-128, 127}, {2}));
+    f.add("u64", arr(std::vector<std::uint64_t>{0, 18446744073709551615ull}, {2}));
+    f.add("u32", arr(std::vector<std::uint32_t>{0, 4294967295u}, {2}));
+    f.add("u16", arr(std::vector<std::uint16_t>{0, 65535}, {2}));
+    f.add("u8", arr(std::vector<std::uint8_t>{0, 255}, {2}));
+    std::int64_t const scalar = 4096;
+    f.add("scalar", io::make_npy(std::span<std::int64_t const>(&scalar, 1), {}));
+    f.add("empty", arr(std::vector<float>{}, {0, 4}));
+    f.add("fortran", arr(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, true));
+    std::vector<float> rep(20000);
+    for (std::size_t i = 0; i < rep.size(); ++i) rep[i] = static_cast<float>(i % 7);
+    f.add("repetitive", arr(rep, {4000, 5}));
+    return f;
+}
+
+void check_same(io::npz_file const& a, io::npz_file const& b) {
+    REQUIRE(a.members.size() == b.members.size());
+    for (std::size_t i = 0; i < a.members.size(); ++i) {
+        INFO("member " << a.members[i].key);
+        CHECK(a.members[i].key == b.members[i].key);
+        CHECK(a.members[i].array.descr == b.members[i].array.descr);
+        CHECK(a.members[i].array.shape == b.members[i].array.shape);
+        CHECK(a.members[i].array.fortran_order == b.members[i].array.fortran_order);
+        CHECK(a.members[i].array.data == b.members[i].array.data);  // bit-exact
+    }
+}
+
+std::vector<io::npz_compression> compressions() {
+    std::vector<io::npz_compression> c{io::npz_compression::stored};
+    if (io::npz_deflate_available()) c.push_back(io::npz_compression::deflate);
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("npz: crc32 matches the reference check value and chains", "[io][npz]") {
+    std::string const check = "123456789";
+    auto const span = [](std::string const& s) {
+        return std::span<unsigned char const>(reinterpret_cast<unsigned char const*>(s.data()), s.size());
+    };
+    CHECK(io::crc32(span(check)) == 0xCBF43926u);  // CRC-32/ISO-HDLC check value
+    CHECK(io::crc32({}) == 0u);
+    std::string const text = "The quick brown fox jumps over the lazy dog";
+    CHECK(io::crc32(span(text)) == 0x414FA339u);
+    for (std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{17}, text.size()})
+        CHECK(io::crc32(span(text.substr(cut)), io::crc32(span(text.substr(0, cut)))) == io::crc32(span(text)));
+}
+
+TEST_CASE("npz: round trip of every dtype, stored and deflated, plain, ZIP64 and data descriptors", "[io][npz]") {
+    auto const f = every_dtype_npz();
+    INFO("deflate available: " << io::npz_deflate_available());
+    for (auto c : compressions()) {
+        for (bool zip64 : {false, true}) {
+            for (bool dd : {false, true}) {
+                io::npz_write_options opt;
+                opt.compression = c;
+                opt.force_zip64 = zip64;
+                opt.data_descriptor = dd;
+                INFO("method " << static_cast<int>(c) << " zip64 " << zip64 << " descriptor " << dd);
+                auto const z = io::serialize_npz(f, opt);
+                check_same(io::parse_npz(z, "x.npz"), f);
+                CHECK(io::serialize_npz(f, opt) == z);  // deterministic (fixed timestamp)
+                auto const info = io::list_npz(z, "x.npz");
+                REQUIRE(info.size() == f.members.size());
+                std::set<std::string> names;
+                for (std::size_t i = 0; i < info.size(); ++i) {
+                    CHECK(info[i].name == f.members[i].key + ".npy");
+                    CHECK(info[i].method == static_cast<std::uint16_t>(c));
+                    CHECK(info[i].zip64 == zip64);
+                    CHECK(((info[i].flags & 0x8) != 0) == dd);
+                    CHECK(info[i].size == io::serialize_npy(f.members[i].array).size());
+                    CHECK(info[i].crc32 == io::crc32(io::serialize_npy(f.members[i].array)));
+                    names.insert(info[i].name);
+                }
+                CHECK(names.size() == info.size());
+                auto const& rep = info.back();
+                if (c == io::npz_compression::deflate) CHECK(rep.compressed_size * 10 < rep.size);
+                else CHECK(rep.compressed_size == rep.size);
+                if (zip64) {  // ZIP64 end record + locator before the end record, whose fields are maxed
+                    CHECK(rd(z, z.size() - 22 - 20, 4) == 0x07064b50u);
+                    CHECK(rd(z, z.size() - 22 + 10, 2) == 0xFFFFu);
+                    CHECK(rd(z, z.size() - 22 + 16, 4) == 0xFFFFFFFFu);
+                }
+            }
+        }
+    }
+    // through files, and the accessors
+    temp_dir tmp;
+    io::write_npz(tmp.path / "a.npz", f, {});
+    auto const r = io::read_npz(tmp.path / "a.npz");
+    check_same(r, f);
+    REQUIRE(r.find("f16") != nullptr);
+    CHECK(r.find("f16") == r.find("f16.npy"));
+    CHECK(r.find("nope") == nullptr);
+    CHECK(io::npy_to_matrix(r.at("fortran"))(1, 0) == 2.0);
+    CHECK(io::npy_to_int64(r.at("scalar")) == std::vector<std::int64_t>{4096});
+    require_input_error([&] { (void)r.at("nope", "a.npz"); }, "a.npz: nope.npy: required member is missing");
+    io::npz_file g;
+    g.add("x", arr(std::vector<float>{1.0f}, {1}));
+    CHECK_THROWS_AS(g.add("x.npy", arr(std::vector<float>{1.0f}, {1})), std::invalid_argument);
+    if (!io::npz_deflate_available()) {
+        io::npz_write_options opt;
+        opt.compression = io::npz_compression::deflate;
+        CHECK_THROWS_WITH(io::serialize_npz(f, opt), Contains("zlib"));
+    }
+    // an empty archive is the 22-byte end record alone (what np.savez() writes for no arrays)
+    auto const empty = io::serialize_npz(io::npz_file{});
+    CHECK(empty.size() == 22);
+    CHECK(io::parse_npz(empty, "e.npz").members.empty());
+}
+
+TEST_CASE("npz: malformed archives fail naming file, member and value", "[io][npz]") {
+    io::npz_file f;
+    f.add("a", arr(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}));
+    std::vector<std::int64_t> big(1000);
+    for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::int64_t>(i * i);
+    f.add("b", arr(big, {1000}));
+    auto const good = io::serialize_npz(f);
+    auto const cd = central_entries(good);
+    REQUIRE(cd.size() == 2);
+    std::size_t const off_b = rd(good, cd[1] + 42, 4);
+    auto parse = [](bytes_t const& z) { return [z] { (void)io::parse_npz(z, "x.npz"); }; };
+
+    require_input_error(parse({}), "x.npz: signature: file truncated: too short for a ZIP archive");
+    require_input_error(parse(to_bytes("hello, this is not an archive")), "not an .npz (ZIP) archive");
+    // every truncation fails (the end record is what a truncated archive loses first)
+    for (std::size_t n = 0; n < good.size(); n += (n < 64 || n + 64 > good.size()) ? 1 : 97) {
+        INFO("length " << n);
+        CHECK_THROWS_AS(io::parse_npz(bytes_t(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n)), "x.npz"),
+                        qkgeom::input_error);
+    }
+    require_input_error(parse(bytes_t(good.begin(), good.end() - 1)), "end of central directory: record not found");
+    {
+        auto z = good;
+        z.push_back(0);  // trailing byte after the end record
+        require_input_error(parse(z), "end of central directory: record not found");
+    }
+    {  // a flipped data byte: the CRC catches it
+        auto z = good;
+        z[off_b + 30 + 5 + 128 + 100] ^= 0x01;
+        require_input_error(parse(z), "x.npz[b.npy]: crc32: CRC-32 mismatch: the archive records 0x");
+    }
+    {
+        auto z = good;
+        z[off_b] = 'Q';
+        require_input_error(parse(z), "x.npz[b.npy]: local header signature: bad signature");
+    }
+    {
+        auto z = good;
+        z[cd[1]] = 'Q';
+        require_input_error(parse(z), "x.npz: central directory entry 1 signature: bad signature");
+    }
+    {
+        auto z = good;
+        replace_all(z, "b.npy", "a.npy");
+        require_input_error(parse(z), "x.npz[a.npy]: name: duplicate member name (value a.npy)");
+    }
+    {
+        auto z = good;
+        replace_all(z, "b.npy", "b.txt");
+        require_input_error(parse(z), "x.npz[b.txt]: name: not a .npy member");
+    }
+    {
+        auto z = good;
+        wr(z, off_b + 8, 12, 2);
+        wr(z, cd[1] + 10, 12, 2);
+        require_input_error(parse(z), "x.npz[b.npy]: compression method: unsupported (supported: 0 stored, 8 deflate) (value 12)");
+    }
+    {
+        auto z = good;
+        wr(z, cd[0] + 8, 1, 2);
+        require_input_error(parse(z), "x.npz[a.npy]: flags: encrypted members are not supported");
+    }
+    {
+        auto z = good;
+        std::uint32_t const crc = rd(z, cd[1] + 16, 4);
+        wr(z, cd[1] + 16, crc ^ 1u, 4);
+        require_input_error(parse(z), "x.npz[b.npy]: local header crc32: differs from the central directory's");
+    }
+    {
+        auto z = good;
+        wr(z, cd[0] + 20, rd(z, cd[0] + 20, 4) + 1, 4);
+        wr(z, cd[0] + 24, rd(z, cd[0] + 24, 4) + 1, 4);
+        require_input_error(parse(z), "x.npz[a.npy]: local header compressed_size: differs from the central directory's");
+    }
+    {
+        auto z = good;
+        wr(z, cd[1] + 20, 0x7FFFFFF0u, 4);
+        wr(z, cd[1] + 24, 0x7FFFFFF0u, 4);
+        require_input_error(parse(z), "x.npz[b.npy]: compressed_size: data runs into the central directory");
+    }
+    {
+        auto z = good;
+        wr(z, z.size() - 22 + 16, rd(z, z.size() - 22 + 16, 4) + 1, 4);
+        require_input_error(parse(z), "x.npz: central directory: offset + size do not end where the end record starts");
+    }
+    {
+        auto z = good;
+        wr(z, z.size() - 22 + 8, 3, 2);
+        wr(z, z.size() - 22 + 10, 3, 2);
+        require_input_error(parse(z), "x.npz: entries: more entries than fit in the central directory");
+    }
+    {
+        auto z = good;
+        wr(z, z.size() - 22 + 4, 1, 2);
+        require_input_error(parse(z), "multi-disk archives are not supported");
+    }
+    {  // a member whose content is not .npy (CRC fixed up so only the npy parser objects)
+        auto z = good;
+        std::size_t const data_a = 30 + 5;
+        z[data_a + 1] = 'X';
+        std::uint32_t const crc =
+            io::crc32(std::span<unsigned char const>(z.data() + data_a, rd(z, cd[0] + 20, 4)));
+        wr(z, 14, crc, 4);
+        wr(z, cd[0] + 16, crc, 4);
+        require_input_error(parse(z), "x.npz[a.npy]: magic: not a .npy file");
+    }
+    {  // data descriptor that disagrees with the central directory
+        io::npz_write_options opt;
+        opt.data_descriptor = true;
+        auto z = io::serialize_npz(f, opt);
+        auto const cdd = central_entries(z);
+        std::size_t const desc = 30 + 5 + rd(z, cdd[0] + 20, 4);
+        REQUIRE(rd(z, desc, 4) == 0x08074b50u);
+        CHECK_NOTHROW(io::parse_npz(z, "x.npz"));
+        z[desc + 4] ^= 0x10;
+        require_input_error(parse(z), "x.npz[a.npy]: data descriptor crc32: differs from the central directory's");
+    }
+    {  // ZIP64: the end record says 0xFFFF but the locator is gone
+        io::npz_write_options opt;
+        opt.force_zip64 = true;
+        auto z = io::serialize_npz(f, opt);
+        z[z.size() - 22 - 20] = 'Q';
+        require_input_error(parse(z), "zip64 end of central directory locator");
+    }
+    if (io::npz_deflate_available()) {  // corrupt deflate data: zlib or the CRC objects, naming the member
+        io::npz_write_options opt;
+        opt.compression = io::npz_compression::deflate;
+        auto const zd = io::serialize_npz(f, opt);
+        auto const cdd = central_entries(zd);
+        std::size_t const ob = rd(zd, cdd[1] + 42, 4);
+        std::size_t const clen = rd(zd, cdd[1] + 20, 4);
+        int failures = 0;
+        for (std::size_t k = 0; k < clen; k += 7) {
+            auto z = zd;
+            z[ob + 30 + 5 + k] ^= 0x5A;
+            try {
+                (void)io::parse_npz(z, "x.npz");
+            } catch (qkgeom::input_error const& e) {
+                INFO(e.what());
+                CHECK_THAT(std::string(e.what()), Contains("x.npz[b.npy]"));
+                ++failures;
+            }
+        }
+        CHECK(failures == static_cast<int>((clen + 6) / 7));  // every corruption is detected
+        // a declared size larger than the data inflates to
+        auto z = zd;
+        wr(z, cdd[1] + 24, rd(z, cdd[1] + 24, 4) + 1, 4);
+        wr(z, ob + 22, rd(z, ob + 22, 4) + 1, 4);
+        require_input_error(parse(z), "x.npz[b.npy]: size: inflated size differs from the size the archive records");
+    }
+}
+
+TEST_CASE("dataset: npz entries, stored and deflated, listed and exclusive", "[io][dataset][npz]") {
+    temp_dir tmp;
+    auto const m = test_manifest();
+    io::write_manifest(tmp.path, m);
+    auto e = test_entry(m, 0, 1, qkgeom::kind::query);
+    e.sliding_window = 32;
+    for (auto c : compressions()) {
+        io::write_head(tmp.path, m, e, io::storage_format::npz, "bf16", c);
+        auto const info = io::list_npz(qkgeom::io::detail::read_file_bytes(tmp.path / "l00h01q.npz"));
+        REQUIRE(info.size() == 5);
+        CHECK(info[0].name == "vectors.npy");
+        CHECK(info[4].name == "sliding_window.npy");
+        CHECK(info[0].method == static_cast<std::uint16_t>(c));
+        auto const r = io::read_head(tmp.path, 0, 1, qkgeom::kind::query);
+        CHECK(r.dtype == "bf16");
+        CHECK(r.vectors == e.vectors);
+        CHECK(r.position == e.position);
+        CHECK(r.bucket == e.bucket);
+        CHECK(r.example_id == e.example_id);
+        CHECK(r.sliding_window == 32);
+    }
+    auto const ids = io::list_heads(tmp.path);
+    REQUIRE(ids.size() == 1);
+    CHECK(ids[0] == io::head_id{0, 1, qkgeom::kind::query, io::storage_format::npz});
+    CHECK(std::string(io::storage_format_name(io::storage_format::npz)) == "npz");
+
+    auto read = [&] { (void)io::read_head(tmp.path, 0, 1, qkgeom::kind::query); };
+    io::write_head(tmp.path, m, e, io::storage_format::npy);
+    require_input_error(read, "the entry exists in more than one storage form: l00h01q/ l00h01q.npz");
+    CHECK(io::list_heads(tmp.path).size() == 2);
+    fs::remove_all(tmp.path / "l00h01q");
+
+    io::npz_file f = io::read_npz(tmp.path / "l00h01q.npz");
+    f.members.erase(f.members.begin() + 3);  // example_id
+    io::write_npz(tmp.path / "l00h01q.npz", f);
+    require_input_error(read, "l00h01q.npz: example_id.npy: required member is missing");
+
+    auto bad = e;
+    bad.position[2] = 1000;
+    io::npz_file g = io::read_npz(tmp.path / "l00h01q.npz");
+    g.add("example_id", arr(e.example_id, {static_cast<std::int64_t>(e.example_id.size())}));
+    g.members[1].array = arr(bad.position, {static_cast<std::int64_t>(bad.position.size())});
+    io::write_npz(tmp.path / "l00h01q.npz", g);
+    require_input_error(read, "l00h01q.npz[position.npy]: position[2]: position beyond manifest context_length = 64 (value 1000)");
+}
+
+// ---------------------------------------------------------------------------
+// manifest: rope, sliding windows, GQA group size, head sampling (issue 6)
+// ---------------------------------------------------------------------------
+
+namespace {
+
+io::manifest full_manifest() {
+    auto m = test_manifest();
+    m.rope = qkgeom::rope_spec{qkgeom::rope_pairing::interleaved, 2, 500000.0, "llama3", 8.0};
+    m.sliding_window = {std::nullopt, 16};
+    m.heads = io::head_sampling{3, 99, qkgeom::layer_eligibility::all_layers};
+    return m;
+}
+
+}  // namespace
+
+TEST_CASE("dataset: manifest round trip with and without the issue 6 fields", "[io][dataset]") {
+    temp_dir tmp;
+    // without: an old-style manifest reads as "not recorded" and is written without the new keys
+    auto const old = test_manifest();
+    auto const old_text = io::dump_manifest(old);
+    CHECK_THAT(old_text, !Contains("\"rope\"") && !Contains("\"sliding_window\"") && !Contains("head_count"));
+    CHECK_THAT(old_text, Contains("\"gqa_group_size\": [\n    2,\n    2\n  ]"));
+    auto const r0 = io::parse_manifest(old_text);
+    CHECK(!r0.rope);
+    CHECK(r0.sliding_window.empty());
+    CHECK(!r0.heads);
+    auto const legacy = io::parse_manifest(
+        R"({"model":"m","n_layers":1,"n_q_heads":8,"n_kv_heads":2,"head_dim":64,"context_length":4096,"buckets":{"scheme":"uniform","width":16}})");
+    CHECK(!legacy.rope);
+    CHECK(!legacy.heads);
+    CHECK(legacy.sliding_window.empty());
+
+    // with
+    auto const m = full_manifest();
+    io::write_manifest(tmp.path, m);
+    auto const r = io::read_manifest(tmp.path);
+    REQUIRE(r.rope);
+    CHECK(*r.rope == *m.rope);
+    CHECK(r.sliding_window == m.sliding_window);
+    REQUIRE(r.heads);
+    CHECK(*r.heads == *m.heads);
+    CHECK_NOTHROW(io::check_compatible(r, m));
+    auto all = m;
+    all.heads->count = std::nullopt;  // every eligible head: written as null
+    auto const all_text = io::dump_manifest(all);
+    CHECK_THAT(all_text, Contains("\"head_count\": null"));
+    CHECK(!io::parse_manifest(all_text).heads->count);
+
+    std::string const base = R"({"model":"m","n_layers":2,"n_q_heads":8,"n_kv_heads":2,"gqa_group_size":[4,4],"head_dim":64,)"
+                             R"("context_length":4096,"buckets":{"scheme":"log","width":16,"rate":2.5},)"
+                             R"("sliding_window":[null,4096],)"
+                             R"("rope":{"pairing":"rotate_half","rotary_dim":32,"theta":10000,"scaling":"none","scaling_factor":1},)"
+                             R"("capture":{"seed":7,"head_count":5,"head_seed":3,"eligibility":"full_attention_only"}})";
+    auto const p = io::parse_manifest(base);
+    CHECK(p.rope->rotary_dim == 32);
+    CHECK(p.rope->theta == 10000.0);
+    CHECK(p.sliding_window[1] == 4096);
+    CHECK(p.heads->count == 5);
+    CHECK(p.heads->eligibility == qkgeom::layer_eligibility::full_attention_only);
+    auto bad = [&](std::string const& from, std::string const& to, char const* needle) {
+        std::string t = base;
+        auto const at = t.find(from);
+        REQUIRE(at != std::string::npos);
+        t.replace(at, from.size(), to);
+        INFO(t);
+        require_input_error([&] { (void)io::parse_manifest(t, "manifest.json"); }, needle);
+    };
+    bad("\"rotate_half\"", "\"diagonal\"", "manifest.json: rope.pairing: must be \"rotate_half\" or \"interleaved\" (value \"diagonal\")");
+    bad("\"rotary_dim\":32", "\"rotary_dim\":33", "rope.rotary_dim: must be an even integer in [0, head_dim = 64]");
+    bad("\"rotary_dim\":32", "\"rotary_dim\":66", "rope.rotary_dim");
+    bad("\"theta\":10000", "\"theta\":-1", "rope.theta: must be a finite number > 0 (value -1)");
+    bad("\"theta\":10000,", "", "rope.theta: required");
+    bad("\"pairing\":\"rotate_half\",", "", "rope.pairing: required");
+    bad("\"scaling_factor\":1", "\"scaling_factor\":2", "rope.scaling_factor: must be 1 when rope.scaling is \"none\"");
+    bad("\"scaling_factor\":1", "\"scaling_factor\":0", "rope.scaling_factor: must be a finite number > 0");
+    bad("\"rope\":{", "\"rope\":[],\"x\":{", "rope: must be an object");
+    bad("[null,4096]", "[null]", "sliding_window: per-layer array length differs from n_layers = 2 (value 1)");
+    bad("[null,4096]", "[null,0]", "sliding_window[1]: must be an integer >= 1 or null (full attention) (value 0)");
+    bad("[null,4096]", "4096", "sliding_window: must be an array");
+    bad("[4,4]", "[4,2]", "gqa_group_size[1]: differs from n_q_heads / n_kv_heads = 8 / 2 (value 2)");
+    bad("\"head_count\":5", "\"head_count\":-1", "capture.head_count: must be an integer >= 0 or null");
+    bad("\"head_seed\":3", "\"head_seed\":\"3\"", "capture.head_seed: must be an integer >= 0");
+    bad("\"full_attention_only\"", "\"some\"", "capture.eligibility: must be \"full_attention_only\" or \"all_layers\"");
+    bad("\"head_count\":5,", "", "capture.head_count: required when capture.head_seed or capture.eligibility is given");
+
+    // the manifest's per-layer sliding window is checked against every entry
+    io::write_manifest(tmp.path, m);
+    auto e = test_entry(m, 1, 0, qkgeom::kind::key);
+    require_input_error([&] { io::write_head(tmp.path, m, e, io::storage_format::npy); },
+                        "sliding_window: differs from the manifest's sliding_window[1] = 16 (value none (full attention))");
+    e.sliding_window = 16;
+    io::write_head(tmp.path, m, e, io::storage_format::npy);
+    CHECK(io::read_head(tmp.path, 1, 0, qkgeom::kind::key).sliding_window == 16);
+    auto e0 = test_entry(m, 0, 0, qkgeom::kind::key);
+    e0.sliding_window = 16;
+    require_input_error([&] { io::write_head(tmp.path, m, e0, io::storage_format::npz); },
+                        "differs from the manifest's sliding_window[0] = null (full attention) (value 16)");
+}
+
+TEST_CASE("dataset: layout_of and sampled_heads follow the manifest", "[io][dataset]") {
+    auto m = full_manifest();
+    auto const layout = io::layout_of(m);
+    CHECK(layout.head_dim == 3);
+    REQUIRE(layout.layers.size() == 2);
+    CHECK(layout.layers[0] == qkgeom::layer_layout{4, 2, std::nullopt});
+    CHECK(layout.layers[1] == qkgeom::layer_layout{4, 2, 16});
+    auto const heads = io::sampled_heads(m);
+    CHECK(heads.size() == 3);
+    CHECK(heads == qkgeom::sample_heads(layout, 3, 99, qkgeom::layer_eligibility::all_layers));
+    m.heads->eligibility = qkgeom::layer_eligibility::full_attention_only;  // layer 1 has a window: not eligible
+    for (auto const& h : io::sampled_heads(m)) CHECK(h.layer == 0);
+    m.heads->count = std::nullopt;
+    CHECK(io::sampled_heads(m).size() == 4);  // every eligible head
+    CHECK(io::layout_of(test_manifest()).layers[1].sliding_window == std::nullopt);
+    CHECK_THROWS_AS(io::sampled_heads(test_manifest()), std::invalid_argument);
+    auto broken = test_manifest();
+    broken.n_q_heads.pop_back();
+    CHECK_THROWS_AS(io::layout_of(broken), std::invalid_argument);
+}
+
+TEST_CASE("dataset: check_compatible names the first differing field and both values", "[io][dataset]") {
+    auto const a = full_manifest();
+    CHECK_NOTHROW(io::check_compatible(a, a));
+    struct change {
+        char const* field;
+        std::function<void(io::manifest&)> mutate;
+        char const* a_text;
+        char const* b_text;
+    };
+    std::vector<change> const changes{
+        {"model", [](io::manifest& m) { m.model = "other"; }, "\"tiny-llama\"", "\"other\""},
+        {"n_layers", [](io::manifest& m) { m.n_layers = 3; }, "2", "3"},
+        {"head_dim", [](io::manifest& m) { m.head_dim = 4; }, "3", "4"},
+        {"n_q_heads[1]", [](io::manifest& m) { m.n_q_heads[1] = 8; }, "4", "8"},
+        {"n_kv_heads[0]", [](io::manifest& m) { m.n_kv_heads[0] = 1; }, "2", "1"},
+        {"buckets.scheme", [](io::manifest& m) { m.buckets.scheme = qkgeom::bucket_scheme::log; }, "\"uniform\"", "\"log\""},
+        {"buckets.width", [](io::manifest& m) { m.buckets.width = 8; }, "4", "8"},
+        {"buckets.rate", [](io::manifest& m) { m.buckets.rate = 2.5; }, "1", "2.5"},
+        {"capture.seed", [](io::manifest& m) { m.seed = 1; }, "1234", "1"},
+        {"context_length", [](io::manifest& m) { m.context_length = 128; }, "64", "128"},
+        {"rope", [](io::manifest& m) { m.rope.reset(); }, "\"recorded\"", "\"not recorded\""},
+        {"rope.pairing", [](io::manifest& m) { m.rope->pairing = qkgeom::rope_pairing::rotate_half; }, "\"interleaved\"", "\"rotate_half\""},
+        {"rope.rotary_dim", [](io::manifest& m) { m.rope->rotary_dim = 0; }, "2", "0"},
+        {"rope.theta", [](io::manifest& m) { m.rope->theta = 10000.0; }, "500000", "10000"},
+        {"rope.scaling", [](io::manifest& m) { m.rope->scaling = "yarn"; }, "\"llama3\"", "\"yarn\""},
+        {"rope.scaling_factor", [](io::manifest& m) { m.rope->scaling_factor = 4.0; }, "8", "4"},
+        {"sliding_window", [](io::manifest& m) { m.sliding_window.clear(); }, "\"recorded\"", "\"not recorded\""},
+        {"sliding_window[1]", [](io::manifest& m) { m.sliding_window[1].reset(); }, "16", "null"},
+        {"capture.head_sampling", [](io::manifest& m) { m.heads.reset(); }, "\"recorded\"", "\"not recorded\""},
+        {"capture.head_count", [](io::manifest& m) { m.heads->count.reset(); }, "3", "null"},
+        {"capture.head_seed", [](io::manifest& m) { m.heads->seed = 98; }, "99", "98"},
+        {"capture.eligibility", [](io::manifest& m) { m.heads->eligibility = qkgeom::layer_eligibility::full_attention_only; },
+         "\"all_layers\"", "\"full_attention_only\""},
+    };
+    for (auto const& c : changes) {
+        auto b = a;
+        c.mutate(b);
+        INFO("field " << c.field);
+        std::string const ab = std::string("manifests differ in ") + c.field + ": " + c.a_text + " vs " + c.b_text;
+        std::string const ba = std::string("manifests differ in ") + c.field + ": " + c.b_text + " vs " + c.a_text;
+        CHECK_THROWS_WITH(io::check_compatible(a, b), Contains(ab));
+        CHECK_THROWS_WITH(io::check_compatible(b, a), Contains(ba));
+        CHECK_THROWS_AS(io::check_compatible(a, b), std::invalid_argument);
     }
 }

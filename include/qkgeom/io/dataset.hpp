@@ -3,6 +3,7 @@
 //   DIR/manifest.json
 //   DIR/lLLhHHq/{vectors,position,bucket,example_id[,sliding_window]}.npy   (NumPy form)
 //   DIR/lLLhHHk.safetensors  (tensors of the same names)                    (safetensors form)
+//   DIR/lLLhHHq.npz          (members vectors.npy, position.npy, ...)        (NumPy archive form)
 //
 // LL and HH are the zero-padded layer and head (two digits, more when >= 100).
 // q entries are indexed by query head, k entries by key (kv) head.
@@ -10,10 +11,12 @@
 #pragma once
 
 #include <qkgeom/buckets.hpp>
+#include <qkgeom/capture.hpp>
 #include <qkgeom/config.hpp>
 #include <qkgeom/errors.hpp>
 #include <qkgeom/io/json.hpp>
 #include <qkgeom/io/npy.hpp>
+#include <qkgeom/io/npz.hpp>
 #include <qkgeom/io/safetensors.hpp>
 
 #include <Eigen/Core>
@@ -23,13 +26,35 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace qkgeom::io {
 
+/// \brief How the heads of a capture were chosen (SPEC §0.1 head sampling;
+/// the manifest's `capture.head_count`, `capture.head_seed`, `capture.eligibility`).
+struct head_sampling {
+    std::optional<std::int64_t> count;  ///< query heads sampled (sample_heads' count); none = every eligible head
+    std::uint64_t seed = 0;             ///< sample_heads' seed
+    layer_eligibility eligibility = layer_eligibility::full_attention_only;  ///< which layers' heads were eligible
+    friend bool operator==(head_sampling const&, head_sampling const&) = default;
+};
+
+/// \brief Name of an eligibility rule as the manifest writes it
+/// (`full_attention_only`, `all_layers`).
+constexpr const char* layer_eligibility_name(layer_eligibility e) noexcept {
+    return e == layer_eligibility::all_layers ? "all_layers" : "full_attention_only";
+}
+
 /// \brief What one model's capture looks like (manifest.json).
+///
+/// The first block is required in every manifest; `rope`, `sliding_window`
+/// and `heads` were added later (issue 6) and are optional on read, so older
+/// manifests still parse (they read as "not recorded").
 struct manifest {
     std::string model;                     ///< model name
     std::int64_t n_layers = 0;             ///< number of layers (>= 1)
@@ -38,11 +63,31 @@ struct manifest {
     std::int64_t head_dim = 0;             ///< d (>= 1)
     bucket_spec buckets{};                 ///< bucket scheme, width, rate
     std::int64_t context_length = 0;       ///< L (>= 1)
-    std::uint64_t seed = 0;                ///< capture sampling seed
+    std::uint64_t seed = 0;                ///< capture sampling seed (capture.seed)
+
+    std::optional<rope_spec> rope;  ///< the rotary embedding of the model; none = not recorded
+    /// Per layer (size n_layers): the attention span, none = full attention.
+    /// Empty = not recorded (then entries' own sliding_window are not cross-checked).
+    std::vector<std::optional<std::int64_t>> sliding_window;
+    std::optional<head_sampling> heads;  ///< head sampling of the capture; none = not recorded
 };
 
 /// \brief Storage form of one head entry.
-enum class storage_format : std::uint8_t { npy = 0, safetensors = 1 };
+enum class storage_format : std::uint8_t {
+    npy = 0,          ///< directory lLLhHHq/ of .npy files
+    safetensors = 1,  ///< lLLhHHq.safetensors
+    npz = 2,          ///< lLLhHHq.npz (an .npz archive of the same .npy members)
+};
+
+/// \brief Name of a storage form (`npy`, `safetensors`, `npz`).
+constexpr const char* storage_format_name(storage_format f) noexcept {
+    switch (f) {
+        case storage_format::npy: return "npy";
+        case storage_format::safetensors: return "safetensors";
+        case storage_format::npz: return "npz";
+    }
+    return "unknown";
+}
 
 /// \brief One head and kind, read back: rows widened to double.
 struct head_entry {
@@ -157,6 +202,91 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
             if (!s->is_int() || s->as_int() < 0) fail_input(src, "capture.seed", json::dump(*s), "must be an integer >= 0");
             m.seed = static_cast<std::uint64_t>(s->as_int());
         }
+        auto const* hc = c->find("head_count");
+        auto const* hs = c->find("head_seed");
+        auto const* el = c->find("eligibility");
+        if (hc) {
+            head_sampling h;
+            if (hc->is_int() && hc->as_int() >= 0) h.count = hc->as_int();
+            else if (!hc->is_null())
+                fail_input(src, "capture.head_count", json::dump(*hc), "must be an integer >= 0 or null (every eligible head)");
+            if (hs) {
+                if (!hs->is_int() || hs->as_int() < 0)
+                    fail_input(src, "capture.head_seed", json::dump(*hs), "must be an integer >= 0");
+                h.seed = static_cast<std::uint64_t>(hs->as_int());
+            }
+            if (el) {
+                if (el->is_string() && el->as_string() == "full_attention_only")
+                    h.eligibility = layer_eligibility::full_attention_only;
+                else if (el->is_string() && el->as_string() == "all_layers")
+                    h.eligibility = layer_eligibility::all_layers;
+                else
+                    fail_input(src, "capture.eligibility", json::dump(*el),
+                               "must be \"full_attention_only\" or \"all_layers\"");
+            }
+            m.heads = h;
+        } else if (hs || el) {
+            fail_input(src, "capture.head_count", "<missing>",
+                       "required when capture.head_seed or capture.eligibility is given");
+        }
+    }
+    if (auto const* r = root.find("rope")) {
+        if (!r->is_object())
+            fail_input(src, "rope", json::dump(*r),
+                       "must be an object {pairing, rotary_dim, theta, scaling, scaling_factor}");
+        rope_spec rs;
+        auto const* pr = r->find("pairing");
+        if (!pr) fail_input(src, "rope.pairing", "<missing>", "required (\"rotate_half\" or \"interleaved\")");
+        if (pr->is_string() && pr->as_string() == "rotate_half") rs.pairing = rope_pairing::rotate_half;
+        else if (pr->is_string() && pr->as_string() == "interleaved") rs.pairing = rope_pairing::interleaved;
+        else fail_input(src, "rope.pairing", json::dump(*pr), "must be \"rotate_half\" or \"interleaved\"");
+        if (auto const* rd = r->find("rotary_dim")) {
+            if (!rd->is_int() || rd->as_int() < 0 || rd->as_int() > m.head_dim || rd->as_int() % 2 != 0)
+                fail_input(src, "rope.rotary_dim", json::dump(*rd),
+                           "must be an even integer in [0, head_dim = " + std::to_string(m.head_dim) + "] (0 = whole head)");
+            rs.rotary_dim = rd->as_int();
+        }
+        auto const* th = r->find("theta");
+        if (!th) fail_input(src, "rope.theta", "<missing>", "required (the RoPE base frequency)");
+        if (!th->is_number() || !std::isfinite(th->as_double()) || !(th->as_double() > 0.0))
+            fail_input(src, "rope.theta", json::dump(*th), "must be a finite number > 0");
+        rs.theta = th->as_double();
+        if (auto const* sc2 = r->find("scaling")) {
+            if (!sc2->is_string() || sc2->as_string().empty())
+                fail_input(src, "rope.scaling", json::dump(*sc2), "must be a non-empty string (\"none\", \"linear\", ...)");
+            rs.scaling = sc2->as_string();
+        }
+        if (auto const* sf = r->find("scaling_factor")) {
+            if (!sf->is_number() || !std::isfinite(sf->as_double()) || !(sf->as_double() > 0.0))
+                fail_input(src, "rope.scaling_factor", json::dump(*sf), "must be a finite number > 0");
+            rs.scaling_factor = sf->as_double();
+        }
+        if (rs.scaling == "none" && rs.scaling_factor != 1.0)
+            fail_input(src, "rope.scaling_factor", rs.scaling_factor, "must be 1 when rope.scaling is \"none\"");
+        m.rope = rs;
+    }
+    if (auto const* sw = root.find("sliding_window")) {
+        if (!sw->is_array())
+            fail_input(src, "sliding_window", json::dump(*sw), "must be an array of n_layers integers or nulls");
+        if (static_cast<std::int64_t>(sw->as_array().size()) != m.n_layers)
+            fail_input(src, "sliding_window", sw->as_array().size(),
+                       "per-layer array length differs from n_layers = " + std::to_string(m.n_layers));
+        for (std::size_t l = 0; l < sw->as_array().size(); ++l) {
+            auto const& e = sw->as_array()[l];
+            if (e.is_null()) m.sliding_window.emplace_back();
+            else if (e.is_int() && e.as_int() >= 1) m.sliding_window.emplace_back(e.as_int());
+            else
+                fail_input(src, "sliding_window[" + std::to_string(l) + "]", json::dump(e),
+                           "must be an integer >= 1 or null (full attention)");
+        }
+    }
+    if (root.find("gqa_group_size")) {  // derived; written for readers' convenience, checked here
+        auto const g = detail::json_per_layer(root, src, "gqa_group_size", m.n_layers);
+        for (std::size_t l = 0; l < g.size(); ++l)
+            if (g[l] != m.n_q_heads[l] / m.n_kv_heads[l])
+                fail_input(src, "gqa_group_size[" + std::to_string(l) + "]", g[l],
+                           "differs from n_q_heads / n_kv_heads = " + std::to_string(m.n_q_heads[l]) + " / " +
+                               std::to_string(m.n_kv_heads[l]));
     }
     return m;
 }
@@ -179,16 +309,37 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
                    {"width", json::value(m.buckets.width)},
                    {"rate", json::value(m.buckets.rate)}};
     json::object cap{{"seed", json::value(static_cast<std::int64_t>(m.seed))}};
+    if (m.heads) {
+        cap.emplace_back("head_count", m.heads->count ? json::value(*m.heads->count) : json::value(nullptr));
+        cap.emplace_back("head_seed", json::value(static_cast<std::int64_t>(m.heads->seed)));
+        cap.emplace_back("eligibility", json::value(layer_eligibility_name(m.heads->eligibility)));
+    }
+    std::vector<std::int64_t> groups;
+    for (std::size_t l = 0; l < m.n_q_heads.size() && l < m.n_kv_heads.size(); ++l)
+        groups.push_back(m.n_kv_heads[l] > 0 ? m.n_q_heads[l] / m.n_kv_heads[l] : 0);
     json::object o{{"format", json::value("qkgeom-dataset")},
                    {"version", json::value(1)},
                    {"model", json::value(m.model)},
                    {"n_layers", json::value(m.n_layers)},
                    {"n_q_heads", ints(m.n_q_heads)},
                    {"n_kv_heads", ints(m.n_kv_heads)},
+                   {"gqa_group_size", ints(groups)},
                    {"head_dim", json::value(m.head_dim)},
                    {"buckets", json::value(std::move(b))},
-                   {"context_length", json::value(m.context_length)},
-                   {"capture", json::value(std::move(cap))}};
+                   {"context_length", json::value(m.context_length)}};
+    if (!m.sliding_window.empty()) {
+        json::array sw;
+        for (auto const& w : m.sliding_window) sw.push_back(w ? json::value(*w) : json::value(nullptr));
+        o.emplace_back("sliding_window", json::value(std::move(sw)));
+    }
+    if (m.rope) {
+        o.emplace_back("rope", json::value(json::object{{"pairing", json::value(rope_pairing_name(m.rope->pairing))},
+                                                        {"rotary_dim", json::value(m.rope->rotary_dim)},
+                                                        {"theta", json::value(m.rope->theta)},
+                                                        {"scaling", json::value(m.rope->scaling)},
+                                                        {"scaling_factor", json::value(m.rope->scaling_factor)}}));
+    }
+    o.emplace_back("capture", json::value(std::move(cap)));
     return json::dump(json::value(std::move(o)), 2) + "\n";
 }
 
@@ -196,11 +347,130 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
 /// \throws std::invalid_argument / qkgeom::input_error for an invalid manifest.
 inline void write_manifest(std::filesystem::path const& dir, manifest const& m) {
     if (m.seed > static_cast<std::uint64_t>(INT64_MAX)) qkgeom::detail::fail_arg("qkgeom::io::write_manifest", "seed must be < 2^63", m.seed);
+    if (m.heads && m.heads->seed > static_cast<std::uint64_t>(INT64_MAX))
+        qkgeom::detail::fail_arg("qkgeom::io::write_manifest", "heads->seed (capture.head_seed) must be < 2^63", m.heads->seed);
+    if (m.rope && !(std::isfinite(m.rope->theta) && std::isfinite(m.rope->scaling_factor)))
+        qkgeom::detail::fail_arg("qkgeom::io::write_manifest", "rope theta and scaling_factor must be finite; theta", m.rope->theta);
     std::string const text = dump_manifest(m);
     (void)parse_manifest(text, "qkgeom::io::write_manifest");
     std::filesystem::create_directories(dir);
     detail::write_file_bytes(dir / "manifest.json",
                              std::span<unsigned char const>(reinterpret_cast<unsigned char const*>(text.data()), text.size()));
+}
+
+/// \brief The model layout a manifest describes (head_dim, per-layer head
+/// counts, per-layer sliding window; full attention where none is recorded),
+/// for eligible_heads / sample_heads / capture_store.
+/// \throws std::invalid_argument for an inconsistent manifest (check_layout).
+[[nodiscard]] inline model_layout layout_of(manifest const& m) {
+    constexpr std::string_view fn = "qkgeom::io::layout_of";
+    if (m.n_layers < 1) qkgeom::detail::fail_arg(fn, "n_layers must be >= 1", m.n_layers);
+    auto const nl = static_cast<std::size_t>(m.n_layers);
+    if (m.n_q_heads.size() != nl) qkgeom::detail::fail_arg(fn, "n_q_heads: length differs from n_layers; length", m.n_q_heads.size());
+    if (m.n_kv_heads.size() != nl) qkgeom::detail::fail_arg(fn, "n_kv_heads: length differs from n_layers; length", m.n_kv_heads.size());
+    if (!m.sliding_window.empty() && m.sliding_window.size() != nl)
+        qkgeom::detail::fail_arg(fn, "sliding_window: length differs from n_layers; length", m.sliding_window.size());
+    model_layout out;
+    out.head_dim = m.head_dim;
+    for (std::size_t l = 0; l < nl; ++l)
+        out.layers.push_back({m.n_q_heads[l], m.n_kv_heads[l],
+                              m.sliding_window.empty() ? std::optional<std::int64_t>{} : m.sliding_window[l]});
+    check_layout(out, fn);
+    return out;
+}
+
+/// \brief The head pairs a manifest's head sampling selects:
+/// sample_heads(layout_of(m), count, seed, eligibility), or every eligible
+/// head when count is none.
+/// \throws std::invalid_argument when the manifest records no head sampling.
+[[nodiscard]] inline std::vector<head_pair> sampled_heads(manifest const& m) {
+    if (!m.heads)
+        qkgeom::detail::fail_arg("qkgeom::io::sampled_heads", "the manifest records no head sampling (capture.head_count)",
+                                 m.model);
+    auto const layout = layout_of(m);
+    if (!m.heads->count) return eligible_heads(layout, m.heads->eligibility);
+    return sample_heads(layout, *m.heads->count, m.heads->seed, m.heads->eligibility);
+}
+
+namespace detail {
+
+template <class T>
+std::string compat_text(T const& v) {
+    if constexpr (std::is_same_v<T, std::string>) {
+        return "\"" + v + "\"";
+    } else {
+        std::ostringstream os;
+        os.precision(17);
+        os << v;
+        return os.str();
+    }
+}
+inline std::string compat_text(std::optional<std::int64_t> const& v) {
+    return v ? std::to_string(*v) : std::string("null");
+}
+
+template <class T>
+void compat_field(std::string_view field, T const& a, T const& b) {
+    if (a == b) return;
+    throw std::invalid_argument("qkgeom::io::check_compatible: manifests differ in " + std::string(field) + ": " +
+                                compat_text(a) + " vs " + compat_text(b));
+}
+
+}  // namespace detail
+
+/// \brief Checks that two captures may be merged (datasets, moment shards):
+/// throws std::invalid_argument naming the first field that differs and both
+/// values, e.g. "qkgeom::io::check_compatible: manifests differ in
+/// n_kv_heads[3]: 8 vs 4".
+///
+/// Fields, in the order checked: model, n_layers, head_dim, n_q_heads[L],
+/// n_kv_heads[L], buckets.scheme, buckets.width, buckets.rate, capture.seed,
+/// context_length, rope (recorded or not), rope.pairing, rope.rotary_dim,
+/// rope.theta, rope.scaling, rope.scaling_factor, sliding_window (recorded or
+/// not), sliding_window[L], capture.head_sampling (recorded or not),
+/// capture.head_count, capture.head_seed, capture.eligibility. A field
+/// recorded in one manifest and not in the other is a difference: the merged
+/// capture could not say what it is. docs/dataset.md gives the reason for each.
+inline void check_compatible(manifest const& a, manifest const& b) {
+    using detail::compat_field;
+    compat_field("model", a.model, b.model);
+    compat_field("n_layers", a.n_layers, b.n_layers);
+    compat_field("head_dim", a.head_dim, b.head_dim);
+    auto per_layer = [](std::string_view name, std::vector<std::int64_t> const& x, std::vector<std::int64_t> const& y) {
+        compat_field(std::string(name) + ".length", x.size(), y.size());
+        for (std::size_t l = 0; l < x.size(); ++l) compat_field(std::string(name) + "[" + std::to_string(l) + "]", x[l], y[l]);
+    };
+    per_layer("n_q_heads", a.n_q_heads, b.n_q_heads);
+    per_layer("n_kv_heads", a.n_kv_heads, b.n_kv_heads);
+    compat_field("buckets.scheme", std::string(bucket_scheme_name(a.buckets.scheme)),
+                 std::string(bucket_scheme_name(b.buckets.scheme)));
+    compat_field("buckets.width", a.buckets.width, b.buckets.width);
+    compat_field("buckets.rate", a.buckets.rate, b.buckets.rate);
+    compat_field("capture.seed", a.seed, b.seed);
+    compat_field("context_length", a.context_length, b.context_length);
+    auto recorded = [](bool x) { return std::string(x ? "recorded" : "not recorded"); };
+    compat_field("rope", recorded(a.rope.has_value()), recorded(b.rope.has_value()));
+    if (a.rope) {
+        compat_field("rope.pairing", std::string(rope_pairing_name(a.rope->pairing)),
+                     std::string(rope_pairing_name(b.rope->pairing)));
+        compat_field("rope.rotary_dim", a.rope->rotary_dim, b.rope->rotary_dim);
+        compat_field("rope.theta", a.rope->theta, b.rope->theta);
+        compat_field("rope.scaling", a.rope->scaling, b.rope->scaling);
+        compat_field("rope.scaling_factor", a.rope->scaling_factor, b.rope->scaling_factor);
+    }
+    compat_field("sliding_window", recorded(!a.sliding_window.empty()), recorded(!b.sliding_window.empty()));
+    if (!a.sliding_window.empty()) {
+        compat_field("sliding_window.length", a.sliding_window.size(), b.sliding_window.size());
+        for (std::size_t l = 0; l < a.sliding_window.size(); ++l)
+            compat_field("sliding_window[" + std::to_string(l) + "]", a.sliding_window[l], b.sliding_window[l]);
+    }
+    compat_field("capture.head_sampling", recorded(a.heads.has_value()), recorded(b.heads.has_value()));
+    if (a.heads) {
+        compat_field("capture.head_count", a.heads->count, b.heads->count);
+        compat_field("capture.head_seed", a.heads->seed, b.heads->seed);
+        compat_field("capture.eligibility", std::string(layer_eligibility_name(a.heads->eligibility)),
+                     std::string(layer_eligibility_name(b.heads->eligibility)));
+    }
 }
 
 namespace detail {
@@ -270,16 +540,26 @@ void validate_head(head_entry const& e, manifest const& m, Src const& src) {
     }
     if (e.sliding_window && *e.sliding_window < 1)
         fail_input(src("sliding_window"), "sliding_window", *e.sliding_window, "sliding window must be >= 1");
+    if (!m.sliding_window.empty() && e.layer >= 0 && e.layer < static_cast<std::int64_t>(m.sliding_window.size())) {
+        auto const& want = m.sliding_window[static_cast<std::size_t>(e.layer)];
+        if (want != e.sliding_window)
+            fail_input(src("sliding_window"), "sliding_window",
+                       e.sliding_window ? std::to_string(*e.sliding_window) : std::string("none (full attention)"),
+                       "differs from the manifest's sliding_window[" + std::to_string(e.layer) +
+                           "] = " + (want ? std::to_string(*want) : std::string("null (full attention)")));
+    }
 }
 
 }  // namespace detail
 
 /// \brief Writes one head entry under DIR in the given format, vectors stored
 /// as `vector_dtype` ("f32", "f64", "f16", "bf16"; narrowing rounds to nearest even).
-/// Validates the entry (lengths, finiteness, buckets) against the manifest first.
+/// Validates the entry (lengths, finiteness, buckets, sliding window) against
+/// the manifest first. `npz_method` is the compression of the npz form
+/// (deflate needs zlib: npz_deflate_available()).
 /// \throws qkgeom::input_error for an invalid entry, std::invalid_argument for a bad dtype / I/O failure.
 inline void write_head(std::filesystem::path const& dir, manifest const& m, head_entry const& e, storage_format format,
-                       std::string_view vector_dtype = "f32") {
+                       std::string_view vector_dtype = "f32", npz_compression npz_method = npz_compression::stored) {
     std::string const name = head_entry_name(e.layer, e.head, e.k);
     detail::validate_head(e, m, [&](std::string_view) { return (dir / name).string(); });
     dtype const t = detail::vector_dtype_from_name(vector_dtype);
@@ -302,7 +582,24 @@ inline void write_head(std::filesystem::path const& dir, manifest const& m, head
             std::int64_t const w = *e.sliding_window;
             write_npy(sub / "sliding_window.npy", make_npy(std::span<std::int64_t const>(&w, 1), {}));
         }
-    } else {
+    } else if (format == storage_format::npz) {
+        npz_file f;
+        npy_array v;
+        v.descr = std::string(detail::npy_descr_of(t));
+        v.shape = vshape;
+        v.data = detail::encode_vectors(e.vectors, t);
+        f.add("vectors", std::move(v));
+        f.add("position", detail::int_array(e.position));
+        f.add("bucket", detail::int_array(e.bucket));
+        f.add("example_id", detail::int_array(e.example_id));
+        if (e.sliding_window) {
+            std::int64_t const w = *e.sliding_window;
+            f.add("sliding_window", make_npy(std::span<std::int64_t const>(&w, 1), {}));
+        }
+        npz_write_options opt;
+        opt.compression = npz_method;
+        write_npz(dir / (name + ".npz"), f, opt);
+    } else if (format == storage_format::safetensors) {
         safetensors_file f;
         st_tensor v;
         v.type = t;
@@ -321,13 +618,15 @@ inline void write_head(std::filesystem::path const& dir, manifest const& m, head
         }
         f.metadata.emplace("format", "qkgeom-dataset");
         write_safetensors(dir / (name + ".safetensors"), f);
+    } else {
+        qkgeom::detail::fail_arg("qkgeom::io::write_head", "unknown storage format", static_cast<int>(format));
     }
 }
 
 /// \brief As above, reading the manifest from DIR/manifest.json.
 inline void write_head(std::filesystem::path const& dir, head_entry const& e, storage_format format,
-                       std::string_view vector_dtype = "f32") {
-    write_head(dir, read_manifest(dir), e, format, vector_dtype);
+                       std::string_view vector_dtype = "f32", npz_compression npz_method = npz_compression::stored) {
+    write_head(dir, read_manifest(dir), e, format, vector_dtype, npz_method);
 }
 
 namespace detail {
@@ -356,7 +655,8 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 }  // namespace detail
 
 /// \brief Reads and validates one head entry, detecting the storage form
-/// (directory lLLhHHq/ of .npy files, or lLLhHHq.safetensors).
+/// (directory lLLhHHq/ of .npy files, lLLhHHq.safetensors or lLLhHHq.npz;
+/// exactly one of them must exist).
 /// \throws qkgeom::input_error naming the file, field and value.
 [[nodiscard]] inline head_entry read_head(std::filesystem::path const& dir, manifest const& m, std::int64_t layer,
                                           std::int64_t head, kind k) {
@@ -376,11 +676,33 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
     e.k = k;
     auto const sub = dir / name;
     auto const st = dir / (name + ".safetensors");
+    auto const nz = dir / (name + ".npz");
     bool const is_npy = std::filesystem::is_directory(sub);
     bool const is_st = std::filesystem::is_regular_file(st);
-    if (is_npy && is_st) fail_input(sub.string(), "entry", name, "both a .npy directory and a .safetensors file exist");
-    if (!is_npy && !is_st) fail_input(sub.string(), "entry", name, "head entry not found (no directory, no .safetensors)");
-    if (is_npy) {
+    bool const is_npz = std::filesystem::is_regular_file(nz);
+    if (int{is_npy} + int{is_st} + int{is_npz} > 1) {
+        std::string forms;
+        if (is_npy) forms += " " + name + "/";
+        if (is_st) forms += " " + name + ".safetensors";
+        if (is_npz) forms += " " + name + ".npz";
+        fail_input(sub.string(), "entry", name, "the entry exists in more than one storage form:" + forms);
+    }
+    if (!is_npy && !is_st && !is_npz)
+        fail_input(sub.string(), "entry", name, "head entry not found (no directory, no .safetensors, no .npz)");
+    if (is_npz) {
+        std::string const s = nz.string();
+        auto const f = read_npz(nz);
+        auto msrc = [&](std::string_view member) { return s + "[" + std::string(member) + ".npy]"; };
+        auto const& v = f.at("vectors", s);
+        detail::check_vector_dtype(v, msrc("vectors"), e);
+        e.vectors = npy_to_matrix(v, msrc("vectors"));
+        e.position = detail::int_vector(f.at("position", s), msrc("position"), "position");
+        e.bucket = detail::int_vector(f.at("bucket", s), msrc("bucket"), "bucket");
+        e.example_id = detail::int_vector(f.at("example_id", s), msrc("example_id"), "example_id");
+        if (auto const* w = f.find("sliding_window"))
+            e.sliding_window = detail::int_scalar(*w, msrc("sliding_window"), "sliding_window");
+        detail::validate_head(e, m, msrc);
+    } else if (is_npy) {
         auto src = [&](std::string_view f) { return (sub / (std::string(f) + ".npy")).string(); };
         auto const v = read_npy(sub / "vectors.npy");
         detail::check_vector_dtype(v, src("vectors"), e);
@@ -419,8 +741,9 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
     return read_head(dir, read_manifest(dir), layer, head, k);
 }
 
-/// \brief The head entries present in DIR (names lLLhHH[qk] as directory or
-/// .safetensors file), sorted by layer, head, kind. Other names are ignored.
+/// \brief The head entries present in DIR (names lLLhHH[qk] as directory,
+/// .safetensors or .npz file), sorted by layer, head, kind. Other names are
+/// ignored. An entry present in two forms is listed twice (read_head rejects it).
 [[nodiscard]] inline std::vector<head_id> list_heads(std::filesystem::path const& dir) {
     std::vector<head_id> out;
     std::error_code ec;
@@ -432,6 +755,9 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
         } else if (de.is_regular_file() && name.size() > 12 && name.ends_with(".safetensors")) {
             id.format = storage_format::safetensors;
             name.resize(name.size() - 12);
+        } else if (de.is_regular_file() && name.size() > 4 && name.ends_with(".npz")) {
+            id.format = storage_format::npz;
+            name.resize(name.size() - 4);
         } else {
             continue;
         }
@@ -461,7 +787,8 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
     std::sort(out.begin(), out.end(), [](head_id const& a, head_id const& b) {
         if (a.layer != b.layer) return a.layer < b.layer;
         if (a.head != b.head) return a.head < b.head;
-        return a.k < b.k;
+        if (a.k != b.k) return a.k < b.k;
+        return a.format < b.format;
     });
     return out;
 }
