@@ -15,6 +15,8 @@
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/plasticity.hpp>
 #include <qkgeom/report/csv.hpp>
+#include <qkgeom/report/html.hpp>
+#include <qkgeom/report/svg.hpp>
 #include <qkgeom/synthetic.hpp>
 
 #include <algorithm>
@@ -62,6 +64,10 @@ in positional drift and content strength, like the thesis' three families.
 Reports per model (docs/outputs.md): head_metrics.csv, head_bucket_plasticity.csv,
 head_component_weights.csv, qk_pca.csv, model_report.csv, layer_report.csv; and
 OUT/summary.txt, the model table printed at the end.
+Pictures (docs/pictures.md) next to the CSVs: plasticity_profile.svg,
+plasticity_heatmap.svg, component_weights.svg, taxonomy_scatter.svg per model;
+OUT/model_comparison.svg; and OUT/index.html, a page (no scripts) with the
+model table, every picture and links to every CSV. --no-pictures skips them.
 
 Options (defaults are the thesis'; SPEC section in brackets):
   -o, --out DIR              output directory (required)
@@ -86,6 +92,7 @@ Options (defaults are the thesis'; SPEC section in brackets):
       --format F             synth: npy | safetensors (npy)
       --dtype T              synth: f32 | f16 | bf16 | f64 (f32)
       --strict               analyze: stop at the first head that fails
+      --no-pictures          write no SVG pictures and no index.html
       --quiet                no progress output
 )";
 
@@ -105,6 +112,7 @@ struct cli {
     qkgeom::io::storage_format format = qkgeom::io::storage_format::npy;
     std::string dtype = "f32";
     bool strict = false;
+    bool pictures = true;
     qkgeom::analysis_options opt;
 };
 
@@ -172,6 +180,7 @@ cli parse(int argc, char** argv) {
                 a, value(), {{"npy", qkgeom::io::storage_format::npy}, {"safetensors", qkgeom::io::storage_format::safetensors}});
         else if (a == "--dtype") c.dtype = parse_choice<std::string>(a, value(), {{"f32", "f32"}, {"f16", "f16"}, {"bf16", "bf16"}, {"f64", "f64"}});
         else if (a == "--strict") c.strict = true;
+        else if (a == "--no-pictures") c.pictures = false;
         else if (!a.empty() && a[0] != '-' && c.dir.empty() && c.command != "demo") c.dir = a;
         else if (a == "--components") o.pca.n_components = parse_int(a, value(), 1);
         else if (a == "--sign")
@@ -347,6 +356,45 @@ void write_text(std::filesystem::path const& p, std::string const& text) {
     if (std::fclose(fp) != 0) throw std::runtime_error("writing " + p.string() + " failed");
 }
 
+/// The 2D heatmap grid of the program (SPEC §6, §9.13), unless the library
+/// caller set one: one grid for every head of a model (so the model picture
+/// sums all heads), from the context length L: offsets τ_b − midpoint in 32
+/// bins over [−L, L]; inter-key distances in 16 bins over [0, B] for
+/// `same_bucket` pairs of uniform buckets of width B (a pair never spans more),
+/// else over [0, L].
+void picture_grid(qkgeom::plasticity_options& p, std::int64_t context_length) {
+    if (p.context_length > 0) context_length = p.context_length;
+    if (context_length <= 0) return;  // per-head default grid
+    auto const L = static_cast<double>(context_length);
+    double span = L;
+    if (p.pairs == qkgeom::pair_policy::same_bucket && p.buckets && p.buckets->scheme != qkgeom::bucket_scheme::log)
+        span = std::min(L, static_cast<double>(p.buckets->width));
+    if (p.heatmap.distance_edges.empty()) p.heatmap.distance_edges = qkgeom::detail::default_edges(0, span, 16);
+    if (p.heatmap.offset_edges.empty()) p.heatmap.offset_edges = qkgeom::detail::default_edges(-L, L, 32);
+}
+
+/// The CSV names written by write_reports, each prefixed with `dir`.
+std::vector<std::string> csv_links(std::string const& dir) {
+    std::vector<std::string> out;
+    for (auto f : {qkgeom::report::head_metrics_file, qkgeom::report::head_bucket_plasticity_file,
+                   qkgeom::report::head_component_weights_file, qkgeom::report::qk_pca_file,
+                   qkgeom::report::model_report_file, qkgeom::report::layer_report_file})
+        out.push_back(dir + std::string(f));
+    return out;
+}
+
+/// The pictures of one model into `dir` (SPEC §7, docs/pictures.md) and its
+/// section of index.html; `prefix` is `dir` relative to index.html.
+qkgeom::report::html_model write_model_pictures(std::filesystem::path const& dir, std::string const& prefix,
+                                                qkgeom::report::model_pictures const& pics,
+                                                qkgeom::model_summary const& summary,
+                                                qkgeom::report::picture_options const& popt) {
+    qkgeom::report::html_model sec{{pics.model, summary.all}, {}, csv_links(prefix)};
+    for (auto const& p : qkgeom::report::write_pictures(dir, pics, popt))
+        sec.pictures.push_back(qkgeom::report::to_html(p, prefix));
+    return sec;
+}
+
 /// qkgeom synth DIR: one family of the study in the dataset layout.
 int run_synth(cli const& c) {
     auto const fit = std::find_if(families.begin(), families.end(), [&](family const& f) { return f.name == c.family; });
@@ -398,6 +446,7 @@ int run_analyze(cli const& c) {
     qkgeom::analysis_options opt = c.opt;
     opt.plasticity.buckets = m.buckets;
     if (opt.plasticity.context_length == 0) opt.plasticity.context_length = m.context_length;
+    picture_grid(opt.plasticity, opt.plasticity.context_length);
     std::vector<std::optional<qkgeom::head_analysis>> results(tasks.size());
     std::vector<std::string> errors(tasks.size());
     progress bar(tasks.size(), c.quiet);
@@ -428,8 +477,26 @@ int run_analyze(cli const& c) {
     std::filesystem::create_directories(c.out);
     if (!heads.empty()) qkgeom::report::write_reports(c.out, m.model, heads);
     write_text(c.out / "failures.txt", failures);
-    std::string const text = model_table({{m.model, qkgeom::summarise_model(heads)}});
+    auto const summary = qkgeom::summarise_model(heads);
+    std::string const text = model_table({{m.model, summary}});
     write_text(c.out / "summary.txt", text);
+    if (c.pictures && !heads.empty()) {
+        // Pictures and index.html next to the CSVs; the picture data is compact
+        // (profiles, heatmap sums, weights, r_q/r_k), no rows.
+        qkgeom::report::picture_options popt;
+        popt.thresholds = opt.pca.thresholds;
+        qkgeom::report::html_page page;
+        page.title = "qkgeom report: " + m.model;
+        page.intro = "qkgeom analyze of " + c.dir.string() + ": " + std::to_string(heads.size()) + " of " +
+                     std::to_string(tasks.size()) + " query heads analysed.";
+        page.models.push_back(write_model_pictures(c.out, "", qkgeom::report::collect_pictures(m.model, heads),
+                                                   summary, popt));
+        page.overview.push_back(qkgeom::report::to_html(qkgeom::report::write_model_comparison(
+            c.out / std::string(qkgeom::report::model_comparison_svg_file), {&page.models[0].entry, 1}, popt)));
+        page.files = {"summary.txt"};
+        if (!failures.empty()) page.files.emplace_back("failures.txt");
+        qkgeom::report::write_index_html(c.out / std::string(qkgeom::report::index_html_file), page);
+    }
     std::cout << text << "reports written to " << c.out.string() << "/\n";
     if (!failures.empty()) {
         std::cerr << "qkgeom: " << (tasks.size() - heads.size()) << " of " << tasks.size()
@@ -444,6 +511,13 @@ int run_demo(cli const& c) {
     auto const cap = demo_capture();
     qkgeom::analysis_options opt = c.opt;
     opt.plasticity.buckets = cap.buckets;
+    picture_grid(opt.plasticity, cap.context_length);
+    qkgeom::report::picture_options popt;
+    popt.thresholds = opt.pca.thresholds;
+    qkgeom::report::html_page page;
+    page.title = "qkgeom demo: three synthetic model families";
+    page.intro = "The embedded synthetic study (steady, moderate, steep: rising positional drift, falling content "
+                 "strength), " + std::to_string(n_layers) + " layer(s) x 8 query heads per model.";
 
     std::filesystem::create_directories(c.out);
     std::size_t const per_model = static_cast<std::size_t>(n_layers * 8);
@@ -462,6 +536,18 @@ int run_demo(cli const& c) {
         });
         qkgeom::report::write_reports(c.out / f.name, f.name, heads);
         table.emplace_back(f.name, qkgeom::summarise_model(heads));
+        if (c.pictures)
+            page.models.push_back(write_model_pictures(c.out / f.name, f.name + "/",
+                                                       qkgeom::report::collect_pictures(f.name, heads),
+                                                       table.back().second, popt));
+    }
+    if (c.pictures) {
+        std::vector<qkgeom::report::model_entry> entries;
+        for (auto const& sec : page.models) entries.push_back(sec.entry);
+        page.overview.push_back(qkgeom::report::to_html(qkgeom::report::write_model_comparison(
+            c.out / std::string(qkgeom::report::model_comparison_svg_file), entries, popt)));
+        page.files = {"summary.txt"};
+        qkgeom::report::write_index_html(c.out / std::string(qkgeom::report::index_html_file), page);
     }
 
     // The model table (also in OUT/summary.txt).
