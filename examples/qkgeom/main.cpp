@@ -49,7 +49,9 @@ Usage:
   qkgeom synth DIR [options]     write one family of the study as a capture in
                                  the dataset layout of docs/dataset.md
   qkgeom analyze DIR -o OUT      analyse every query head of the capture in DIR
-                                 (manifest.json + lLLhHHq/k entries) and write
+                                 (the manifest's head sample when it records one:
+                                 capture.head_count; manifest.json + lLLhHHq/k
+                                 entries) and write
                                  the reports to OUT/; a head that fails to read
                                  is listed in OUT/failures.txt and the others go
                                  on (exit status 3), unless --strict
@@ -89,7 +91,10 @@ Options (defaults are the thesis'; SPEC section in brackets):
       --context L            context length for the quantiles, 0 = max position + 1 [§6]
       --layers N             layers per demo/synth model (4)
       --family NAME          synth: steady | moderate | steep (steep)
-      --format F             synth: npy | safetensors (npy)
+      --format F             synth: npy | safetensors | npz | npz_deflate (npy) [docs/dataset.md]
+      --heads N              synth: write N query heads sampled uniformly without
+                             replacement (and the key heads they read); 0 = all (0) [§0.1]
+      --head-seed N          synth: seed of the head sample (0) [§0.1]
       --dtype T              synth: f32 | f16 | bf16 | f64 (f32)
       --strict               analyze: stop at the first head that fails
       --no-pictures          write no SVG pictures and no index.html
@@ -110,6 +115,9 @@ struct cli {
     std::filesystem::path dir;  // synth / analyze
     std::string family = "steep";
     qkgeom::io::storage_format format = qkgeom::io::storage_format::npy;
+    qkgeom::io::npz_compression npz = qkgeom::io::npz_compression::stored;
+    std::int64_t heads = 0;        // synth: sampled query heads, 0 = all
+    std::uint64_t head_seed = 0;   // synth: head-sample seed
     std::string dtype = "f32";
     bool strict = false;
     bool pictures = true;
@@ -175,9 +183,17 @@ cli parse(int argc, char** argv) {
         else if (a == "--quiet") c.quiet = true;
         else if (a == "--layers") c.layers = parse_int(a, value(), 1);
         else if (a == "--family") c.family = value();
-        else if (a == "--format")
-            c.format = parse_choice<qkgeom::io::storage_format>(
-                a, value(), {{"npy", qkgeom::io::storage_format::npy}, {"safetensors", qkgeom::io::storage_format::safetensors}});
+        else if (a == "--format") {
+            std::string const f = parse_choice<std::string>(
+                a, value(), {{"npy", "npy"}, {"safetensors", "safetensors"}, {"npz", "npz"}, {"npz_deflate", "npz_deflate"}});
+            c.format = f == "npy"           ? qkgeom::io::storage_format::npy
+                       : f == "safetensors" ? qkgeom::io::storage_format::safetensors
+                                            : qkgeom::io::storage_format::npz;
+            c.npz = f == "npz_deflate" ? qkgeom::io::npz_compression::deflate : qkgeom::io::npz_compression::stored;
+            if (f == "npz_deflate" && !qkgeom::io::npz_deflate_available())
+                usage_error("--format npz_deflate: this qkgeom was built without zlib");
+        } else if (a == "--heads") c.heads = parse_int(a, value(), 0);
+        else if (a == "--head-seed") c.head_seed = static_cast<std::uint64_t>(parse_int(a, value(), 0));
         else if (a == "--dtype") c.dtype = parse_choice<std::string>(a, value(), {{"f32", "f32"}, {"f16", "f16"}, {"bf16", "bf16"}, {"f64", "f64"}});
         else if (a == "--strict") c.strict = true;
         else if (a == "--no-pictures") c.pictures = false;
@@ -409,25 +425,35 @@ int run_synth(cli const& c) {
     m.buckets = cap.buckets;
     m.context_length = cap.context_length;
     m.seed = cap.seed;
+    // SPEC §0.1 head sampling, recorded in the manifest (capture.head_count).
+    m.heads = qkgeom::io::head_sampling{c.heads > 0 ? std::optional<std::int64_t>(c.heads) : std::nullopt, c.head_seed,
+                                        qkgeom::layer_eligibility::full_attention_only};
+    auto const chosen = qkgeom::io::sampled_heads(m);
+    auto const keys = qkgeom::key_heads_of(chosen);
     std::filesystem::create_directories(c.dir);
     qkgeom::io::write_manifest(c.dir, m);
     progress bar(static_cast<std::size_t>(c.layers), c.quiet);
     for (std::int64_t layer = 0; layer < c.layers; ++layer) {
         auto const heads = qkgeom::synthetic::generate_layer(demo_layer(*fit, layer), cap);
         for (auto const& hc : heads) {
-            qkgeom::io::head_entry q{hc.layer, hc.q_head, qkgeom::kind::query, hc.q, c.dtype, hc.q_position,
-                                     hc.q_bucket, hc.q_example, std::nullopt};
-            qkgeom::io::write_head(c.dir, m, q, c.format, c.dtype);
-            if (hc.q_head % 4 == 0) {  // each kv head once (GQA group of 4)
+            if (std::binary_search(chosen.begin(), chosen.end(), qkgeom::head_pair{hc.layer, hc.q_head, hc.k_head})) {
+                qkgeom::io::head_entry q{hc.layer, hc.q_head, qkgeom::kind::query, hc.q, c.dtype, hc.q_position,
+                                         hc.q_bucket, hc.q_example, std::nullopt};
+                qkgeom::io::write_head(c.dir, m, q, c.format, c.dtype, c.npz);
+            }
+            // Each key head once (the first query head of its GQA group carries it),
+            // and only when a sampled query head reads it.
+            if (hc.q_head % qkgeom::gqa_group_size(m.n_q_heads[0], m.n_kv_heads[0]) == 0 &&
+                std::binary_search(keys.begin(), keys.end(), std::pair{hc.layer, hc.k_head})) {
                 qkgeom::io::head_entry k{hc.layer, hc.k_head, qkgeom::kind::key, hc.k, c.dtype, hc.k_position,
                                          hc.k_bucket, hc.k_example, std::nullopt};
-                qkgeom::io::write_head(c.dir, m, k, c.format, c.dtype);
+                qkgeom::io::write_head(c.dir, m, k, c.format, c.dtype, c.npz);
             }
         }
         bar.tick("layer " + std::to_string(layer));
     }
-    std::cout << "synthetic capture '" << m.model << "' (" << c.layers << " layers x 8 query heads) written to "
-              << c.dir.string() << "\n";
+    std::cout << "synthetic capture '" << m.model << "' (" << chosen.size() << " of " << c.layers * 8
+              << " query heads) written to " << c.dir.string() << "\n";
     return 0;
 }
 
@@ -438,11 +464,13 @@ int run_analyze(cli const& c) {
     struct task {
         std::int64_t layer, q_head, k_head;
     };
+    // The heads the capture holds: the manifest's head sample when it records
+    // one (SPEC §0.1, capture.head_count), else every query head of every layer.
+    // A listed head whose entry is missing or bad is a failure, never skipped.
     std::vector<task> tasks;
-    for (std::int64_t l = 0; l < m.n_layers; ++l) {
-        auto const nq = m.n_q_heads[static_cast<std::size_t>(l)], nkv = m.n_kv_heads[static_cast<std::size_t>(l)];
-        for (std::int64_t h = 0; h < nq; ++h) tasks.push_back({l, h, h / (nq / nkv)});  // SPEC §0 GQA mapping
-    }
+    auto const planned = m.heads ? qkgeom::io::sampled_heads(m)
+                               : qkgeom::eligible_heads(qkgeom::io::layout_of(m), qkgeom::layer_eligibility::all_layers);
+    for (auto const& h : planned) tasks.push_back({h.layer, h.q_head, h.k_head});  // SPEC §0 GQA mapping
     qkgeom::analysis_options opt = c.opt;
     opt.plasticity.buckets = m.buckets;
     if (opt.plasticity.context_length == 0) opt.plasticity.context_length = m.context_length;
