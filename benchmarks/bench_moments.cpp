@@ -1,9 +1,13 @@
-// Moment accumulation throughput (SPEC §1) against the machine's Eigen GEMM
-// rate, measured in the same run. Counters: input bytes/s and GFLOP/s. The
-// accumulator's dominant cost is a symmetric rank-k update of the lower half,
-// n·d·(d+1) ≈ n·d² flops actually performed; the GEMM reference computes the
-// full XᵀX, 2·n·d² flops. Issue 7 turns these into the ratio table.
-#include <qkgeom/moments.hpp>
+// Moment accumulation (SPEC §1) and the reference points measured in the same
+// run: the machine's Eigen GEMM rate and a plain streaming read of the same
+// bytes; plus the scaling of moments over rows (1K…1M per head) and over d
+// (32…256).
+//
+// Flop counts. The accumulator's dominant cost is a symmetric rank-k update of
+// the lower half of the co-moment, n·d·(d+1) flops actually needed (a multiply
+// and an add per lower-triangle entry per row); the GEMM reference computes a
+// full product, 2·m·n·k flops.
+#include "workload.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -12,52 +16,123 @@
 
 namespace {
 
-struct capture {
-    Eigen::MatrixXf x;
-    std::vector<int> t, bucket;
+using namespace qkbench;
+
+/// n rows of d N(0, 1) f32 values spread over 16 buckets (as a head's capture is).
+struct flat_capture {
+    rows_f32 x;
+    std::vector<std::int64_t> t, bucket;
 };
 
-capture make_capture(int n, int d) {
-    std::mt19937 gen(1);
+flat_capture make_capture(index_t n, index_t d) {
+    std::mt19937_64 gen(1);
     std::normal_distribution<float> nd;
-    capture c;
+    flat_capture c;
     c.x.resize(n, d);
-    c.t.resize(static_cast<std::size_t>(n));
-    c.bucket.resize(static_cast<std::size_t>(n));
-    for (int i = 0; i < n; ++i) {
-        c.t[static_cast<std::size_t>(i)] = i;
-        c.bucket[static_cast<std::size_t>(i)] = i / 512;  // 16 buckets for n = 8192
-        for (int j = 0; j < d; ++j) c.x(i, j) = nd(gen);
+    c.t.resize(std::size_t(n));
+    c.bucket.resize(std::size_t(n));
+    for (index_t i = 0; i < n; ++i) {
+        c.t[std::size_t(i)] = (i * 4096) / n;
+        c.bucket[std::size_t(i)] = c.t[std::size_t(i)] / 256;  // 16 buckets
+        for (index_t j = 0; j < d; ++j) c.x(i, j) = nd(gen);
     }
     return c;
 }
 
+void moments_counters(benchmark::State& st, index_t n, index_t d) {
+    double const flops = double(n) * double(d) * double(d + 1);
+    st.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+    st.counters["rows"] = double(n);
+    st.counters["d"] = double(d);
+    st.SetBytesProcessed(std::int64_t(st.iterations()) * std::int64_t(n) * d * 4);
+}
+
+/// Throughput: one kind of one realistic head (8,192 rows, 16 buckets), f32 in.
 void bm_moments_accumulate(benchmark::State& st) {
-    int const n = 8192, d = static_cast<int>(st.range(0));
+    index_t const n = 8192, d = index_t(st.range(0));
     auto const c = make_capture(n, d);
     for (auto _ : st) {
         qkgeom::bucketed_moments bm(d);
         bm.add(c.x, c.t, c.bucket);
         benchmark::DoNotOptimize(bm.buckets.begin()->second.c_xx.data());
     }
-    double const flops = double(n) * d * d;
-    st.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-    st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * n * d * 4);
+    moments_counters(st, n, d);
 }
-BENCHMARK(bm_moments_accumulate)->Arg(64)->Arg(128)->Unit(benchmark::kMicrosecond);
+BENCHMARK(bm_moments_accumulate)->ArgName("d")->Arg(64)->Arg(128)->Unit(benchmark::kMicrosecond);
 
-// Reference point: Eigen GEMM XᵀX of the same shape (double), full product.
+/// Reference: the machine's Eigen GEMM rate, double (what the moments accumulate
+/// in), a square 512³ product.
 void bm_eigen_gemm(benchmark::State& st) {
-    int const n = 8192, d = static_cast<int>(st.range(0));
+    index_t const n = index_t(st.range(0));
+    Eigen::MatrixXd const a = Eigen::MatrixXd::Random(n, n), b = Eigen::MatrixXd::Random(n, n);
+    Eigen::MatrixXd c(n, n);
+    for (auto _ : st) {
+        c.noalias() = a * b;
+        benchmark::DoNotOptimize(c.data());
+    }
+    st.counters["GFLOP/s"] =
+        benchmark::Counter(2.0 * double(n) * n * n * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(bm_eigen_gemm)->ArgName("n")->Arg(64)->Arg(512)->Unit(benchmark::kMicrosecond);
+
+/// Reference: Eigen GEMM XᵀX of the moments' shape (8,192 × d), double, full product.
+void bm_eigen_gemm_xtx(benchmark::State& st) {
+    index_t const n = 8192, d = index_t(st.range(0));
     Eigen::MatrixXd const x = make_capture(n, d).x.cast<double>();
     Eigen::MatrixXd out(d, d);
     for (auto _ : st) {
         out.noalias() = x.transpose() * x;
         benchmark::DoNotOptimize(out.data());
     }
-    double const flops = 2.0 * n * d * d;
-    st.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+    st.counters["GFLOP/s"] =
+        benchmark::Counter(2.0 * n * double(d) * d * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(bm_eigen_gemm)->Arg(64)->Arg(128)->Unit(benchmark::kMicrosecond);
+BENCHMARK(bm_eigen_gemm_xtx)->ArgName("d")->Arg(64)->Arg(128)->Unit(benchmark::kMicrosecond);
+
+/// Reference: a plain streaming read (sum) of the same f32 bytes.
+void bm_stream_read(benchmark::State& st) {
+    index_t const n = 8192, d = index_t(st.range(0));
+    auto const c = make_capture(n, d);
+    for (auto _ : st) {
+        float acc[16] = {};
+        float const* p = c.x.data();
+        auto const m = std::size_t(c.x.size());
+        for (std::size_t j = 0; j + 16 <= m; j += 16)
+            for (int u = 0; u < 16; ++u) acc[u] += p[j + std::size_t(u)];
+        benchmark::DoNotOptimize(acc);
+    }
+    st.SetBytesProcessed(std::int64_t(st.iterations()) * std::int64_t(n) * d * 4);
+}
+BENCHMARK(bm_stream_read)->ArgName("d")->Arg(64)->Arg(128)->Unit(benchmark::kMicrosecond);
+
+/// Scaling over rows per head (d = 128): cost ∝ rows.
+void bm_scale_moments_rows(benchmark::State& st) {
+    index_t const n = index_t(st.range(0)), d = 128;
+    auto const c = make_capture(n, d);
+    for (auto _ : st) {
+        qkgeom::bucketed_moments bm(d);
+        bm.add(c.x, c.t, c.bucket);
+        benchmark::DoNotOptimize(bm.buckets.begin()->second.c_xx.data());
+    }
+    moments_counters(st, n, d);
+}
+BENCHMARK(bm_scale_moments_rows)
+    ->ArgName("rows")
+    ->RangeMultiplier(4)
+    ->Range(1 << 10, 1 << 20)
+    ->Unit(benchmark::kMillisecond);
+
+/// Scaling over d (65,536 rows): cost ∝ d² (d·(d+1)).
+void bm_scale_moments_d(benchmark::State& st) {
+    index_t const n = 1 << 16, d = index_t(st.range(0));
+    auto const c = make_capture(n, d);
+    for (auto _ : st) {
+        qkgeom::bucketed_moments bm(d);
+        bm.add(c.x, c.t, c.bucket);
+        benchmark::DoNotOptimize(bm.buckets.begin()->second.c_xx.data());
+    }
+    moments_counters(st, n, d);
+}
+BENCHMARK(bm_scale_moments_d)->ArgName("d")->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Unit(benchmark::kMillisecond);
 
 }  // namespace

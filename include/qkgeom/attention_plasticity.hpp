@@ -205,16 +205,61 @@ struct bucket_eval {
     query_rows const* queries = nullptr;  ///< original-basis queries of the bucket (≥ 2 rows) or null
     double emp_scale = 1.0;               ///< n/(n−1)
     /// Scores q·k of the bucket's queries (rows) against every key that takes
-    /// part in a pair (columns), one GEMM per query bucket; `column[i]` is key
-    /// i's column (−1: not scored).
-    Eigen::MatrixXd scores;
+    /// part in a pair (columns), one single-precision GEMM per query bucket;
+    /// `column[i]` is key i's column (−1: not scored). See `empirical_wins`.
+    Eigen::MatrixXf scores;
+    Eigen::VectorXd q_norm;   ///< ‖q_r‖ (original basis), per query row
+    Eigen::VectorXd k_norm;   ///< ‖k‖ per score column
+    double score_err = 0.0;   ///< certified bound factor: |fl32(q·k) − q·k| <= score_err·‖q‖‖k‖
+    Eigen::MatrixXd const* k_orig = nullptr;  ///< double key rows per score column (exact fallback)
     std::vector<index_t> const* column = nullptr;
 };
+
+/// Certified error factor of a single-precision dot product of length d whose
+/// operands were rounded from double: each operand carries a relative
+/// rounding u = 2⁻²⁴, the products and the sum (any order, FMA or not) at
+/// most γ_{d+1}; so |fl32(q·k) − q·k| <= γ_{d+3} Σ|q_l k_l| <= γ_{d+3} ‖q‖‖k‖,
+/// γ_n = n u/(1 − n u). Doubled for safety margin.
+inline double f32_dot_error_factor(index_t d) {
+    double const u = 0x1p-24, nu = double(d + 3) * u;
+    return 2.0 * nu / (1.0 - nu);
+}
+
+/// SPEC §9.14: the number of the bucket's queries r with q_r·k_i > q_r·k_j.
+/// The single-precision scores decide every query whose score difference
+/// exceeds the certified error bound of both scores; the (rare) undecided
+/// ones are recomputed in double from the original rows, so the count is that
+/// of double-precision scores (ties within double rounding aside).
+inline std::int64_t empirical_wins(bucket_eval const& e, index_t ci, index_t cj) {
+    index_t const nq = e.scores.rows();
+    float const* si = e.scores.col(ci).data();
+    float const* sj = e.scores.col(cj).data();
+    double const* qn = e.q_norm.data();
+    double const kk = e.score_err * (e.k_norm(ci) + e.k_norm(cj));
+    std::int64_t wins = 0, undecided = 0;
+    for (index_t r = 0; r < nq; ++r) {
+        double const diff = double(si[r]) - double(sj[r]);  // exact in double
+        double const tol = kk * qn[r];
+        wins += diff > tol ? 1 : 0;
+        undecided += (diff > tol || diff < -tol) ? 0 : 1;  // NaN/Inf: undecided too
+    }
+    if (undecided == 0) return wins;
+    auto const ki = e.k_orig->row(ci), kj = e.k_orig->row(cj);
+    for (index_t r = 0; r < nq; ++r) {
+        double const diff = double(si[r]) - double(sj[r]);
+        double const tol = kk * qn[r];
+        if (!(diff > tol || diff < -tol)) {
+            auto const q = e.queries->row(r);
+            wins += q.dot(ki) > q.dot(kj) ? 1 : 0;
+        }
+    }
+    return wins;
+}
 
 class pair_evaluator {
 public:
     pair_evaluator(key_store const& keys, plasticity_heatmap& hm, std::int64_t& skipped)
-        : k_(keys), hm_(hm), skipped_(skipped) {}
+        : k_(keys), hm_(hm), skipped_(skipped), dist_(hm.distance_edges), offs_(hm.offset_edges) {}
 
     /// The closed form of one pair, direct path. Returns false (and counts it)
     /// when the keys are identical (v ≤ 0).
@@ -243,8 +288,7 @@ public:
         // is strictly larger than for key j (original basis).
         index_t const ci = (*e.column)[static_cast<std::size_t>(i)], cj = (*e.column)[static_cast<std::size_t>(j)];
         index_t const nq = e.scores.rows();
-        std::int64_t wins = 0;
-        for (index_t r = 0; r < nq; ++r) wins += e.scores(r, ci) > e.scores(r, cj) ? 1 : 0;
+        std::int64_t const wins = empirical_wins(e, ci, cj);
         double const p = static_cast<double>(wins) / static_cast<double>(nq);
         acc.emp_sum += 4.0 * p * (1.0 - p) * e.emp_scale;
         ++acc.emp_n;
@@ -253,14 +297,39 @@ public:
     void skip() { ++skipped_; }
 
 private:
+    /// Bin lookup on a grid of edges (half-open bins, the last one closed;
+    /// SPEC §9.13). Equally spaced grids (the default) take a first guess by
+    /// arithmetic and correct it against the stored edges, so the result is
+    /// exactly that of a binary search; other grids use the binary search.
+    struct grid {
+        std::vector<double> const& e;
+        double lo = 0, scale = 0;
+        bool uniform = false;
+        explicit grid(std::vector<double> const& edges) : e(edges) {
+            if (e.size() < 2) return;
+            auto const bins = static_cast<double>(e.size() - 1);
+            lo = e.front();
+            scale = bins / (e.back() - e.front());
+            uniform = std::isfinite(scale);
+        }
+        [[nodiscard]] index_t locate(double v) const {
+            if (e.size() < 2 || !(v >= e.front()) || !(v <= e.back())) return -1;
+            auto const last = static_cast<index_t>(e.size()) - 2;
+            if (v == e.back()) return last;  // last bin closed
+            if (!uniform) {
+                auto const it = std::upper_bound(e.begin(), e.end(), v);
+                return static_cast<index_t>(it - e.begin()) - 1;
+            }
+            auto j = static_cast<index_t>((v - lo) * scale);
+            j = std::clamp<index_t>(j, 0, last);
+            while (j > 0 && v < e[static_cast<std::size_t>(j)]) --j;
+            while (j < last && v >= e[static_cast<std::size_t>(j + 1)]) ++j;
+            return j;
+        }
+    };
+
     void bin(double x, double y, double pp) {
-        auto locate = [](std::vector<double> const& edges, double v) -> index_t {
-            if (edges.size() < 2 || !(v >= edges.front()) || !(v <= edges.back())) return -1;
-            if (v == edges.back()) return static_cast<index_t>(edges.size()) - 2;  // last bin closed
-            auto const it = std::upper_bound(edges.begin(), edges.end(), v);
-            return static_cast<index_t>(it - edges.begin()) - 1;
-        };
-        index_t const a = locate(hm_.distance_edges, x), c = locate(hm_.offset_edges, y);
+        index_t const a = dist_.locate(x), c = offs_.locate(y);
         if (a < 0 || c < 0) {
             ++hm_.n_outside;
             return;
@@ -272,6 +341,42 @@ private:
     key_store const& k_;
     plasticity_heatmap& hm_;
     std::int64_t& skipped_;
+    grid dist_, offs_;
+};
+
+/// The weighted Gram matrix of one dense group of rotated keys K̃ (m × d) for
+/// one query bucket (SPEC §5): s = K̃ w, B = K̃ V, n_i = (B ⊙ K̃) 1, and
+/// G = B K̃ᵀ formed tile by tile (GEMM), so memory stays O(tile² + m·d).
+struct dense_group {
+    Eigen::MatrixXd const& K;
+    Eigen::VectorXd s, nrm;
+    Eigen::MatrixXd B, G;
+
+    /// `V` non-empty: full model (d × d); otherwise the diagonal `var`.
+    dense_group(Eigen::MatrixXd const& keys, Eigen::VectorXd const& w, Eigen::VectorXd const& var,
+                Eigen::MatrixXd const& V)
+        : K(keys) {
+        s.noalias() = K * w;
+        if (V.size() != 0) B.noalias() = K * V;
+        else B = K * var.asDiagonal();
+        nrm = (B.array() * K.array()).rowwise().sum();
+    }
+
+    /// Calls f(a0, na, b0, nb, G) for every tile of the upper triangle
+    /// (b0 >= a0): G(a, b) = g_{a0+a, b0+b}. Diagonal tiles hold both triangles.
+    template <class F>
+    void for_each_tile(index_t tile, F&& f) {
+        index_t const m = K.rows();
+        index_t const T = std::max<index_t>(1, tile);
+        for (index_t a0 = 0; a0 < m; a0 += T) {
+            index_t const na = std::min(T, m - a0);
+            for (index_t b0 = a0; b0 < m; b0 += T) {
+                index_t const nb = std::min(T, m - b0);
+                G.noalias() = B.middleRows(a0, na) * K.middleRows(b0, nb).transpose();
+                f(a0, na, b0, nb, static_cast<Eigen::MatrixXd const&>(G));
+            }
+        }
+    }
 };
 
 /// All pairs of one group of keys (indices `idx`, one example) for one query
@@ -297,35 +402,32 @@ inline void evaluate_group_exact(pair_evaluator& ev, key_store const& k, bucket_
     // Dense path (SPEC §5 exactness identity): s = K̃ w, B = K̃ V, n_i = (B ⊙ K̃) 1, G = B K̃ᵀ per tile.
     Eigen::MatrixXd K(m, k.d);
     for (index_t a = 0; a < m; ++a) K.row(a) = k.rot.row(idx[static_cast<std::size_t>(a)]);
-    Eigen::VectorXd const s = K * e.w;
-    Eigen::MatrixXd const B = e.V.size() != 0 ? Eigen::MatrixXd(K * e.V) : Eigen::MatrixXd(K * e.var.asDiagonal());
-    Eigen::VectorXd const nrm = (B.array() * K.array()).rowwise().sum();
-    index_t const T = std::max<index_t>(1, o.tile_keys);
-    Eigen::MatrixXd G;
-    for (index_t a0 = 0; a0 < m; a0 += T) {
-        index_t const na = std::min(T, m - a0);
-        for (index_t b0 = a0; b0 < m; b0 += T) {
-            index_t const nb = std::min(T, m - b0);
-            G.noalias() = B.middleRows(a0, na) * K.middleRows(b0, nb).transpose();
-            for (index_t a = 0; a < na; ++a)
-                for (index_t b = (b0 == a0 ? a + 1 : 0); b < nb; ++b) {
-                    index_t const ia = a0 + a, ib = b0 + b;
-                    double const v = nrm(ia) + nrm(ib) - 2.0 * G(a, b);
+    dense_group g(K, e.w, e.var, e.V);
+    // The Φ pass reads each Gram tile column by column (contiguous): pair
+    // (a, b) of the group with a < b, b in the column's key block.
+    g.for_each_tile(o.tile_keys, [&](index_t a0, index_t na, index_t b0, index_t nb, Eigen::MatrixXd const& G) {
+        for (index_t b = 0; b < nb; ++b) {
+            index_t const ib = b0 + b;
+            double const nb_ = g.nrm(ib), sb = g.s(ib);
+            double const* col = G.col(b).data();
+            index_t const a_end = (b0 == a0) ? b : na;
+            for (index_t a = 0; a < a_end; ++a) {
+                index_t const ia = a0 + a;
+                double const na_ = g.nrm(ia);
+                double const v = na_ + nb_ - 2.0 * col[a];
+                // SPEC §9.9: rounding must never turn identical keys into a random PP.
+                if (!(v > 1e-12 * (na_ + nb_))) {
                     double pp = 0;
-                    // SPEC §9.9: rounding must never turn identical keys into a random PP.
-                    if (!(v > 1e-12 * (nrm(ia) + nrm(ib)))) {
-                        if (ev.pp_direct(e, idx[static_cast<std::size_t>(ia)], idx[static_cast<std::size_t>(ib)],
-                                         pp))
-                            record(ia, ib, pp);
-                        else
-                            ev.skip();
-                        continue;
-                    }
-                    pp = pairwise_plasticity((s(ia) - s(ib)) / std::sqrt(v));
-                    record(ia, ib, pp);
+                    if (ev.pp_direct(e, idx[static_cast<std::size_t>(ia)], idx[static_cast<std::size_t>(ib)], pp))
+                        record(ia, ib, pp);
+                    else
+                        ev.skip();
+                    continue;
                 }
+                record(ia, ib, pairwise_plasticity((g.s(ia) - sb) / std::sqrt(v)));
+            }
         }
-    }
+    });
 }
 
 /// Seeded sampling of one cell (SPEC §6): a group with probability ∝ its pair
@@ -526,6 +628,9 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
 
     detail::pair_evaluator ev(ks, hm, res.n_pairs_skipped);
     std::vector<index_t> column(static_cast<std::size_t>(nk), -1);  // key -> score column (per query bucket)
+    Eigen::MatrixXd ksub;  // the scored keys of the current query bucket (double, row per column)
+    std::map<std::int64_t, Eigen::MatrixXf> qrows_f32;
+    for (auto const& [b, rows] : qrows) qrows_f32.emplace(b, rows.template cast<float>());
     for (auto const& s : model.buckets) {
         plasticity_bucket pb;
         pb.q_bucket = s.bucket;
@@ -560,12 +665,18 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
                 for (auto const& [ex, idx] : groups[c])
                     if (opt.pairs == pair_policy::prefix || idx.size() >= 2)
                         scored.insert(scored.end(), idx.begin(), idx.end());
-            Eigen::MatrixXd ksub(static_cast<index_t>(scored.size()), d);
+            ksub.resize(static_cast<index_t>(scored.size()), d);
             for (std::size_t a = 0; a < scored.size(); ++a) {
                 ksub.row(static_cast<index_t>(a)) = ks.orig.row(scored[a]);
                 column[static_cast<std::size_t>(scored[a])] = static_cast<index_t>(a);
             }
-            e.scores.noalias() = qit->second * ksub.transpose();
+            // f32 GEMM (twice the double rate), certified by empirical_wins.
+            auto const& qf = qrows_f32.at(s.bucket);
+            e.scores.noalias() = qf * ksub.template cast<float>().transpose();
+            e.q_norm = qit->second.rowwise().norm();
+            e.k_norm = ksub.rowwise().norm();
+            e.score_err = detail::f32_dot_error_factor(d);
+            e.k_orig = &ksub;
             e.column = &column;
         }
         auto finish_cell = [&](detail::cell_acc const& acc, std::int64_t c) {

@@ -1,0 +1,104 @@
+// Per-head workloads on one realistic head (workload.hpp): the finalisation
+// closed forms (PCA, rotation, Householder), the normality diagnostics, the
+// plasticity (same_bucket and prefix, exact, with the empirical check) and
+// the whole head end to end.
+#include "workload.hpp"
+
+#include <benchmark/benchmark.h>
+
+namespace {
+
+using namespace qkbench;
+
+qkgeom::head_moments head_moments_of(head_data const& h) {
+    qkgeom::head_moments hm(h.q.cols(), {h.layer, h.q_head, h.k_head});
+    hm.add(qkgeom::kind::query, h.q, h.q_position, h.q_bucket);
+    hm.add(qkgeom::kind::key, h.k, h.k_position, h.k_bucket);
+    return hm;
+}
+
+void head_counters(benchmark::State& st, head_data const& h) {
+    st.counters["q_rows"] = double(h.q.rows());
+    st.counters["k_rows"] = double(h.k.rows());
+    st.counters["d"] = double(h.q.cols());
+}
+
+void bm_head_moments(benchmark::State& st) {
+    auto const& h = realistic_head();
+    for (auto _ : st) {
+        auto hm = head_moments_of(h);
+        benchmark::DoNotOptimize(hm.q.buckets.begin()->second.c_xx.data());
+    }
+    head_counters(st, h);
+    st.SetBytesProcessed(std::int64_t(st.iterations()) * std::int64_t(h.bytes()));
+}
+BENCHMARK(bm_head_moments)->Unit(benchmark::kMillisecond);
+
+void bm_finalise_pca(benchmark::State& st) {
+    auto const hm = head_moments_of(realistic_head());
+    for (auto _ : st) benchmark::DoNotOptimize(qkgeom::pca(hm).pc0_r_q);
+}
+BENCHMARK(bm_finalise_pca)->Unit(benchmark::kMillisecond);
+
+void bm_finalise_rotation(benchmark::State& st) {
+    auto const hm = head_moments_of(realistic_head());
+    for (auto _ : st) benchmark::DoNotOptimize(qkgeom::planar_rotation(hm).bias_strength);
+}
+BENCHMARK(bm_finalise_rotation)->Unit(benchmark::kMillisecond);
+
+void bm_finalise_householder(benchmark::State& st) {
+    auto const hm = head_moments_of(realistic_head());
+    for (auto _ : st) benchmark::DoNotOptimize(qkgeom::householder(hm).sigma2_pos);
+}
+BENCHMARK(bm_finalise_householder)->Unit(benchmark::kMillisecond);
+
+void bm_diagnostics(benchmark::State& st) {
+    auto const& h = realistic_head();
+    auto const model = qkgeom::householder(head_moments_of(h));
+    for (auto _ : st) benchmark::DoNotOptimize(qkgeom::householder_diagnostics(model, h.q, h.q_position).pos_ks_p);
+    head_counters(st, h);
+}
+BENCHMARK(bm_diagnostics)->Unit(benchmark::kMillisecond);
+
+// Plasticity, exact, with the empirical cross-check (the query rows passed).
+void plasticity(benchmark::State& st, qkgeom::pair_policy pairs, bool with_queries) {
+    auto const& h = realistic_head();
+    auto const model = qkgeom::householder(head_moments_of(h));
+    auto opt = cli_options(model_shape{}).plasticity;
+    opt.pairs = pairs;
+    opt.enumeration = qkgeom::enumeration_policy::exact;
+    std::int64_t pairs_evaluated = 0;
+    for (auto _ : st) {
+        auto const r = with_queries ? qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, h.k_example,
+                                                                   h.q, h.q_position, h.q_bucket, opt)
+                                    : qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, h.k_example, opt);
+        pairs_evaluated = r.n_pairs;
+        benchmark::DoNotOptimize(r.ap_overall);
+    }
+    head_counters(st, h);
+    st.counters["pairs"] = double(pairs_evaluated);
+    st.counters["pairs/s"] =
+        benchmark::Counter(double(pairs_evaluated), benchmark::Counter::kIsIterationInvariantRate);
+}
+void bm_plasticity_same_bucket(benchmark::State& st) { plasticity(st, qkgeom::pair_policy::same_bucket, true); }
+void bm_plasticity_prefix(benchmark::State& st) { plasticity(st, qkgeom::pair_policy::prefix, true); }
+void bm_plasticity_same_bucket_no_empirical(benchmark::State& st) {
+    plasticity(st, qkgeom::pair_policy::same_bucket, false);
+}
+void bm_plasticity_prefix_no_empirical(benchmark::State& st) { plasticity(st, qkgeom::pair_policy::prefix, false); }
+BENCHMARK(bm_plasticity_same_bucket)->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_plasticity_prefix)->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_plasticity_same_bucket_no_empirical)->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_plasticity_prefix_no_empirical)->Unit(benchmark::kMillisecond);
+
+// One head end to end (analyze_head, the options of `qkgeom analyze`).
+void bm_head_analyze(benchmark::State& st) {
+    auto const& h = realistic_head();
+    auto opt = cli_options(model_shape{});
+    if (st.range(0) == 1) opt.plasticity.pairs = qkgeom::pair_policy::prefix;
+    for (auto _ : st) benchmark::DoNotOptimize(analyze(h, opt).plasticity.ap_overall);
+    head_counters(st, h);
+}
+BENCHMARK(bm_head_analyze)->ArgName("prefix")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+}  // namespace

@@ -1,0 +1,278 @@
+// A whole model end to end: 300 query heads (25 layers × 12 query heads, GQA
+// with 4 kv heads per layer), ≈ 8,000 query + 8,000 key rows per head, d = 128
+// (workload.hpp). Analysed the way `qkgeom analyze` does it (one head per
+// task, `-j` workers, default options), from memory and from a dataset
+// directory in the page cache; the moments-only pass over the same data; a
+// plain streaming read of the same bytes; and the scalar baseline
+// (scalar_baseline.hpp) on a sample of heads, reported per head.
+//
+// Every benchmark here runs one iteration (a pass takes tens of seconds);
+// QKGEOM_BENCH_LAYERS=N shrinks the model for quick runs, and
+// QKGEOM_BENCH_BASELINE_HEADS (default 3) sets the baseline sample.
+#include "scalar_baseline.hpp"
+#include "workload.hpp"
+
+#include <qkgeom/io/dataset.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <unistd.h>
+
+namespace {
+
+using namespace qkbench;
+
+struct kind_rows {
+    rows_f32 x;
+    std::vector<std::int64_t> position, bucket, example;
+};
+
+struct model_data {
+    model_shape shape;
+    std::vector<kind_rows> q;  ///< per query head, layer-major
+    std::vector<kind_rows> k;  ///< per kv head, layer-major
+    std::size_t bytes = 0;     ///< f32 bytes of all rows
+    [[nodiscard]] kind_rows const& keys_of(std::size_t head) const {
+        auto const layer = std::int64_t(head) / shape.n_q_heads, h = std::int64_t(head) % shape.n_q_heads;
+        auto const g = h / (shape.n_q_heads / shape.n_kv_heads);
+        return k[std::size_t(layer * shape.n_kv_heads + g)];
+    }
+    /// Bytes one analysis pass reads: every head's queries and its kv head's keys.
+    [[nodiscard]] std::size_t pass_bytes() const {
+        std::size_t b = 0;
+        for (std::size_t i = 0; i < q.size(); ++i) b += std::size_t(q[i].x.size() + keys_of(i).x.size()) * 4;
+        return b;
+    }
+};
+
+model_data const& the_model() {
+    static model_data const m = [] {
+        model_data out;
+        out.shape = realistic_model();
+        for (std::int64_t l = 0; l < out.shape.n_layers; ++l) {
+            auto heads = make_layer(out.shape, l);
+            std::int64_t const group = out.shape.n_q_heads / out.shape.n_kv_heads;
+            for (auto& h : heads) {
+                out.bytes += std::size_t(h.q.size()) * 4;
+                out.q.push_back({std::move(h.q), std::move(h.q_position), std::move(h.q_bucket), std::move(h.q_example)});
+                if (h.q_head % group == 0) {
+                    out.bytes += std::size_t(h.k.size()) * 4;
+                    out.k.push_back(
+                        {std::move(h.k), std::move(h.k_position), std::move(h.k_bucket), std::move(h.k_example)});
+                }
+            }
+        }
+        return out;
+    }();
+    return m;
+}
+
+qkgeom::head_id id_of(model_shape const& s, std::size_t i) {
+    auto const layer = std::int64_t(i) / s.n_q_heads, h = std::int64_t(i) % s.n_q_heads;
+    return {layer, h, h / (s.n_q_heads / s.n_kv_heads)};
+}
+
+void model_counters(benchmark::State& st, model_data const& m, std::size_t bytes) {
+    st.counters["heads"] = double(m.q.size());
+    st.counters["threads"] = double(st.range(0));
+    st.SetBytesProcessed(std::int64_t(st.iterations()) * std::int64_t(bytes));
+}
+
+// --- from memory ------------------------------------------------------------
+void bm_model_memory(benchmark::State& st) {
+    auto const& m = the_model();
+    auto const opt = cli_options(m.shape);
+    auto const jobs = unsigned(st.range(0));
+    for (auto _ : st) {
+        std::vector<qkgeom::head_analysis> res(m.q.size());
+        parallel_for(m.q.size(), jobs, [&](std::size_t i) {
+            auto const& q = m.q[i];
+            auto const& k = m.keys_of(i);
+            res[i] = qkgeom::analyze_head(q.x, q.position, q.bucket, k.x, k.position, k.bucket, k.example, opt,
+                                          id_of(m.shape, i));
+        });
+        auto const summary = qkgeom::summarise_model(res);
+        benchmark::DoNotOptimize(summary.all.mean[0]);
+    }
+    model_counters(st, m, m.pass_bytes());
+}
+BENCHMARK(bm_model_memory)->ArgName("threads")->Arg(1)->Arg(2)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+// --- the moments-only pass over the same data --------------------------------
+void bm_model_moments(benchmark::State& st) {
+    auto const& m = the_model();
+    auto const jobs = unsigned(st.range(0));
+    for (auto _ : st) {
+        std::vector<qkgeom::head_moments> res(m.q.size());
+        parallel_for(m.q.size(), jobs, [&](std::size_t i) {
+            auto const& q = m.q[i];
+            auto const& k = m.keys_of(i);
+            qkgeom::head_moments hm(q.x.cols(), id_of(m.shape, i));
+            hm.add(qkgeom::kind::query, q.x, q.position, q.bucket);
+            hm.add(qkgeom::kind::key, k.x, k.position, k.bucket);
+            res[i] = std::move(hm);
+        });
+        benchmark::DoNotOptimize(res.back().q.buckets.begin()->second.c_xx.data());
+    }
+    model_counters(st, m, m.pass_bytes());
+}
+BENCHMARK(bm_model_moments)->ArgName("threads")->Arg(1)->Arg(2)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+// --- a plain streaming read of the same bytes (one thread) -------------------
+void bm_model_stream_read(benchmark::State& st) {
+    auto const& m = the_model();
+    for (auto _ : st) {
+        double total = 0;
+        for (std::size_t i = 0; i < m.q.size(); ++i)
+            for (auto const* x : {&m.q[i].x, &m.keys_of(i).x}) {
+                float const* p = x->data();
+                std::size_t const n = std::size_t(x->size());
+                float acc[16] = {};
+                for (std::size_t j = 0; j + 16 <= n; j += 16)
+                    for (int u = 0; u < 16; ++u) acc[u] += p[j + std::size_t(u)];
+                for (float a : acc) total += double(a);
+            }
+        benchmark::DoNotOptimize(total);
+    }
+    model_counters(st, m, m.pass_bytes());
+}
+BENCHMARK(bm_model_stream_read)->ArgName("threads")->Arg(1)->Iterations(3)->UseRealTime()->Unit(benchmark::kSecond);
+
+// --- from dataset files in the page cache -------------------------------------
+struct dataset_dir {
+    std::filesystem::path dir;
+    qkgeom::io::manifest manifest;
+    dataset_dir() {
+        auto const& m = the_model();
+        char const* env = std::getenv("QKGEOM_BENCH_DIR");
+        dir = env != nullptr && *env != '\0' ? std::filesystem::path(env)
+                                             : std::filesystem::temp_directory_path() /
+                                                   ("qkgeom_bench_" + std::to_string(::getpid()));
+        auto& mf = manifest;
+        mf.model = "bench";
+        mf.n_layers = m.shape.n_layers;
+        mf.n_q_heads.assign(std::size_t(mf.n_layers), m.shape.n_q_heads);
+        mf.n_kv_heads.assign(std::size_t(mf.n_layers), m.shape.n_kv_heads);
+        mf.head_dim = m.shape.d;
+        mf.buckets = capture_of(m.shape).buckets;
+        mf.context_length = m.shape.context_length;
+        mf.seed = capture_of(m.shape).seed;
+        std::filesystem::create_directories(dir);
+        qkgeom::io::write_manifest(dir, mf);
+        auto put = [&](kind_rows const& r, std::int64_t layer, std::int64_t head, qkgeom::kind kd) {
+            qkgeom::io::head_entry e;
+            e.layer = layer;
+            e.head = head;
+            e.k = kd;
+            e.vectors = r.x.cast<double>();
+            e.dtype = "f32";
+            e.position = r.position;
+            e.bucket = r.bucket;
+            e.example_id = r.example;
+            qkgeom::io::write_head(dir, mf, e, qkgeom::io::storage_format::npy, "f32");
+        };
+        for (std::size_t i = 0; i < m.q.size(); ++i) {
+            auto const id = id_of(m.shape, i);
+            put(m.q[i], id.layer, id.q_head, qkgeom::kind::query);
+        }
+        for (std::size_t g = 0; g < m.k.size(); ++g)
+            put(m.k[g], std::int64_t(g) / m.shape.n_kv_heads, std::int64_t(g) % m.shape.n_kv_heads, qkgeom::kind::key);
+    }
+    ~dataset_dir() {
+        if (std::getenv("QKGEOM_BENCH_DIR") == nullptr) {
+            std::error_code ec;
+            std::filesystem::remove_all(dir, ec);
+        }
+    }
+    dataset_dir(dataset_dir const&) = delete;
+    dataset_dir& operator=(dataset_dir const&) = delete;
+};
+
+dataset_dir const& the_dataset() {
+    static dataset_dir const d;
+    return d;
+}
+
+/// Reads one head's entries as `qkgeom analyze` does.
+std::pair<qkgeom::io::head_entry, qkgeom::io::head_entry> read_pair(dataset_dir const& ds, model_shape const& s,
+                                                                    std::size_t i) {
+    auto const id = id_of(s, i);
+    return {qkgeom::io::read_head(ds.dir, ds.manifest, id.layer, id.q_head, qkgeom::kind::query),
+            qkgeom::io::read_head(ds.dir, ds.manifest, id.layer, id.k_head, qkgeom::kind::key)};
+}
+
+void bm_model_files(benchmark::State& st) {
+    auto const& m = the_model();
+    auto const& ds = the_dataset();
+    auto const opt = cli_options(m.shape);
+    auto const jobs = unsigned(st.range(0));
+    for (std::size_t i = 0; i < m.q.size(); ++i) benchmark::DoNotOptimize(read_pair(ds, m.shape, i).first.vectors.data());
+    for (auto _ : st) {
+        std::vector<qkgeom::head_analysis> res(m.q.size());
+        parallel_for(m.q.size(), jobs, [&](std::size_t i) {
+            auto const [q, k] = read_pair(ds, m.shape, i);
+            res[i] = qkgeom::analyze_head(q.vectors, q.position, q.bucket, k.vectors, k.position, k.bucket,
+                                          k.example_id, opt, id_of(m.shape, i));
+        });
+        auto const summary = qkgeom::summarise_model(res);
+        benchmark::DoNotOptimize(summary.all.mean[0]);
+    }
+    model_counters(st, m, m.pass_bytes());
+}
+BENCHMARK(bm_model_files)->ArgName("threads")->Arg(1)->Arg(2)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+// Reading the files alone (read_head: parse, validate, widen to double).
+void bm_model_files_read_only(benchmark::State& st) {
+    auto const& m = the_model();
+    auto const& ds = the_dataset();
+    for (auto _ : st)
+        for (std::size_t i = 0; i < m.q.size(); ++i) benchmark::DoNotOptimize(read_pair(ds, m.shape, i).first.vectors.data());
+    model_counters(st, m, m.pass_bytes());
+}
+BENCHMARK(bm_model_files_read_only)->ArgName("threads")->Arg(1)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+// --- the scalar baseline, on a sample of heads, reported per head -------------
+void bm_model_scalar_baseline(benchmark::State& st) {
+    auto const& m = the_model();
+    auto const n = std::size_t(std::max<std::int64_t>(1, std::min<std::int64_t>(env_int("QKGEOM_BENCH_BASELINE_HEADS", 3),
+                                                                                  std::int64_t(m.q.size()))));
+    // The baseline computes the same numbers as the library (checked here).
+    double max_rel = 0;
+    for (auto _ : st) {
+        for (std::size_t i = 0; i < n; ++i) {
+            head_data h;
+            auto const id = id_of(m.shape, i);
+            h.layer = id.layer;
+            h.q_head = id.q_head;
+            h.k_head = id.k_head;
+            h.q = m.q[i].x;
+            h.q_position = m.q[i].position;
+            h.q_bucket = m.q[i].bucket;
+            auto const& k = m.keys_of(i);
+            h.k = k.x;
+            h.k_position = k.position;
+            h.k_bucket = k.bucket;
+            h.k_example = k.example;
+            auto const r = scalar::analyze(h, m.shape.context_length);
+            st.PauseTiming();
+            auto const lib = analyze(h, cli_options(m.shape));
+            for (auto [a, b] : {std::pair{r.ap_overall, lib.plasticity.ap_overall},
+                                std::pair{r.gaussian_gap, lib.plasticity.gaussian_gap},
+                                std::pair{r.pos_ks_p, lib.diagnostics.pos_ks_p},
+                                std::pair{r.sem_median_ks_p, lib.diagnostics.sem_median_ks_p},
+                                std::pair{r.bias_strength, lib.rotation.bias_strength}})
+                max_rel = std::max(max_rel, std::abs(a - b) / std::max(1e-300, std::abs(b)));
+            st.ResumeTiming();
+        }
+    }
+    st.counters["heads"] = double(n);
+    st.counters["threads"] = 1;
+    st.counters["max_rel_diff_vs_library"] = max_rel;
+}
+BENCHMARK(bm_model_scalar_baseline)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+}  // namespace
