@@ -17,6 +17,7 @@ PACKAGES=(
   python3-numpy                 # cross-checks of .npy/.npz against NumPy itself (tests)
   libtorch-dev                  # LibTorch 1.13 CPU (adapters/torch, qkgeom::torch)
   chromium                      # headless render of the HTML report (one test)
+  time                          # /usr/bin/time -v: peak memory in scripts/bench.sh
 )
 
 missing=()
