@@ -6,6 +6,7 @@
 #pragma once
 
 #include <qkgeom/analyze.hpp>
+#include <qkgeom/parallel.hpp>
 #include <qkgeom/synthetic.hpp>
 
 #include <Eigen/Core>
@@ -121,29 +122,7 @@ inline head_data const& realistic_head() {
     return h;
 }
 
-/// Runs `work(i)` for i in [0, n) on `jobs` threads (the CLI's scheduling:
-/// one head per task, dynamic); rethrows the first error.
-inline void parallel_for(std::size_t n, unsigned jobs, std::function<void(std::size_t)> const& work) {
-    std::atomic<std::size_t> next{0};
-    std::exception_ptr err;
-    std::mutex em;
-    auto worker = [&] {
-        for (std::size_t i = next++; i < n; i = next++) {
-            try {
-                work(i);
-            } catch (...) {
-                std::lock_guard lock(em);
-                if (!err) err = std::current_exception();
-                next = n;
-            }
-        }
-    };
-    std::vector<std::thread> pool;
-    for (unsigned t = 1; t < std::min<std::size_t>(jobs, n); ++t) pool.emplace_back(worker);
-    worker();
-    for (auto& t : pool) t.join();
-    if (err) std::rethrow_exception(err);
-}
+using qkgeom::parallel_for;  // qkgeom/parallel.hpp
 
 /// Analyse one head with the library (default options = what `qkgeom analyze` does).
 inline qkgeom::head_analysis analyze(head_data const& h, qkgeom::analysis_options const& opt) {

@@ -13,6 +13,7 @@
 // on a terminal, plain lines otherwise. Errors: one line on stderr, exit 1
 // (usage errors exit 2).
 #include <qkgeom/io/dataset.hpp>
+#include <qkgeom/parallel.hpp>
 #include <qkgeom/plasticity.hpp>
 #include <qkgeom/report/csv.hpp>
 #include <qkgeom/report/html.hpp>
@@ -278,28 +279,7 @@ private:
     std::mutex m_;
 };
 
-/// Runs `work(i)` for i in [0, n) on `jobs` threads; rethrows the first error.
-void parallel_for(std::size_t n, unsigned jobs, std::function<void(std::size_t)> const& work) {
-    std::atomic<std::size_t> next{0};
-    std::exception_ptr err;
-    std::mutex em;
-    auto worker = [&] {
-        for (std::size_t i = next++; i < n; i = next++) {
-            try {
-                work(i);
-            } catch (...) {
-                std::lock_guard lock(em);
-                if (!err) err = std::current_exception();
-                next = n;
-            }
-        }
-    };
-    std::vector<std::thread> pool;
-    for (unsigned t = 1; t < std::min<std::size_t>(jobs, n); ++t) pool.emplace_back(worker);
-    worker();
-    for (auto& t : pool) t.join();
-    if (err) std::rethrow_exception(err);
-}
+using qkgeom::parallel_for;  // qkgeom/parallel.hpp
 
 /// One synthetic model family of the demo study.
 struct family {

@@ -5,12 +5,14 @@
 // binomial bound, the same tokens for every head of a (layer, kind), different
 // tokens across seeds) and the row store (kept rows equal the input rows).
 #include <qkgeom/capture.hpp>
+#include <qkgeom/parallel.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -335,4 +337,25 @@ TEST_CASE("capture: stores merge by appending; the merge order is irrelevant to 
     CHECK(key(ba.rows(0, kind::key, 1)) == key(whole.rows(0, kind::key, 1)));
     qkgeom::capture_store<double> other(layout, heads, {smp.buckets, 12});
     CHECK_THAT(error_of([&] { other += a; }), Contains("seed") && Contains("value 11"));
+}
+
+TEST_CASE("parallel_for: every task runs exactly once; the first error stops new tasks and is rethrown", "[capture]") {
+    for (unsigned jobs : {0U, 1U, 2U, 7U}) {
+        std::vector<std::atomic<int>> hits(1000);
+        qkgeom::parallel_for(hits.size(), jobs, [&](std::size_t i) { hits[i].fetch_add(1); });
+        for (auto const& h : hits) REQUIRE(h.load() == 1);
+    }
+    qkgeom::parallel_for(0, 4, [](std::size_t) { FAIL("no task for n = 0"); });
+    for (unsigned jobs : {1U, 2U}) {
+        std::atomic<int> started{0};
+        CHECK_THAT(error_of([&] {
+                       qkgeom::parallel_for(10000, jobs, [&](std::size_t i) {
+                           started.fetch_add(1);
+                           if (i == 3) throw std::invalid_argument("task 3 failed");
+                       });
+                   }),
+                   Contains("task 3 failed"));
+        // One worker takes tasks in order: nothing after the failing task starts.
+        if (jobs == 1) CHECK(started.load() == 4);
+    }
 }
