@@ -33,8 +33,14 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
+
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define QKGEOM_DETAIL_SSE2 1
+#endif
 
 namespace qkgeom {
 
@@ -296,6 +302,54 @@ public:
 
     void skip() { ++skipped_; }
 
+    /// Dense path without the empirical check: the pairs (i_a, j), a < n, in
+    /// order, skipping those with skip[a] ≠ 0; t_i[a] and t_j are the keys'
+    /// positions. The same additions in the same order as `record` pair by pair
+    /// (bit-identical), with the running sums and heatmap bin in registers.
+    void record_column(bucket_eval const& e, double const* t_i, double t_j, double const* pp,
+                       unsigned char const* skip, index_t n, cell_acc& acc) {
+        double sum = acc.sum, sumsq = acc.sumsq;
+        std::int64_t cnt = 0, outside = 0, hc = 0;
+        index_t hx = -1, hy = -1, cur_x = -1, cur_y = -1;
+        double hs = 0;
+        for (index_t a = 0; a < n; ++a) {
+            if (skip[a] != 0) continue;
+            double const p = pp[a];
+            sum += p;
+            sumsq += p * p;
+            ++cnt;
+            double const ti = t_i[a];
+            index_t const bx = dist_.locate_hint(std::abs(ti - t_j), hx);
+            index_t const by = offs_.locate_hint(e.tau - 0.5 * (ti + t_j), hy);
+            if (bx < 0 || by < 0) {
+                ++outside;
+                continue;
+            }
+            hx = bx;
+            hy = by;
+            if (bx != cur_x || by != cur_y) {
+                if (cur_x >= 0) {
+                    hm_.sum(cur_x, cur_y) = hs;
+                    hm_.count(cur_x, cur_y) += hc;
+                }
+                cur_x = bx;
+                cur_y = by;
+                hs = hm_.sum(bx, by);
+                hc = 0;
+            }
+            hs += p;
+            ++hc;
+        }
+        if (cur_x >= 0) {
+            hm_.sum(cur_x, cur_y) = hs;
+            hm_.count(cur_x, cur_y) += hc;
+        }
+        acc.sum = sum;
+        acc.sumsq = sumsq;
+        acc.n += cnt;
+        hm_.n_outside += outside;
+    }
+
 private:
     /// Bin lookup on a grid of edges (half-open bins, the last one closed;
     /// SPEC §9.13). Equally spaced grids (the default) take a first guess by
@@ -325,6 +379,11 @@ private:
             while (j > 0 && v < e[static_cast<std::size_t>(j)]) --j;
             while (j < last && v >= e[static_cast<std::size_t>(j + 1)]) ++j;
             return j;
+        }
+        /// `locate(v)`, trying bin h (≥ 0) first.
+        [[nodiscard]] index_t locate_hint(double v, index_t h) const {
+            if (h >= 0 && v >= e[static_cast<std::size_t>(h)] && v < e[static_cast<std::size_t>(h + 1)]) return h;
+            return locate(v);
         }
     };
 
@@ -404,28 +463,64 @@ inline void evaluate_group_exact(pair_evaluator& ev, key_store const& k, bucket_
     for (index_t a = 0; a < m; ++a) K.row(a) = k.rot.row(idx[static_cast<std::size_t>(a)]);
     dense_group g(K, e.w, e.var, e.V);
     // The Φ pass reads each Gram tile column by column (contiguous): pair
-    // (a, b) of the group with a < b, b in the column's key block.
+    // (a, b) of the group with a < b, b in the column's key block. Per column:
+    // z into a buffer, PP in one batched (vectorised) call, the rare pairs of
+    // (near-)identical keys by the direct path, then the pairs are recorded in
+    // the same order as one by one (same sums in the same order).
+    auto const T = static_cast<std::size_t>(std::max<index_t>(1, o.tile_keys));
+    std::vector<double> zbuf(T), ppbuf(T), tpos(static_cast<std::size_t>(m));
+    std::vector<unsigned char> skip(T);
+    for (std::size_t a = 0; a < tpos.size(); ++a)
+        tpos[a] = static_cast<double>(k.position[static_cast<std::size_t>(idx[a])]);
+    bool const empirical = e.queries != nullptr;
     g.for_each_tile(o.tile_keys, [&](index_t a0, index_t na, index_t b0, index_t nb, Eigen::MatrixXd const& G) {
+        double const* nrm = g.nrm.data() + a0;
+        double const* sa = g.s.data() + a0;
+        double* const z = zbuf.data();
         for (index_t b = 0; b < nb; ++b) {
             index_t const ib = b0 + b;
             double const nb_ = g.nrm(ib), sb = g.s(ib);
             double const* col = G.col(b).data();
             index_t const a_end = (b0 == a0) ? b : na;
-            for (index_t a = 0; a < a_end; ++a) {
-                index_t const ia = a0 + a;
-                double const na_ = g.nrm(ia);
-                double const v = na_ + nb_ - 2.0 * col[a];
-                // SPEC §9.9: rounding must never turn identical keys into a random PP.
-                if (!(v > 1e-12 * (na_ + nb_))) {
-                    double pp = 0;
-                    if (ev.pp_direct(e, idx[static_cast<std::size_t>(ia)], idx[static_cast<std::size_t>(ib)], pp))
-                        record(ia, ib, pp);
-                    else
-                        ev.skip();
-                    continue;
-                }
-                record(ia, ib, pairwise_plasticity((g.s(ia) - sb) / std::sqrt(v)));
+            if (a_end == 0) continue;
+            // z = (s_a − s_b)/√v, v = n_a + n_b − 2 g_ab (v ≤ 0 gives ±inf/NaN: such pairs go direct below).
+            index_t a = 0;
+#ifdef QKGEOM_DETAIL_SSE2
+            __m128d const nbv = _mm_set1_pd(nb_), sbv = _mm_set1_pd(sb), two = _mm_set1_pd(2.0);
+            for (; a + 2 <= a_end; a += 2) {
+                __m128d const v =
+                    _mm_sub_pd(_mm_add_pd(_mm_loadu_pd(nrm + a), nbv), _mm_mul_pd(two, _mm_loadu_pd(col + a)));
+                __m128d const d = _mm_sqrt_pd(_mm_max_pd(v, _mm_setzero_pd()));
+                _mm_storeu_pd(z + a, _mm_div_pd(_mm_sub_pd(_mm_loadu_pd(sa + a), sbv), d));
             }
+#endif
+            for (; a < a_end; ++a) {
+                double const v = nrm[a] + nb_ - 2.0 * col[a];
+                z[a] = (sa[a] - sb) / std::sqrt(v > 0.0 ? v : 0.0);
+            }
+            auto const n = static_cast<std::size_t>(a_end);
+            vpp::pairwise_plasticity(std::span<double const>(z, n), std::span<double>(ppbuf.data(), n));
+            for (a = 0; a < a_end; ++a) {
+                double const v = nrm[a] + nb_ - 2.0 * col[a];
+                skip[static_cast<std::size_t>(a)] = 0;
+                // SPEC §9.9: rounding must never turn identical keys into a random PP.
+                if (!(v > 1e-12 * (nrm[a] + nb_))) {
+                    double pp = 0;
+                    if (ev.pp_direct(e, idx[static_cast<std::size_t>(a0 + a)], idx[static_cast<std::size_t>(ib)], pp)) {
+                        ppbuf[static_cast<std::size_t>(a)] = pp;
+                    } else {
+                        skip[static_cast<std::size_t>(a)] = 1;
+                        ev.skip();
+                    }
+                }
+            }
+            if (!empirical) {
+                ev.record_column(e, tpos.data() + a0, tpos[static_cast<std::size_t>(ib)], ppbuf.data(), skip.data(),
+                                 a_end, acc);
+                continue;
+            }
+            for (a = 0; a < a_end; ++a)
+                if (skip[static_cast<std::size_t>(a)] == 0) record(a0 + a, ib, ppbuf[static_cast<std::size_t>(a)]);
         }
     });
 }

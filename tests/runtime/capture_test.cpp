@@ -304,7 +304,7 @@ TEST_CASE("capture: stored rows equal the input rows at the kept tokens", "[capt
                Contains("GQA") && Contains("value 1"));
 }
 
-TEST_CASE("capture: stores merge by appending; the merge order is irrelevant to the kept set", "[capture]") {
+TEST_CASE("capture: stores merge by appending, the merge order is irrelevant to the kept set", "[capture]") {
     auto const layout = qkgeom::uniform_layout(1, 2, 2, 4);
     auto const heads = qkgeom::eligible_heads(layout);
     qkgeom::capture_sampler const smp{{bucket_scheme::log, 4, 2.0}, 11};
@@ -339,7 +339,7 @@ TEST_CASE("capture: stores merge by appending; the merge order is irrelevant to 
     CHECK_THAT(error_of([&] { other += a; }), Contains("seed") && Contains("value 11"));
 }
 
-TEST_CASE("parallel_for: every task runs exactly once; the first error stops new tasks and is rethrown", "[capture]") {
+TEST_CASE("parallel_for: every task runs exactly once, the first error stops new tasks and is rethrown", "[capture]") {
     for (unsigned jobs : {0U, 1U, 2U, 7U}) {
         std::vector<std::atomic<int>> hits(1000);
         qkgeom::parallel_for(hits.size(), jobs, [&](std::size_t i) { hits[i].fetch_add(1); });

@@ -332,7 +332,7 @@ TEST_CASE("csv: qk_pca.csv: one row per reported component", "[csv]") {
     CHECK(r == t.rows.size());
 }
 
-TEST_CASE("csv: model_report.csv and layer_report.csv equal summarise_model; the name is quoted", "[csv]") {
+TEST_CASE("csv: model_report.csv and layer_report.csv equal summarise_model, the name is quoted", "[csv]") {
     auto const m = qkgeom::summarise_model(span());
     std::string const name = "org/model,v2 \"base\"";
     std::ostringstream os;
@@ -364,7 +364,7 @@ TEST_CASE("csv: model_report.csv and layer_report.csv equal summarise_model; the
     }
 }
 
-TEST_CASE("csv: write_reports writes every file; unwritable paths throw naming the path", "[csv]") {
+TEST_CASE("csv: write_reports writes every file, unwritable paths throw naming the path", "[csv]") {
     temp_dir tmp;
     fs::path const out = tmp.path / "nested" / "run1";
     auto const paths = rep::write_reports(out, "model,x", span());

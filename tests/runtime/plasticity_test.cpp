@@ -424,7 +424,7 @@ TEST_CASE("PP and p are accurate in the tails and underflow gracefully", "[plast
     CHECK(rel_diff(qkgeom::preference_probability(-30.0), static_cast<double>(ref_p(-30.0L))) < 1e-12);
 }
 
-TEST_CASE("the span overload of PP equals the scalar one; a length mismatch throws", "[plasticity][gaussian]") {
+TEST_CASE("the span overload of PP equals the scalar one, a length mismatch throws", "[plasticity][gaussian]") {
     std::vector<double> z;
     for (int i = -400; i <= 400; ++i) z.push_back(i / 9.0);
     for (double v : {0.0, -0.0, 37.5, -38.2, 40.0, 1e308, std::numeric_limits<double>::infinity(), k_nan}) z.push_back(v);

@@ -335,7 +335,7 @@ TEST_CASE("synthetic: RoPE preserves norms and the rotary dot product depends on
     CHECK(std::abs(v(3) - std::sin(3.0 * f(1))) < 1e-15);
 }
 
-TEST_CASE("synthetic: mixing M is orthogonal; identity without mixing", "[synthetic]") {
+TEST_CASE("synthetic: mixing M is orthogonal, identity without mixing", "[synthetic]") {
     syn::capture_spec cap;
     cap.n_examples = 2;
     cap.context_length = 512;
@@ -352,7 +352,7 @@ TEST_CASE("synthetic: mixing M is orthogonal; identity without mixing", "[synthe
     CHECK(syn::generate_head(L, cap).truth.mixing == id);
 }
 
-TEST_CASE("synthetic: GQA mapping; query heads of a group share identical key rows", "[synthetic]") {
+TEST_CASE("synthetic: GQA mapping, query heads of a group share identical key rows", "[synthetic]") {
     CHECK(syn::kv_head_of(0, 8, 2) == 0);
     CHECK(syn::kv_head_of(3, 8, 2) == 0);
     CHECK(syn::kv_head_of(4, 8, 2) == 1);
@@ -404,7 +404,7 @@ TEST_CASE("synthetic: GQA mapping; query heads of a group share identical key ro
     CHECK(ex0 == qkgeom::kept_positions(cap.buckets, cap.seed, 2, L.layer, kind::key, cap.context_length));
 }
 
-TEST_CASE("synthetic: generation is deterministic; generate_head equals generate_layer", "[synthetic]") {
+TEST_CASE("synthetic: generation is deterministic, generate_head equals generate_layer", "[synthetic]") {
     syn::layer_spec L;
     L.mix = true;
     L.d = 16;

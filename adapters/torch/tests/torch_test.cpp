@@ -300,7 +300,7 @@ TEST_CASE("head_rows: per-head [T, D] views of both rank-4 layouts", "[adapter]"
     CHECK((s.batch == 2 && s.heads == 3 && s.tokens == 5 && s.head_dim == 4));
 }
 
-TEST_CASE("integer tensors are index vectors; the core accepts tensors", "[adapter]") {
+TEST_CASE("integer tensors are index vectors, the core accepts tensors", "[adapter]") {
     at::Tensor const p64 = at::arange(20, at::TensorOptions().dtype(at::kLong)).slice(0, 1, 20, 3);
     for (auto dt : {at::kLong, at::kInt, at::kShort, at::kChar, at::kByte}) {
         at::Tensor const p = p64.to(dt);
@@ -522,7 +522,7 @@ TEST_CASE("device moments equal host moments of the same rows (f64, 1e-12)", "[d
     }
 }
 
-TEST_CASE("device moments of bf16 rows; shards merge like one capture", "[device_moments]") {
+TEST_CASE("device moments of bf16 rows, shards merge like one capture", "[device_moments]") {
     at::manual_seed(9);
     std::vector<step_inputs> steps;
     for (std::int64_t s = 0; s < 4; ++s) steps.push_back(make_step(at::kBFloat16, s));
