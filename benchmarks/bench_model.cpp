@@ -264,8 +264,11 @@ void bm_model_scalar_baseline(benchmark::State& st) {
                                 std::pair{r.gaussian_gap, lib.plasticity.gaussian_gap},
                                 std::pair{r.pos_ks_p, lib.diagnostics.pos_ks_p},
                                 std::pair{r.sem_median_ks_p, lib.diagnostics.sem_median_ks_p},
-                                std::pair{r.bias_strength, lib.rotation.bias_strength}})
-                max_rel = std::max(max_rel, std::abs(a - b) / std::max(1e-300, std::abs(b)));
+                                std::pair{r.bias_strength, lib.rotation.bias_strength}}) {
+                double const rel = std::abs(a - b) / std::max(1e-300, std::abs(b));
+                if (rel > 1e-9) std::fprintf(stderr, "baseline head %zu: %.17g vs library %.17g\n", i, a, b);
+                max_rel = std::max(max_rel, rel);
+            }
             st.ResumeTiming();
         }
     }
