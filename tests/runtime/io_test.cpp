@@ -550,6 +550,22 @@ io::head_entry test_entry(io::manifest const& m, std::int64_t layer, std::int64_
 
 }  // namespace
 
+namespace {
+
+/// Replaces `from` by `to` in the manifest text `base` and requires
+/// parse_manifest to fail with a message containing `needle`.
+void require_manifest_error(std::string const& base, std::string const& from, std::string const& to,
+                            char const* needle) {
+    std::string t = base;
+    auto const at = t.find(from);
+    REQUIRE(at != std::string::npos);
+    t.replace(at, from.size(), to);
+    INFO(t);
+    require_input_error([&] { (void)io::parse_manifest(t, "manifest.json"); }, needle);
+}
+
+}  // namespace
+
 TEST_CASE("dataset: manifest round trip and validation", "[io][dataset]") {
     temp_dir tmp;
     auto const m = test_manifest();
@@ -571,12 +587,7 @@ TEST_CASE("dataset: manifest round trip and validation", "[io][dataset]") {
     CHECK(p.buckets.scheme == qkgeom::bucket_scheme::log);
     CHECK(p.buckets.rate == 2.5);
     auto bad = [&](std::string const& from, std::string const& to, char const* needle) {
-        std::string t = base;
-        auto const at = t.find(from);
-        REQUIRE(at != std::string::npos);
-        t.replace(at, from.size(), to);
-        INFO(t);
-        require_input_error([&] { (void)io::parse_manifest(t, "manifest.json"); }, needle);
+        require_manifest_error(base, from, to, needle);
     };
     bad("\"n_kv_heads\":2", "\"n_kv_heads\":3", "must be a multiple of n_kv_heads");
     bad("\"n_q_heads\":8", "\"n_q_heads\":[8]", "per-layer array length differs");
@@ -1162,12 +1173,7 @@ TEST_CASE("dataset: manifest round trip with and without the issue 6 fields", "[
     CHECK(p.heads->count == 5);
     CHECK(p.heads->eligibility == qkgeom::layer_eligibility::full_attention_only);
     auto bad = [&](std::string const& from, std::string const& to, char const* needle) {
-        std::string t = base;
-        auto const at = t.find(from);
-        REQUIRE(at != std::string::npos);
-        t.replace(at, from.size(), to);
-        INFO(t);
-        require_input_error([&] { (void)io::parse_manifest(t, "manifest.json"); }, needle);
+        require_manifest_error(base, from, to, needle);
     };
     bad("\"rotate_half\"", "\"diagonal\"", "manifest.json: rope.pairing: must be \"rotate_half\" or \"interleaved\" (value \"diagonal\")");
     bad("\"rotary_dim\":32", "\"rotary_dim\":33", "rope.rotary_dim: must be an even integer in [0, head_dim = 64]");
