@@ -17,6 +17,7 @@
 
 #include <qkgeom/buckets.hpp>
 #include <qkgeom/config.hpp>
+#include <qkgeom/detail/score_kernels.hpp>
 #include <qkgeom/detail/stats.hpp>
 #include <qkgeom/errors.hpp>
 #include <qkgeom/gaussian.hpp>
@@ -210,14 +211,19 @@ struct bucket_eval {
     double tau = nan;
     query_rows const* queries = nullptr;  ///< original-basis queries of the bucket (≥ 2 rows) or null
     double emp_scale = 1.0;               ///< n/(n−1)
-    /// Scores q·k of the bucket's queries (rows) against every key that takes
-    /// part in a pair (columns), one single-precision GEMM per query bucket;
+    /// Scores q·k of the bucket's queries (rows 0 … nq−1; more rows may be
+    /// padding) against every key that takes part in a pair (columns), one
+    /// single-precision product per query bucket (`detail::scores`);
     /// `column[i]` is key i's column (−1: not scored). See `empirical_wins`.
     Eigen::MatrixXf scores;
+    index_t nq = 0;           ///< the bucket's query count
+    simd::isa level = simd::isa::generic;  ///< kernels' instruction set
     Eigen::VectorXd q_norm;   ///< ‖q_r‖ (original basis), per query row
     Eigen::VectorXd k_norm;   ///< ‖k‖ per score column
     double score_err = 0.0;   ///< certified bound factor: |fl32(q·k) − q·k| <= score_err·‖q‖‖k‖
-    Eigen::MatrixXd const* k_orig = nullptr;  ///< double key rows per score column (exact fallback)
+    /// Original-basis key rows (double): score column c is row (*scored)[c] (exact fallback).
+    Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> const* k_orig = nullptr;
+    std::vector<index_t> const* scored = nullptr;
     std::vector<index_t> const* column = nullptr;
 };
 
@@ -237,20 +243,16 @@ inline double f32_dot_error_factor(index_t d) {
 /// ones are recomputed in double from the original rows, so the count is that
 /// of double-precision scores (ties within double rounding aside).
 inline std::int64_t empirical_wins(bucket_eval const& e, index_t ci, index_t cj) {
-    index_t const nq = e.scores.rows();
+    index_t const nq = e.nq;
     float const* si = e.scores.col(ci).data();
     float const* sj = e.scores.col(cj).data();
     double const* qn = e.q_norm.data();
     double const kk = e.score_err * (e.k_norm(ci) + e.k_norm(cj));
-    std::int64_t wins = 0, undecided = 0;
-    for (index_t r = 0; r < nq; ++r) {
-        double const diff = double(si[r]) - double(sj[r]);  // exact in double
-        double const tol = kk * qn[r];
-        wins += diff > tol ? 1 : 0;
-        undecided += (diff > tol || diff < -tol) ? 0 : 1;  // NaN/Inf: undecided too
-    }
+    auto const [wins0, undecided] = scores::count_wins(e.level, si, sj, qn, kk, nq);
+    std::int64_t wins = wins0;
     if (undecided == 0) return wins;
-    auto const ki = e.k_orig->row(ci), kj = e.k_orig->row(cj);
+    auto const& sc = *e.scored;
+    auto const ki = e.k_orig->row(sc[static_cast<std::size_t>(ci)]), kj = e.k_orig->row(sc[static_cast<std::size_t>(cj)]);
     for (index_t r = 0; r < nq; ++r) {
         double const diff = double(si[r]) - double(sj[r]);
         double const tol = kk * qn[r];
@@ -293,7 +295,7 @@ public:
         // SPEC §9.14: the fraction of the bucket's queries whose score for key i
         // is strictly larger than for key j (original basis).
         index_t const ci = (*e.column)[static_cast<std::size_t>(i)], cj = (*e.column)[static_cast<std::size_t>(j)];
-        index_t const nq = e.scores.rows();
+        index_t const nq = e.nq;
         std::int64_t const wins = empirical_wins(e, ci, cj);
         double const p = static_cast<double>(wins) / static_cast<double>(nq);
         acc.emp_sum += 4.0 * p * (1.0 - p) * e.emp_scale;
@@ -723,9 +725,10 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
 
     detail::pair_evaluator ev(ks, hm, res.n_pairs_skipped);
     std::vector<index_t> column(static_cast<std::size_t>(nk), -1);  // key -> score column (per query bucket)
-    Eigen::MatrixXd ksub;  // the scored keys of the current query bucket (double, row per column)
-    std::map<std::int64_t, Eigen::MatrixXf> qrows_f32;
-    for (auto const& [b, rows] : qrows) qrows_f32.emplace(b, rows.template cast<float>());
+    std::vector<index_t> scored;  // the scored keys of the current query bucket, one per score column
+    simd::isa const level = simd::active();
+    auto const blk = detail::scores::blocking_of(level);
+    std::vector<float> qpack, kpack;  // packed f32 operands of the dispatched product
     for (auto const& s : model.buckets) {
         plasticity_bucket pb;
         pb.q_bucket = s.bucket;
@@ -755,23 +758,40 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
             e.emp_scale = double(qit->second.rows()) / double(qit->second.rows() - 1);
             // One GEMM: the bucket's queries against every key of the admissible
             // buckets that belongs to an example with at least two such keys.
-            std::vector<index_t> scored;
+            scored.clear();
             for (auto c : cs)
                 for (auto const& [ex, idx] : groups[c])
                     if (opt.pairs == pair_policy::prefix || idx.size() >= 2)
                         scored.insert(scored.end(), idx.begin(), idx.end());
-            ksub.resize(static_cast<index_t>(scored.size()), d);
-            for (std::size_t a = 0; a < scored.size(); ++a) {
-                ksub.row(static_cast<index_t>(a)) = ks.orig.row(scored[a]);
-                column[static_cast<std::size_t>(scored[a])] = static_cast<index_t>(a);
+            index_t const nks = static_cast<index_t>(scored.size());
+            e.k_norm.resize(nks);
+            for (index_t a = 0; a < nks; ++a) {
+                auto const key = scored[static_cast<std::size_t>(a)];
+                column[static_cast<std::size_t>(key)] = a;
+                e.k_norm(a) = ks.orig.row(key).norm();
             }
-            // f32 GEMM (twice the double rate), certified by empirical_wins.
-            auto const& qf = qrows_f32.at(s.bucket);
-            e.scores.noalias() = qf * ksub.template cast<float>().transpose();
-            e.q_norm = qit->second.rowwise().norm();
-            e.k_norm = ksub.rowwise().norm();
+            // Single-precision product (twice the double rate, and AVX2/AVX-512
+            // kernels where the CPU has them), certified by empirical_wins.
+            auto const& q = qit->second;
+            e.nq = q.rows();
+            e.level = level;
+            if (level == simd::isa::generic) {
+                Eigen::MatrixXf kf(nks, d);
+                for (index_t a = 0; a < nks; ++a) kf.row(a) = ks.orig.row(scored[static_cast<std::size_t>(a)]).template cast<float>();
+                e.scores.noalias() = q.template cast<float>() * kf.transpose();
+            } else {
+                index_t const nq_pad = detail::scores::round_up(e.nq, blk.panel);
+                detail::scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, e.nq, d, blk.panel, qpack);
+                detail::scores::pack_transposed(
+                    [&](index_t a, index_t l) { return ks.orig(scored[static_cast<std::size_t>(a)], l); }, nks, d,
+                    blk.block, kpack);
+                e.scores.resize(nq_pad, nks);
+                detail::scores::score_product(level, qpack, nq_pad, kpack, nks, d, e.scores.data());
+            }
+            e.q_norm = q.rowwise().norm();
             e.score_err = detail::f32_dot_error_factor(d);
-            e.k_orig = &ksub;
+            e.k_orig = &ks.orig;
+            e.scored = &scored;
             e.column = &column;
         }
         auto finish_cell = [&](detail::cell_acc const& acc, std::int64_t c) {

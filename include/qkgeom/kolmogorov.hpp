@@ -31,6 +31,7 @@
 #include <qkgeom/errors.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -437,6 +438,48 @@ inline double kolmogorov_smirnov_sf(std::int64_t n, double d) {
     return detail::ks::exact_sf(n, d);
 }
 
+namespace detail {
+/// Sorts finite doubles ascending: the same sequence as std::sort (equal
+/// values are equal, −0 is placed before +0). Least-significant-digit radix
+/// sort over the order-preserving integer image of the IEEE bits (8-bit
+/// digits, one counting pass for all digits, digits on which every value
+/// agrees skipped): O(n) against std::sort's mispredicted comparisons, which
+/// dominated the diagnostics (65 sorts of ≈ 8K values per head).
+inline void sort_finite(std::vector<double>& x) {
+    std::size_t const n = x.size();
+    if (n < 512) {
+        std::sort(x.begin(), x.end());
+        return;
+    }
+    auto key = [](double v) {  // monotone: negatives flipped entirely, positives get the sign bit
+        auto const b = std::bit_cast<std::uint64_t>(v);
+        return (b >> 63) != 0 ? ~b : b | (std::uint64_t{1} << 63);
+    };
+    auto unkey = [](std::uint64_t k) {
+        return std::bit_cast<double>((k >> 63) != 0 ? k & ~(std::uint64_t{1} << 63) : ~k);
+    };
+    std::vector<std::uint64_t> a(n), b(n);
+    std::vector<std::size_t> count(8 * 256, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+        a[i] = key(x[i]);
+        for (int dgt = 0; dgt < 8; ++dgt) ++count[static_cast<std::size_t>(dgt) * 256 + ((a[i] >> (8 * dgt)) & 0xff)];
+    }
+    for (int dgt = 0; dgt < 8; ++dgt) {
+        std::size_t* c = count.data() + dgt * 256;
+        if (c[(a[0] >> (8 * dgt)) & 0xff] == n) continue;  // every value has the same digit
+        std::size_t sum = 0;
+        for (int v = 0; v < 256; ++v) {
+            std::size_t const t = c[v];
+            c[v] = sum;
+            sum += t;
+        }
+        for (std::size_t i = 0; i < n; ++i) b[c[(a[i] >> (8 * dgt)) & 0xff]++] = a[i];
+        a.swap(b);
+    }
+    for (std::size_t i = 0; i < n; ++i) x[i] = unkey(a[i]);
+}
+}  // namespace detail
+
 /// \brief Result of a one-sample KS test.
 struct ks_result {
     double statistic;  ///< D_n = max(D⁺, D⁻)
@@ -457,7 +500,7 @@ inline ks_result ks_test_normal(std::span<double const> z) {
         if (!std::isfinite(z[i]))
             detail::fail_arg("qkgeom::ks_test_normal", "non-finite value at index " + std::to_string(i), z[i]);
     std::vector<double> x(z.begin(), z.end());
-    std::sort(x.begin(), x.end());
+    detail::sort_finite(x);
     double const nn = static_cast<double>(x.size());
     double dplus = -std::numeric_limits<double>::infinity();
     double dminus = -std::numeric_limits<double>::infinity();

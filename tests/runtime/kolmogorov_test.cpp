@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -322,4 +323,43 @@ TEST_CASE("Kolmogorov functions reject bad input", "[kolmogorov]") {
     CHECK_THROWS_WITH(qkgeom::ks_test_normal(std::vector<double>{0.1, 0.2, 0.3, nan}), Catch::Contains("index 3"));
     CHECK_THROWS_WITH(qkgeom::ks_test_normal(std::vector<double>{inf, 0.2}), Catch::Contains("index 0"));
     CHECK_THROWS_AS(qkgeom::ks_test_normal(std::vector<double>{0.1, -inf}), std::invalid_argument);
+}
+
+TEST_CASE("the diagnostics' radix sort orders like std::sort", "[kolmogorov][sort]") {
+    // Mixed signs, zeros of both signs, subnormals, huge and tiny magnitudes,
+    // duplicates, and samples where the high digits all agree (skipped passes).
+    std::mt19937_64 gen(42);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    std::uniform_int_distribution<int> pick(0, 9);
+    for (std::size_t n : {std::size_t{1}, std::size_t{511}, std::size_t{512}, std::size_t{513}, std::size_t{8000}}) {
+        for (int flavour = 0; flavour < 3; ++flavour) {
+            std::vector<double> x(n);
+            for (double& v : x) {
+                switch (flavour == 0 ? pick(gen) : -1) {
+                    case 0: v = 0.0; break;
+                    case 1: v = -0.0; break;
+                    case 2: v = 5e-324 * double(pick(gen) - 5); break;  // subnormals
+                    case 3: v = nd(gen) * 1e300; break;
+                    case 4: v = 1.5; break;  // duplicates
+                    default: v = flavour == 2 ? 1.0 + std::abs(nd(gen)) * 1e-9 : nd(gen);  // flavour 2: one exponent
+                }
+            }
+            std::vector<double> want = x, got = x;
+            std::sort(want.begin(), want.end());
+            qkgeom::detail::sort_finite(got);
+            INFO("n = " << n << ", flavour " << flavour);
+            REQUIRE(got.size() == want.size());
+            bool same = true;
+            for (std::size_t i = 0; i < n; ++i) same = same && got[i] == want[i];  // ±0 compare equal
+            CHECK(same);
+            CHECK(std::is_sorted(got.begin(), got.end()));
+            std::vector<double> a = x, b = got;  // a permutation of the input (bit patterns)
+            auto bits_less = [](double p, double q) { return std::bit_cast<std::uint64_t>(p) < std::bit_cast<std::uint64_t>(q); };
+            std::sort(a.begin(), a.end(), bits_less);
+            std::sort(b.begin(), b.end(), bits_less);
+            bool perm = true;
+            for (std::size_t i = 0; i < n; ++i) perm = perm && std::bit_cast<std::uint64_t>(a[i]) == std::bit_cast<std::uint64_t>(b[i]);
+            CHECK(perm);
+        }
+    }
 }

@@ -1,0 +1,198 @@
+// qkgeom — the empirical cross-check's kernels (internal), SPEC §6 / §9.14.
+// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+//
+// For one query bucket the check needs the scores q_r·k_c of the bucket's
+// queries against every key that takes part in a pair, then, per evaluated
+// pair (i, j), the number of queries with q·k_i > q·k_j. Both run here, in
+// single precision for the product (the comparisons are certified in
+// attention_plasticity.hpp) at the widest instruction set `simd::active()`
+// allows:
+//
+//   packed_queries   the bucket's queries, f32, in panels of P rows stored
+//                    transposed (panel p: d × P, row l = coordinate l of the
+//                    panel's P queries), rows past n zero
+//   packed_keys      the scored keys, f32, in blocks of NB keys stored
+//                    transposed (block b: d × NB), keys past n zero
+//   score_product    S (column-major, leading dimension = padded query
+//                    count, one column per key): the register-blocked
+//                    product panel × block, P × NB accumulators held in
+//                    vector registers across the whole d loop (AVX-512:
+//                    P = 32, NB = 14, 28 zmm accumulators; AVX2: P = 16,
+//                    NB = 6, 12 ymm), each score a plain d-term dot product.
+//   count_wins       wins and undecided comparisons of one pair.
+//
+// The generic level is not here: it keeps Eigen's f32 GEMM on unpacked
+// matrices (attention_plasticity.hpp).
+#pragma once
+
+#include <qkgeom/config.hpp>
+#include <qkgeom/simd.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace qkgeom::detail::scores {
+
+/// Rows per query panel and keys per key block of a level (generic: 1, unused).
+struct blocking {
+    index_t panel = 1;
+    index_t block = 1;
+};
+
+[[nodiscard]] constexpr blocking blocking_of(simd::isa level) noexcept {
+    switch (level) {
+        case simd::isa::avx512: return {32, 14};
+        case simd::isa::avx2: return {16, 6};
+        default: return {1, 1};
+    }
+}
+
+[[nodiscard]] constexpr index_t round_up(index_t n, index_t m) noexcept { return (n + m - 1) / m * m; }
+
+/// Transposed panels of `width` rows: out[(p·d + l)·width + t] = x(p·width + t, l),
+/// zero for rows ≥ n. `x(r, l)` is any callable returning the value as double
+/// (rounded to float here).
+template <class At>
+void pack_transposed(At const& x, index_t n, index_t d, index_t width, std::vector<float>& out) {
+    index_t const np = round_up(n, width) / width;
+    out.assign(static_cast<std::size_t>(np * d * width), 0.0f);
+    for (index_t p = 0; p < np; ++p) {
+        index_t const r0 = p * width;
+        index_t const m = n - r0 < width ? n - r0 : width;
+        float* dst = out.data() + p * d * width;
+        for (index_t l = 0; l < d; ++l)
+            for (index_t t = 0; t < m; ++t) dst[l * width + t] = static_cast<float>(x(r0 + t, l));
+    }
+}
+
+#if QKGEOM_SIMD_X86
+
+/// S(:, c0 .. c0+nvalid) for one query panel (32 rows) and one key block (14
+/// keys): 28 zmm accumulators over the whole d loop.
+QKGEOM_TARGET("avx512f")
+inline void micro_avx512(float const* qp, float const* kb, index_t d, float* s, index_t lds, index_t nvalid) {
+    __m512 acc[14][2];
+#pragma GCC unroll 14
+    for (int j = 0; j < 14; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    for (index_t l = 0; l < d; ++l) {
+        __m512 const a0 = _mm512_loadu_ps(qp + l * 32);
+        __m512 const a1 = _mm512_loadu_ps(qp + l * 32 + 16);
+        float const* kl = kb + l * 14;
+#pragma GCC unroll 14
+        for (int j = 0; j < 14; ++j) {
+            __m512 const b = _mm512_set1_ps(kl[j]);
+            acc[j][0] = _mm512_fmadd_ps(a0, b, acc[j][0]);
+            acc[j][1] = _mm512_fmadd_ps(a1, b, acc[j][1]);
+        }
+    }
+#pragma GCC unroll 14
+    for (int j = 0; j < 14; ++j) {
+        if (j >= nvalid) break;
+        _mm512_storeu_ps(s + j * lds, acc[j][0]);
+        _mm512_storeu_ps(s + j * lds + 16, acc[j][1]);
+    }
+}
+
+/// The same for AVX2 + FMA: 16 rows × 6 keys, 12 ymm accumulators.
+QKGEOM_TARGET("avx2,fma")
+inline void micro_avx2(float const* qp, float const* kb, index_t d, float* s, index_t lds, index_t nvalid) {
+    __m256 acc[6][2];
+#pragma GCC unroll 6
+    for (int j = 0; j < 6; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (index_t l = 0; l < d; ++l) {
+        __m256 const a0 = _mm256_loadu_ps(qp + l * 16);
+        __m256 const a1 = _mm256_loadu_ps(qp + l * 16 + 8);
+        float const* kl = kb + l * 6;
+#pragma GCC unroll 6
+        for (int j = 0; j < 6; ++j) {
+            __m256 const b = _mm256_broadcast_ss(kl + j);
+            acc[j][0] = _mm256_fmadd_ps(a0, b, acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(a1, b, acc[j][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int j = 0; j < 6; ++j) {
+        if (j >= nvalid) break;
+        _mm256_storeu_ps(s + j * lds, acc[j][0]);
+        _mm256_storeu_ps(s + j * lds + 8, acc[j][1]);
+    }
+}
+
+#endif  // QKGEOM_SIMD_X86
+
+/// S = Q Kᵀ from packed operands (see the file header): `qp` holds
+/// nq_pad / P panels, `kp` holds ceil(nk / NB) blocks, S is column-major with
+/// leading dimension nq_pad = round_up(nq, P) and nk columns. Requires a
+/// level > generic that the CPU supports.
+inline void score_product(simd::isa level, std::vector<float> const& qp, index_t nq_pad, std::vector<float> const& kp,
+                          index_t nk, index_t d, float* s) {
+#if QKGEOM_SIMD_X86
+    auto const [P, NB] = blocking_of(level);
+    index_t const np = nq_pad / P;
+    // Chunks of 252 keys (≈ 126 KiB at d = 128) stay in L2 while every query
+    // panel (P·d floats, in L1) meets each of the chunk's key blocks in turn.
+    index_t const chunk = 252;  // a multiple of both block widths
+    for (index_t k0 = 0; k0 < nk; k0 += chunk) {
+        index_t const k1 = nk - k0 < chunk ? nk : k0 + chunk;
+        for (index_t p = 0; p < np; ++p) {
+            float const* q = qp.data() + p * d * P;
+            for (index_t c0 = k0; c0 < k1; c0 += NB) {
+                float const* kb = kp.data() + (c0 / NB) * d * NB;
+                index_t const nvalid = nk - c0 < NB ? nk - c0 : NB;
+                float* out = s + c0 * nq_pad + p * P;
+                if (level == simd::isa::avx512) micro_avx512(q, kb, d, out, nq_pad, nvalid);
+                else micro_avx2(q, kb, d, out, nq_pad, nvalid);
+            }
+        }
+    }
+#else
+    (void)level, (void)qp, (void)nq_pad, (void)kp, (void)nk, (void)d, (void)s;
+#endif
+}
+
+/// Wins and undecided comparisons of one pair (SPEC §9.14), see
+/// `empirical_wins`: a query counts as a win when the f32 score difference
+/// exceeds its certified bound kk·‖q‖, as undecided when |difference| does
+/// not exceed it (NaN included).
+struct counts {
+    std::int64_t wins = 0;
+    std::int64_t undecided = 0;
+};
+
+QKGEOM_ALWAYS_INLINE counts count_body(float const* si, float const* sj, double const* qn, double kk, index_t n) noexcept {
+    std::int64_t wins = 0, undecided = 0;
+    for (index_t r = 0; r < n; ++r) {
+        double const diff = double(si[r]) - double(sj[r]);  // exact in double
+        double const tol = kk * qn[r];
+        wins += diff > tol ? 1 : 0;
+        undecided += std::abs(diff) > tol ? 0 : 1;  // NaN: undecided
+    }
+    return {wins, undecided};
+}
+
+inline counts count_generic(float const* si, float const* sj, double const* qn, double kk, index_t n) noexcept {
+    return count_body(si, sj, qn, kk, n);
+}
+
+#if QKGEOM_SIMD_X86
+QKGEOM_TARGET("avx2,fma")
+inline counts count_avx2(float const* si, float const* sj, double const* qn, double kk, index_t n) noexcept {
+    return count_body(si, sj, qn, kk, n);
+}
+QKGEOM_TARGET("avx512f")
+inline counts count_avx512(float const* si, float const* sj, double const* qn, double kk, index_t n) noexcept {
+    return count_body(si, sj, qn, kk, n);
+}
+#endif
+
+inline counts count_wins(simd::isa level, float const* si, float const* sj, double const* qn, double kk,
+                         index_t n) noexcept {
+#if QKGEOM_SIMD_X86
+    if (level == simd::isa::avx512) return count_avx512(si, sj, qn, kk, n);
+    if (level == simd::isa::avx2) return count_avx2(si, sj, qn, kk, n);
+#endif
+    return count_generic(si, sj, qn, kk, n);
+}
+
+}  // namespace qkgeom::detail::scores

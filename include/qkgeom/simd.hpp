@@ -1,0 +1,129 @@
+// qkgeom — runtime instruction-set dispatch for the few hot kernels.
+//
+// The library never forces an ISA on its users (no -march in its targets), so
+// a default build compiles Eigen and every loop for baseline x86-64 (SSE2).
+// The hot kernels that decide whole-model time (the empirical check's score
+// product and comparison count, SPEC §6/§9.14; the batched PP of the dense
+// Φ pass, SPEC §5) are additionally compiled, inside the headers, for AVX2 and
+// AVX-512 with per-function `target` attributes, and the widest level the CPU
+// and the operating system support is chosen once at run time.
+//
+//   qkgeom::simd::detected()      what this CPU supports (and the compiler can target)
+//   qkgeom::simd::active()        what the kernels use: detected(), capped by
+//                                 set_limit() or the environment variable
+//                                 QKGEOM_ISA=generic|avx2|avx512 (read once)
+//   qkgeom::simd::set_limit(isa)  cap the level (tests, reproducibility studies)
+//
+// Results never depend on the level beyond what the SPEC allows: the
+// empirical check's counts are those of double-precision scores at every
+// level (the single-precision scores are certified per comparison, see
+// attention_plasticity.hpp), and the batched PP is within 1e-13 relative of
+// the scalar std::erfc form at every level (tests/runtime/simd_test.cpp and
+// gaussian_vector_test.cpp run every level the machine has).
+//
+// Define QKGEOM_NO_SIMD_DISPATCH to compile the generic kernels only; on
+// compilers other than GCC/Clang or targets other than x86-64 that is the
+// default.
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
+#if !defined(QKGEOM_NO_SIMD_DISPATCH) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define QKGEOM_SIMD_X86 1
+#include <immintrin.h>
+/// Compile one function for an instruction set (GCC/Clang `target` attribute).
+#define QKGEOM_TARGET(isa_string) __attribute__((target(isa_string)))
+/// Inline a shared kernel body into each target-specific wrapper.
+#define QKGEOM_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define QKGEOM_SIMD_X86 0
+#define QKGEOM_TARGET(isa_string)
+#define QKGEOM_ALWAYS_INLINE inline
+#endif
+
+namespace qkgeom::simd {
+
+/// \brief Instruction-set levels of the dispatched kernels, in increasing order.
+/// `avx2` means AVX2 + FMA; `avx512` means AVX-512 F (the kernels use
+/// 512-bit F instructions only).
+enum class isa : int { generic = 0, avx2 = 1, avx512 = 2 };
+
+/// \brief "generic", "avx2" or "avx512".
+[[nodiscard]] constexpr char const* isa_name(isa level) noexcept {
+    switch (level) {
+        case isa::avx2: return "avx2";
+        case isa::avx512: return "avx512";
+        default: return "generic";
+    }
+}
+
+/// \brief The widest level this CPU and OS support (GCC/Clang's CPU model,
+/// which checks the OS-enabled register state) that this build can target.
+[[nodiscard]] inline isa detected() noexcept {
+#if QKGEOM_SIMD_X86
+    static isa const level = [] {
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+            return isa::avx512;
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return isa::avx2;
+        return isa::generic;
+    }();
+    return level;
+#else
+    return isa::generic;
+#endif
+}
+
+namespace detail {
+inline constexpr int no_limit = 1000;
+/// The cap from QKGEOM_ISA (unknown values: no cap), read once.
+inline int env_limit() noexcept {
+    static int const value = [] {
+        char const* s = std::getenv("QKGEOM_ISA");  // NOLINT(concurrency-mt-unsafe): read once
+        if (s == nullptr) return no_limit;
+        std::string_view const v(s);
+        if (v == "generic") return static_cast<int>(isa::generic);
+        if (v == "avx2") return static_cast<int>(isa::avx2);
+        if (v == "avx512") return static_cast<int>(isa::avx512);
+        return no_limit;
+    }();
+    return value;
+}
+inline std::atomic<int>& limit_slot() noexcept {
+    static std::atomic<int> slot{no_limit};
+    return slot;
+}
+}  // namespace detail
+
+/// \brief Cap the level the kernels use (process-wide, thread-safe); a cap
+/// above `detected()` has no effect beyond it.
+inline void set_limit(isa level) noexcept { detail::limit_slot().store(static_cast<int>(level)); }
+
+/// \brief Remove a cap set by `set_limit` (QKGEOM_ISA still applies).
+inline void clear_limit() noexcept { detail::limit_slot().store(detail::no_limit); }
+
+/// \brief The level the dispatched kernels use now.
+[[nodiscard]] inline isa active() noexcept {
+    int level = static_cast<int>(detected());
+    int const env = detail::env_limit();
+    int const cap = detail::limit_slot().load(std::memory_order_relaxed);
+    if (env < level) level = env;
+    if (cap < level) level = cap;
+    return static_cast<isa>(level);
+}
+
+/// \brief RAII cap for a scope (restores the previous cap).
+class scoped_limit {
+public:
+    explicit scoped_limit(isa level) noexcept : previous_(detail::limit_slot().exchange(static_cast<int>(level))) {}
+    scoped_limit(scoped_limit const&) = delete;
+    scoped_limit& operator=(scoped_limit const&) = delete;
+    ~scoped_limit() { detail::limit_slot().store(previous_); }
+
+private:
+    int previous_;
+};
+
+}  // namespace qkgeom::simd
