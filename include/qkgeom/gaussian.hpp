@@ -13,10 +13,26 @@
 // the public span overload stays the exact element-wise loop) evaluates erfc
 // with W. J. Cody's rational approximations (Math. Comp. 23, 1969: |x| ≤
 // 0.46875, ≤ 4, > 4) and its own exp(−x²), as straight-line code the compiler
-// vectorises with plain SSE2 (no branches, no calls, no -march): relative
-// error ≤ 1e-13 against the scalar `pairwise_plasticity` (std::erfc) for
-// |z| ≤ 37 (measured ≈ 1.1e-15, a few ulp), same limits, NaN → NaN
-// (tests/runtime/gaussian_vector_test.cpp).
+// vectorises (no branches, no calls): relative error ≤ 1e-13 against the
+// scalar `pairwise_plasticity` (std::erfc) for |z| ≤ 37 (measured ≈ 1.1e-15,
+// a few ulp), same limits, NaN → NaN (tests/runtime/gaussian_vector_test.cpp).
+//
+// The kernel body is written once (always-inline) and instantiated three
+// times (simd.hpp): a generic entry, compiled for whatever the build targets
+// (SSE2 without -march), and, on x86-64 with GCC/Clang, entries compiled with
+// `target("avx2")` (ymm) and `target("avx512f")` (zmm); `batch` picks one by
+// `simd::active()`. The results are bit-identical at every level: no
+// multiply–add is fused. target("avx2") deliberately omits "fma", but
+// avx512f implies FMA in both GCC 12 and Clang 14 (and -march flags may add
+// it to every entry), so contraction is switched off for the kernel itself:
+// `#pragma clang fp contract(off)` in the bodies (Clang contracts within an
+// expression by default) and `optimize("fp-contract=off")` on the entries
+// (GCC's C++ default, -ffp-contract=fast, contracts across statements, with
+// -std=c++20 as with gnu++20). Every operation is then the same IEEE
+// operation in every lane at every width (tests/runtime/gaussian_vector_test.cpp
+// checks this). One exception: Clang 14 applies a user's -ffp-contract=fast in
+// its back end, over the pragma; the AVX-512 entry then fuses and agrees with
+// the others to the 1e-13 bound only (measured ≈ 1e-15), not bit for bit.
 #pragma once
 
 #include <bit>
@@ -26,6 +42,7 @@
 #include <span>
 
 #include <qkgeom/errors.hpp>
+#include <qkgeom/simd.hpp>
 
 namespace qkgeom {
 
@@ -55,30 +72,41 @@ namespace detail::vpp {
 
 // Batched PP. Every lane runs the same straight-line code (selections are bit
 // masks, not branches, so the compiler can neither branch nor sink one arm's
-// arithmetic into a branch), hence loops of `block` lanes vectorise with SSE2.
-// Inputs are split into |z|/√2 ≤ 0.46875 (erf series, no exp) and the rest
-// (exp(−x²) × rational); the split and the padding never change a value: a
-// lane's result depends on its input only.
+// arithmetic into a branch), hence loops of `block` lanes vectorise (SSE2 in
+// the generic entry, ymm/zmm in the AVX2/AVX-512 ones: the always-inline
+// helpers are compiled inside each entry). Inputs are split into
+// |z|/√2 ≤ 0.46875 (erf series, no exp) and the rest (exp(−x²) × rational);
+// the split and the padding never change a value: a lane's result depends on
+// its input only.
 
 using u64 = std::uint64_t;
+// Lanes per kernel call (`Block` below): 8, or 16 for AVX-512, where GCC sizes
+// the vectors by the loop's narrowest type (the int32 conversions of
+// block_large): 16 lanes make those one zmm and the doubles two.
 inline constexpr std::size_t block = 8;
-inline constexpr std::size_t chunk = 256;  // lanes classified per pass (stack buffers)
+inline constexpr std::size_t block_wide = 16;
+inline constexpr std::size_t chunk = 256;  // lanes classified per pass (stack buffers); a multiple of every Block
 inline constexpr double small_max = 0.46875;  // Cody's first interval, in x = |z|/√2
 
-[[nodiscard]] inline u64 bits(double x) noexcept { return std::bit_cast<u64>(x); }
+[[nodiscard]] QKGEOM_ALWAYS_INLINE u64 bits(double x) noexcept { return std::bit_cast<u64>(x); }
+[[nodiscard]] QKGEOM_ALWAYS_INLINE double from_bits(u64 x) noexcept { return std::bit_cast<double>(x); }
 /// All ones when a < b (neither NaN), from the sign bit of a − b (a − a = +0).
-[[nodiscard]] inline u64 lt_mask(double a, double b) noexcept { return u64{0} - (bits(a - b) >> 63); }
-[[nodiscard]] inline double sel(u64 m, double a, double b) noexcept {
-    return std::bit_cast<double>((bits(a) & m) | (bits(b) & ~m));
+[[nodiscard]] QKGEOM_ALWAYS_INLINE u64 lt_mask(double a, double b) noexcept { return u64{0} - (bits(a - b) >> 63); }
+[[nodiscard]] QKGEOM_ALWAYS_INLINE double sel(u64 m, double a, double b) noexcept {
+    return from_bits((bits(a) & m) | (bits(b) & ~m));
 }
 
 /// PP for x = |z|/√2 ≤ 0.46875: erf(x) = x A(x²)/B(x²) (Cody), PP = 1 − erf².
-inline void block_small(double const* __restrict z, double* __restrict out) noexcept {
+template <std::size_t Block>
+QKGEOM_ALWAYS_INLINE void block_small(double const* __restrict z, double* __restrict out) noexcept {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
     constexpr double a0 = 3.16112374387056560e00, a1 = 1.13864154151050156e02, a2 = 3.77485237685302021e02,
                      a3 = 3.20937758913846947e03, a4 = 1.85777706184603153e-1;
     constexpr double b0 = 2.36012909523441209e01, b1 = 2.44024637934444173e02, b2 = 1.28261652607737228e03,
                      b3 = 2.84423683343917062e03;
-    for (std::size_t i = 0; i < block; ++i) {
+    for (std::size_t i = 0; i < Block; ++i) {
         double const x = std::abs(z[i]) * inv_sqrt2;
         double const s1 = x * x, s2 = s1 * s1, s4 = s2 * s2;  // Estrin; all terms positive
         double const na = a4 * s4 + ((a0 * s1 + a1) * s2 + (a2 * s1 + a3));
@@ -90,8 +118,11 @@ inline void block_small(double const* __restrict z, double* __restrict out) noex
 
 /// PP for x = |z|/√2 > 0.46875 (and NaN): erfc(x) = e^{−x²} R(x), R Cody's
 /// rational of (0.46875, 4] or, when `Tail`, of (4, ∞) as well.
-template <bool Tail>
-inline void block_large(double const* __restrict z, double* __restrict out) noexcept {
+template <bool Tail, std::size_t Block>
+QKGEOM_ALWAYS_INLINE void block_large(double const* __restrict z, double* __restrict out) noexcept {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
     constexpr double c0 = 5.64188496988670089e-1, c1 = 8.88314979438837594e00, c2 = 6.61191906371416295e01,
                      c3 = 2.98635138197400131e02, c4 = 8.81952221241769090e02, c5 = 1.71204761263407058e03,
                      c6 = 2.05107837782607147e03, c7 = 1.23033935479799725e03, c8 = 2.15311535474403846e-8;
@@ -109,11 +140,11 @@ inline void block_large(double const* __restrict z, double* __restrict out) noex
     constexpr double shifter = 0x1.8p52;
     constexpr u64 bias = 1023 + 600;  // 2^(k+600) is normal for every k here; 2^-600 applied last
     constexpr double unscale = 0x1p-600;
-    for (std::size_t i = 0; i < block; ++i) {
+    for (std::size_t i = 0; i < Block; ++i) {
         double const zi = z[i];
         double const az = std::abs(zi);
         u64 const nan = u64{0} - ((u64{0x7ff0000000000000} - bits(az)) >> 63);  // |z| is NaN
-        double x = std::bit_cast<double>(bits(az * inv_sqrt2) & ~nan);         // NaN -> 0, restored at the end
+        double x = from_bits(bits(az * inv_sqrt2) & ~nan);                     // NaN -> 0, restored at the end
         // erfc(28) < 2^-1075 rounds to 0, as does everything beyond; keeps the arithmetic finite.
         x = sel(lt_mask(x, 28.0), x, 28.0);
         // (0.46875, 4]: R = C(x)/D(x), degree 8/8 (Estrin; all terms positive).
@@ -148,7 +179,7 @@ inline void block_large(double const* __restrict z, double* __restrict out) noex
                           r4 * (1.0 / 479001600 + r * (1.0 / 6227020800.0));
         double const er = g0 + r8 * g1;
         u64 const k = bits(kd + shifter) - bits(shifter);  // kd + 1.5·2^52 holds k in its low bits
-        double const scale = std::bit_cast<double>((k + bias) << 52);
+        double const scale = from_bits((k + bias) << 52);
         // (R e^r 2^(k+600)) is normal and exact to scale; × 2^-600 rounds once (into the
         // subnormals when the result is that small).
         double const erfc = ((er * (num / den)) * scale) * unscale;
@@ -156,9 +187,12 @@ inline void block_large(double const* __restrict z, double* __restrict out) noex
     }
 }
 
-/// PP of n values (out may equal z; otherwise they must not overlap).
-inline void batch(double const* z, double* out, std::size_t n) noexcept {
-    alignas(64) double zs[chunk + block], zl[chunk + block], ps[chunk + block], pl[chunk + block];
+/// The body of every entry below: PP of n values (out may equal z; otherwise
+/// they must not overlap).
+template <std::size_t Block>
+QKGEOM_ALWAYS_INLINE void batch_body(double const* z, double* out, std::size_t n) noexcept {
+    static_assert(chunk % Block == 0);
+    alignas(64) double zs[chunk + Block], zl[chunk + Block], ps[chunk + Block], pl[chunk + Block];
     std::uint32_t is[chunk], il[chunk];
     for (std::size_t c0 = 0; c0 < n; c0 += chunk) {
         std::size_t const m = n - c0 < chunk ? n - c0 : chunk;
@@ -176,19 +210,71 @@ inline void batch(double const* z, double* out, std::size_t n) noexcept {
             ns += small ? 1 : 0;
             nl += small ? 0 : 1;
         }
-        for (std::size_t i = ns; i % block != 0; ++i) zs[i] = 0.0;
-        for (std::size_t i = nl; i % block != 0; ++i) zl[i] = 1.0;
-        for (std::size_t i = 0; i < ns; i += block) block_small(zs + i, ps + i);
+        for (std::size_t i = ns; i % Block != 0; ++i) zs[i] = 0.0;
+        for (std::size_t i = nl; i % Block != 0; ++i) zl[i] = 1.0;
+        for (std::size_t i = 0; i < ns; i += Block) block_small<Block>(zs + i, ps + i);
         if (tail) {
-            for (std::size_t i = 0; i < nl; i += block) block_large<true>(zl + i, pl + i);
+            for (std::size_t i = 0; i < nl; i += Block) block_large<true, Block>(zl + i, pl + i);
         } else {
-            for (std::size_t i = 0; i < nl; i += block) block_large<false>(zl + i, pl + i);
+            for (std::size_t i = 0; i < nl; i += Block) block_large<false, Block>(zl + i, pl + i);
         }
         double* o = out + c0;
         for (std::size_t i = 0; i < ns; ++i) o[is[i]] = ps[i];
         for (std::size_t i = 0; i < nl; ++i) o[il[i]] = pl[i];
     }
 }
+
+// GCC fuses a·b + c across statements (-ffp-contract=fast) wherever the
+// function's ISA has FMA (avx512f does): not in these kernels (file header).
+// The option belongs to the function the code ends up in, hence noinline: an
+// entry is never merged into a caller compiled with contraction (it is one
+// call per batch, and keeps the large body out of the callers).
+#if defined(__GNUC__) && !defined(__clang__)
+#define QKGEOM_DETAIL_VPP_NO_CONTRACT __attribute__((noinline, optimize("fp-contract=off")))
+#elif defined(__clang__)
+#define QKGEOM_DETAIL_VPP_NO_CONTRACT __attribute__((noinline))
+#else
+#define QKGEOM_DETAIL_VPP_NO_CONTRACT
+#endif
+
+/// The generic entry: the build's own ISA (SSE2 without -march).
+QKGEOM_DETAIL_VPP_NO_CONTRACT inline void batch_generic(double const* z, double* out, std::size_t n) noexcept {
+    batch_body<block>(z, out, n);
+}
+#if QKGEOM_SIMD_X86
+/// AVX2 entry (ymm; "fma" is left out on purpose: no fused multiply–add).
+QKGEOM_TARGET("avx2")
+QKGEOM_DETAIL_VPP_NO_CONTRACT inline void batch_avx2(double const* z, double* out, std::size_t n) noexcept {
+    batch_body<block>(z, out, n);
+}
+/// AVX-512 F entry (zmm).
+QKGEOM_TARGET("avx512f")
+QKGEOM_DETAIL_VPP_NO_CONTRACT inline void batch_avx512(double const* z, double* out, std::size_t n) noexcept {
+    batch_body<block_wide>(z, out, n);
+}
+#endif
+#undef QKGEOM_DETAIL_VPP_NO_CONTRACT
+
+/// PP of n values with the kernel of one level (bit-identical results at
+/// every level). Precondition: `level <= simd::detected()` (a wider level
+/// faults on this CPU); on builds without dispatch every level runs the
+/// generic kernel.
+inline void batch_at(simd::isa level, double const* z, double* out, std::size_t n) noexcept {
+#if QKGEOM_SIMD_X86
+    switch (level) {
+        case simd::isa::avx512: batch_avx512(z, out, n); return;
+        case simd::isa::avx2: batch_avx2(z, out, n); return;
+        case simd::isa::generic: break;
+    }
+#else
+    (void)level;
+#endif
+    batch_generic(z, out, n);
+}
+
+/// PP of n values at `simd::active()` (out may equal z; otherwise they must
+/// not overlap).
+inline void batch(double const* z, double* out, std::size_t n) noexcept { batch_at(simd::active(), z, out, n); }
 
 /// PP over arrays, vectorised (see the file header): within 1e-13 relative of
 /// the scalar `pairwise_plasticity` (not bit-identical to it). `out` may be `z`
