@@ -220,7 +220,8 @@ struct bucket_eval {
     simd::isa level = simd::isa::generic;  ///< kernels' instruction set
     Eigen::VectorXd q_norm;   ///< ‖q_r‖ (original basis), per query row
     Eigen::VectorXd k_norm;   ///< ‖k‖ per score column
-    double score_err = 0.0;   ///< certified bound factor: |fl32(q·k) − q·k| <= score_err·‖q‖‖k‖
+    double score_err = 0.0;   ///< certified bound: |fl32(q·k) − q·k| <= score_err·‖q‖‖k‖ + score_abs
+    double score_abs = 0.0;   ///< absolute part of the bound (underflow), see f32_dot_abs_error
     /// Original-basis key rows (double): score column c is row (*scored)[c] (exact fallback).
     Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> const* k_orig = nullptr;
     std::vector<index_t> const* scored = nullptr;
@@ -230,11 +231,45 @@ struct bucket_eval {
 /// Certified error factor of a single-precision dot product of length d whose
 /// operands were rounded from double: each operand carries a relative
 /// rounding u = 2⁻²⁴, the products and the sum (any order, FMA or not) at
-/// most γ_{d+1}; so |fl32(q·k) − q·k| <= γ_{d+3} Σ|q_l k_l| <= γ_{d+3} ‖q‖‖k‖,
-/// γ_n = n u/(1 − n u). Doubled for safety margin.
+/// most γ_d; so |fl32(q·k) − q·k| <= γ_{d+3} Σ|q_l k_l| <= γ_{d+3} ‖q‖‖k‖,
+/// γ_n = n u/(1 − n u), plus the absolute term `f32_dot_abs_error` when a
+/// product or partial sum is subnormal. Valid while every operand is zero or
+/// a normal float and nothing overflows (`f32_certifiable`). The factor
+/// 1 + 2⁻³⁰ covers the double rounding of the norms and of the bound itself
+/// (relative ≈ d·2⁻⁵³).
 inline double f32_dot_error_factor(index_t d) {
     double const u = 0x1p-24, nu = double(d + 3) * u;
-    return 2.0 * nu / (1.0 - nu);
+    return nu / (1.0 - nu) * (1.0 + 0x1p-30);
+}
+
+/// Absolute part of the bound: each of the d multiply–adds may round a
+/// subnormal result by at most 2⁻¹⁵⁰ (half the smallest subnormal).
+inline double f32_dot_abs_error(index_t d) { return double(d + 3) * 0x1p-149; }
+
+/// Whether single-precision scores of these rows can be certified: every
+/// nonzero |x| ≥ 2⁻¹²⁶ (f32 rounding is then relative) and
+/// d·max|q|·max|k| ≤ 2¹²⁶ (no partial sum overflows). Otherwise every
+/// comparison goes to the double-precision fallback.
+struct f32_range {
+    double min_nonzero = std::numeric_limits<double>::infinity();
+    double max_abs = 0.0;
+    template <class Rows>
+    void add(Rows const& x) {
+        constexpr double inf = std::numeric_limits<double>::infinity();
+        double lo = min_nonzero, hi = max_abs;
+        for (index_t r = 0; r < x.rows(); ++r)
+            for (index_t l = 0; l < x.cols(); ++l) {
+                double const a = std::abs(x(r, l));
+                lo = std::min(lo, a > 0.0 ? a : inf);
+                hi = std::max(hi, a);
+            }
+        min_nonzero = lo;
+        max_abs = hi;
+    }
+};
+inline bool f32_certifiable(f32_range const& q, f32_range const& k, index_t d) {
+    return q.min_nonzero >= 0x1p-126 && k.min_nonzero >= 0x1p-126 &&
+           double(d) * q.max_abs * k.max_abs <= 0x1p126;
 }
 
 /// SPEC §9.14: the number of the bucket's queries r with q_r·k_i > q_r·k_j.
@@ -248,15 +283,19 @@ inline std::int64_t empirical_wins(bucket_eval const& e, index_t ci, index_t cj)
     float const* sj = e.scores.col(cj).data();
     double const* qn = e.q_norm.data();
     double const kk = e.score_err * (e.k_norm(ci) + e.k_norm(cj));
-    auto const [wins0, undecided] = scores::count_wins(e.level, si, sj, qn, kk, nq);
-    std::int64_t wins = wins0;
-    if (undecided == 0) return wins;
+    double const ka = 2.0 * e.score_abs;
+    auto const [wins0, undecided] = scores::count_wins(e.level, si, sj, qn, kk, ka, nq);
+    if (undecided == 0) return wins0;
+    // Recount every query with one decision function here (the dispatched
+    // kernel may round its bound differently, e.g. with an FMA: each is
+    // certified, but a query must not be counted by both).
     auto const& sc = *e.scored;
     auto const ki = e.k_orig->row(sc[static_cast<std::size_t>(ci)]), kj = e.k_orig->row(sc[static_cast<std::size_t>(cj)]);
+    std::int64_t wins = 0;
     for (index_t r = 0; r < nq; ++r) {
-        double const diff = double(si[r]) - double(sj[r]);
-        double const tol = kk * qn[r];
-        if (!(diff > tol || diff < -tol)) {
+        if (scores::decided(si[r], sj[r], kk * qn[r] + ka)) {
+            wins += si[r] > sj[r] ? 1 : 0;
+        } else {
             auto const q = e.queries->row(r);
             wins += q.dot(ki) > q.dot(kj) ? 1 : 0;
         }
@@ -727,8 +766,41 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
     std::vector<index_t> column(static_cast<std::size_t>(nk), -1);  // key -> score column (per query bucket)
     std::vector<index_t> scored;  // the scored keys of the current query bucket, one per score column
     simd::isa const level = simd::active();
+    bool certifiable = false;  // single-precision scores certifiable for these rows
+    if (!qrows.empty()) {
+        detail::f32_range qr, kr;
+        for (auto const& [b, rows] : qrows) qr.add(rows);
+        kr.add(ks.orig);
+        certifiable = detail::f32_certifiable(qr, kr, d);
+    }
     auto const blk = detail::scores::blocking_of(level);
-    std::vector<float> qpack, kpack;  // packed f32 operands of the dispatched product
+    std::vector<float> qpack;  // the query bucket's packed f32 panels (dispatched product)
+    // The scored keys of one key bucket c (those of examples with ≥ 2 keys in c
+    // for same_bucket, all for prefix), padded with −1 to whole key blocks, and
+    // packed once (dispatched levels): a query bucket's score columns are the
+    // concatenation of its admissible buckets' segments.
+    struct key_segment {
+        std::vector<index_t> keys;
+        std::vector<float> packed;
+    };
+    std::map<std::int64_t, key_segment> segments;
+    auto segment_of = [&](std::int64_t c) -> key_segment const& {
+        auto [it, fresh] = segments.try_emplace(c);
+        if (fresh) {
+            auto& seg = it->second;
+            for (auto const& [ex, idx] : groups[c])
+                if (opt.pairs == pair_policy::prefix || idx.size() >= 2) seg.keys.insert(seg.keys.end(), idx.begin(), idx.end());
+            auto const n = static_cast<index_t>(seg.keys.size());
+            if (level != simd::isa::generic)
+                detail::scores::pack_transposed(
+                    [&](index_t a, index_t l) { return ks.orig(seg.keys[static_cast<std::size_t>(a)], l); }, n, d,
+                    blk.block, seg.packed);
+            seg.keys.resize(static_cast<std::size_t>(detail::scores::round_up(n, blk.block)), -1);
+        }
+        return it->second;
+    };
+    Eigen::VectorXd k_norm_all;  // ‖k‖ of every key (original basis)
+    if (!qrows.empty()) k_norm_all = ks.orig.rowwise().norm();
     for (auto const& s : model.buckets) {
         plasticity_bucket pb;
         pb.q_bucket = s.bucket;
@@ -759,37 +831,46 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
             // One GEMM: the bucket's queries against every key of the admissible
             // buckets that belongs to an example with at least two such keys.
             scored.clear();
-            for (auto c : cs)
-                for (auto const& [ex, idx] : groups[c])
-                    if (opt.pairs == pair_policy::prefix || idx.size() >= 2)
-                        scored.insert(scored.end(), idx.begin(), idx.end());
+            for (auto c : cs) {
+                auto const& seg = segment_of(c);
+                scored.insert(scored.end(), seg.keys.begin(), seg.keys.end());
+            }
             index_t const nks = static_cast<index_t>(scored.size());
             e.k_norm.resize(nks);
             for (index_t a = 0; a < nks; ++a) {
                 auto const key = scored[static_cast<std::size_t>(a)];
+                if (key < 0) {  // padding: never a pair's column
+                    e.k_norm(a) = 0.0;
+                    continue;
+                }
                 column[static_cast<std::size_t>(key)] = a;
-                e.k_norm(a) = ks.orig.row(key).norm();
+                e.k_norm(a) = k_norm_all(key);
             }
             // Single-precision product (twice the double rate, and AVX2/AVX-512
             // kernels where the CPU has them), certified by empirical_wins.
             auto const& q = qit->second;
             e.nq = q.rows();
             e.level = level;
-            if (level == simd::isa::generic) {
+            if (level == simd::isa::generic) {  // blocks of one key: no padding
                 Eigen::MatrixXf kf(nks, d);
                 for (index_t a = 0; a < nks; ++a) kf.row(a) = ks.orig.row(scored[static_cast<std::size_t>(a)]).template cast<float>();
                 e.scores.noalias() = q.template cast<float>() * kf.transpose();
             } else {
                 index_t const nq_pad = detail::scores::round_up(e.nq, blk.panel);
                 detail::scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, e.nq, d, blk.panel, qpack);
-                detail::scores::pack_transposed(
-                    [&](index_t a, index_t l) { return ks.orig(scored[static_cast<std::size_t>(a)], l); }, nks, d,
-                    blk.block, kpack);
                 e.scores.resize(nq_pad, nks);
-                detail::scores::score_product(level, qpack, nq_pad, kpack, nks, d, e.scores.data());
+                index_t offset = 0;
+                for (auto c : cs) {
+                    auto const& seg = segment_of(c);
+                    auto const n = static_cast<index_t>(seg.keys.size());
+                    detail::scores::score_product(level, qpack, nq_pad, seg.packed, n, d, e.scores.data() + offset * nq_pad);
+                    offset += n;
+                }
             }
             e.q_norm = q.rowwise().norm();
-            e.score_err = detail::f32_dot_error_factor(d);
+            // not certifiable (subnormal or huge values): every comparison in double
+            e.score_err = certifiable ? detail::f32_dot_error_factor(d) : std::numeric_limits<double>::infinity();
+            e.score_abs = detail::f32_dot_abs_error(d);
             e.k_orig = &ks.orig;
             e.scored = &scored;
             e.column = &column;

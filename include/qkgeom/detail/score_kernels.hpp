@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace qkgeom::detail::scores {
@@ -152,47 +153,58 @@ inline void score_product(simd::isa level, std::vector<float> const& qp, index_t
 }
 
 /// Wins and undecided comparisons of one pair (SPEC §9.14), see
-/// `empirical_wins`: a query counts as a win when the f32 score difference
-/// exceeds its certified bound kk·‖q‖, as undecided when |difference| does
-/// not exceed it (NaN included).
+/// `empirical_wins`: with tol = kk·‖q‖ + ka, a query counts as a win when the
+/// f32 score difference (exact in double) exceeds tol and as decided when its
+/// magnitude does (and is finite); NaN, ±∞ and |difference| <= tol are
+/// undecided.
 struct counts {
     std::int64_t wins = 0;
     std::int64_t undecided = 0;
 };
 
-QKGEOM_ALWAYS_INLINE counts count_body(float const* si, float const* sj, double const* qn, double kk, index_t n) noexcept {
+/// One comparison decided by the scores (see `counts`).
+QKGEOM_ALWAYS_INLINE bool decided(float si, float sj, double tol) noexcept {
+    double const a = std::abs(double(si) - double(sj));
+    return (a > tol) & (a < std::numeric_limits<double>::infinity());
+}
+
+QKGEOM_ALWAYS_INLINE counts count_body(float const* si, float const* sj, double const* qn, double kk, double ka,
+                                       index_t n) noexcept {
+    constexpr double inf = std::numeric_limits<double>::infinity();
     std::int64_t wins = 0, undecided = 0;
     for (index_t r = 0; r < n; ++r) {
         double const diff = double(si[r]) - double(sj[r]);  // exact in double
-        double const tol = kk * qn[r];
-        wins += diff > tol ? 1 : 0;
-        undecided += std::abs(diff) > tol ? 0 : 1;  // NaN: undecided
+        double const tol = kk * qn[r] + ka;
+        double const a = std::abs(diff);
+        bool const ok = (a > tol) & (a < inf);  // non-short-circuit: the loop vectorises
+        wins += (ok & (diff > 0.0)) ? 1 : 0;
+        undecided += ok ? 0 : 1;
     }
     return {wins, undecided};
 }
 
-inline counts count_generic(float const* si, float const* sj, double const* qn, double kk, index_t n) noexcept {
-    return count_body(si, sj, qn, kk, n);
+inline counts count_generic(float const* si, float const* sj, double const* qn, double kk, double ka, index_t n) noexcept {
+    return count_body(si, sj, qn, kk, ka, n);
 }
 
 #if QKGEOM_SIMD_X86
 QKGEOM_TARGET("avx2,fma")
-inline counts count_avx2(float const* si, float const* sj, double const* qn, double kk, index_t n) noexcept {
-    return count_body(si, sj, qn, kk, n);
+inline counts count_avx2(float const* si, float const* sj, double const* qn, double kk, double ka, index_t n) noexcept {
+    return count_body(si, sj, qn, kk, ka, n);
 }
 QKGEOM_TARGET("avx512f")
-inline counts count_avx512(float const* si, float const* sj, double const* qn, double kk, index_t n) noexcept {
-    return count_body(si, sj, qn, kk, n);
+inline counts count_avx512(float const* si, float const* sj, double const* qn, double kk, double ka, index_t n) noexcept {
+    return count_body(si, sj, qn, kk, ka, n);
 }
 #endif
 
-inline counts count_wins(simd::isa level, float const* si, float const* sj, double const* qn, double kk,
+inline counts count_wins(simd::isa level, float const* si, float const* sj, double const* qn, double kk, double ka,
                          index_t n) noexcept {
 #if QKGEOM_SIMD_X86
-    if (level == simd::isa::avx512) return count_avx512(si, sj, qn, kk, n);
-    if (level == simd::isa::avx2) return count_avx2(si, sj, qn, kk, n);
+    if (level == simd::isa::avx512) return count_avx512(si, sj, qn, kk, ka, n);
+    if (level == simd::isa::avx2) return count_avx2(si, sj, qn, kk, ka, n);
 #endif
-    return count_generic(si, sj, qn, kk, n);
+    return count_generic(si, sj, qn, kk, ka, n);
 }
 
 }  // namespace qkgeom::detail::scores
