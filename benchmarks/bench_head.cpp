@@ -4,6 +4,8 @@
 // the whole head end to end.
 #include "workload.hpp"
 
+#include <qkgeom/simd.hpp>
+
 #include <benchmark/benchmark.h>
 
 namespace {
@@ -100,5 +102,23 @@ void bm_head_analyze(benchmark::State& st) {
     head_counters(st, h);
 }
 BENCHMARK(bm_head_analyze)->ArgName("prefix")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+/// The same head (same_bucket) with the dispatched kernels capped at the
+/// generic level (SSE2 without -march): the gain of the runtime dispatch,
+/// measured in the same run. The run's active level is in the JSON context
+/// (`qkgeom_isa`).
+void bm_head_analyze_generic(benchmark::State& st) {
+    auto const& h = realistic_head();
+    auto const opt = cli_options(model_shape{});
+    qkgeom::simd::scoped_limit const cap(qkgeom::simd::isa::generic);
+    for (auto _ : st) benchmark::DoNotOptimize(analyze(h, opt).plasticity.ap_overall);
+    head_counters(st, h);
+}
+BENCHMARK(bm_head_analyze_generic)->Unit(benchmark::kMillisecond);
+
+[[maybe_unused]] bool const isa_context = [] {
+    benchmark::AddCustomContext("qkgeom_isa", qkgeom::simd::isa_name(qkgeom::simd::active()));
+    return true;
+}();
 
 }  // namespace

@@ -140,6 +140,7 @@ def main():
     print("qkgeom benchmark summary")
     print(f"  host: {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs @ {ctx.get('mhz_per_cpu', '?')} MHz,"
           f" load average at start {ctx.get('load_avg', '?')}, libbenchmark build {ctx.get('library_build_type', '?')}")
+    print(f"  qkgeom kernels: instruction-set level {ctx.get('qkgeom_isa', '?')} (runtime dispatch, simd.hpp)")
     print("  reference points (same run):")
     print(f"    Eigen GEMM (double, 512³):         {fmt(gemm, '{:.1f}')} GFLOP/s")
     xtx = get(rows, "bm_eigen_gemm_xtx/d:128", "GFLOP/s")
@@ -153,7 +154,8 @@ def main():
               f" moments-only {fmt(mo1, '{:.2f}')} s; from files {fmt(f1, '{:.1f}')} s / {fmt(f2, '{:.1f}')} s;"
               f" baseline {fmt(base and base / base_heads, '{:.2f}')} s/head vs {m1 / heads:.3f} s/head")
     for name in ("bm_head_moments", "bm_diagnostics", "bm_plasticity_same_bucket", "bm_plasticity_prefix",
-                 "bm_plasticity_same_bucket_no_empirical", "bm_head_analyze/prefix:0", "bm_head_analyze/prefix:1"):
+                 "bm_plasticity_same_bucket_no_empirical", "bm_head_analyze/prefix:0", "bm_head_analyze/prefix:1",
+                 "bm_head_analyze_generic"):
         t = get(rows, name)
         if t is not None:
             print(f"    {name:<42s} {t * 1e3:9.1f} ms")

@@ -19,4 +19,5 @@
 #include <qkgeom/moments_io.hpp>  // IWYU pragma: export
 #include <qkgeom/pca.hpp>         // IWYU pragma: export
 #include <qkgeom/rotation.hpp>    // IWYU pragma: export
+#include <qkgeom/simd.hpp>        // IWYU pragma: export
 #include <qkgeom/tensor.hpp>      // IWYU pragma: export
