@@ -26,6 +26,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "test_util.hpp"
+
 namespace {
 
 using qkgeom::simd::isa;
@@ -38,20 +40,6 @@ void vpp(std::span<double const> z, std::span<double> out) { qkgeom::detail::vpp
 void vpp(isa level, std::span<double const> z, std::span<double> out) {
     if (z.size() != out.size()) FAIL("output length differs from input length");
     qkgeom::detail::vpp::batch_at(level, z.data(), out.data(), z.size());
-}
-
-/// The levels this CPU runs (generic first); each one it lacks is reported.
-std::vector<isa> levels_to_run() {
-    std::vector<isa> run;
-    for (isa level : {isa::generic, isa::avx2, isa::avx512}) {
-        if (static_cast<int>(level) <= static_cast<int>(qkgeom::simd::detected())) {
-            run.push_back(level);
-        } else {
-            WARN("batched PP: level " << qkgeom::simd::isa_name(level) << " NOT tested: this CPU/build supports up to "
-                                      << qkgeom::simd::isa_name(qkgeom::simd::detected()));
-        }
-    }
-    return run;
 }
 
 bool same_bits(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }
@@ -121,7 +109,7 @@ std::vector<double> around_boundary(double x0, int ulps) {
 }  // namespace
 
 TEST_CASE("batched PP matches the scalar PP to 1e-13 over a dense sweep at every ISA level", "[gaussian][vector]") {
-    std::vector<isa> const levels = levels_to_run();
+    std::vector<isa> const levels = qkgeom_test::isa_levels_to_run("batched PP");
     std::vector<sweep_error> errs(levels.size());
     std::vector<double> z;
     // 12M points linearly spaced over [0, 40] (both signs alternately), in batches
@@ -179,7 +167,7 @@ TEST_CASE("batched PP: limits, underflow and NaN at every ISA level", "[gaussian
     // a fine grid past 36
     std::vector<double> zz;
     for (int i = 0; i <= 40000; ++i) zz.push_back(36.0 + i * 1e-4);
-    for (isa const level : levels_to_run()) {
+    for (isa const level : qkgeom_test::isa_levels_to_run("batched PP")) {
         INFO("level " << qkgeom::simd::isa_name(level));
         std::vector<double> out(z.size());
         vpp(level, z, out);
@@ -227,7 +215,7 @@ TEST_CASE("batched PP: a lane's value depends on its input only at every ISA lev
     for (auto& v : z) v = nd(gen);
     z[3] = 30.0;  // a tail lane among ordinary ones
     z[500] = k_nan;
-    std::vector<isa> const levels = levels_to_run();
+    std::vector<isa> const levels = qkgeom_test::isa_levels_to_run("batched PP");
     std::vector<double> generic(z.size());
     vpp(isa::generic, z, generic);
     for (isa const level : levels) {

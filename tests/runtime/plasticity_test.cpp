@@ -1439,23 +1439,13 @@ TEST_CASE("the default context length of the rows and of the moments path", "[pl
 // comparison counts identical across levels (NaN included). Levels the CPU
 // lacks are reported, not run.
 // ---------------------------------------------------------------------------
-namespace {
-std::vector<qkgeom::simd::isa> levels_here() {
-    std::vector<qkgeom::simd::isa> out;
-    for (auto level : {qkgeom::simd::isa::generic, qkgeom::simd::isa::avx2, qkgeom::simd::isa::avx512}) {
-        if (level <= qkgeom::simd::detected()) out.push_back(level);
-        else WARN("instruction-set level " << qkgeom::simd::isa_name(level) << " not supported by this CPU: not run");
-    }
-    return out;
-}
-}  // namespace
 
 TEST_CASE("score kernels stay inside the certified f32 bound at every level", "[plasticity][empirical][simd]") {
     namespace sk = qkgeom::detail::scores;
     std::mt19937_64 gen(7);
     std::normal_distribution<double> nd(0.0, 1.0);
     std::uniform_real_distribution<double> logscale(-3.0, 3.0);
-    for (auto level : levels_here()) {
+    for (auto level : qkgeom_test::isa_levels_to_run("empirical check")) {
         if (level == qkgeom::simd::isa::generic) continue;  // the generic level is Eigen's GEMM
         auto const blk = sk::blocking_of(level);
         for (auto [nq, nk, d] : {std::array<index_t, 3>{1, 1, 1}, {15, 13, 3}, {17, 15, 64}, {33, 253, 128},
@@ -1552,7 +1542,7 @@ TEST_CASE("the empirical check counts as double precision at every level", "[pla
             o.enumeration = qkgeom::enumeration_policy::exact;
             auto const ref = brute_force(mdl, h, policy, 0, true);
             std::vector<plasticity_result> results;
-            for (auto level : levels_here()) {
+            for (auto level : qkgeom_test::isa_levels_to_run("empirical check")) {
                 qkgeom::simd::scoped_limit cap(level);
                 if (qkgeom::simd::active() != level) {  // QKGEOM_ISA caps below this level
                     WARN("QKGEOM_ISA caps the level below " << qkgeom::simd::isa_name(level) << ": not run");

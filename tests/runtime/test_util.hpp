@@ -1,15 +1,37 @@
 // Shared helpers for the runtime tests.
 #pragma once
 
+#include <qkgeom/simd.hpp>
+
+#include <catch2/catch.hpp>
+
 #include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string_view>
 #include <vector>
 
 namespace qkgeom_test {
+
+/// The instruction-set levels this CPU and build run (generic first), for
+/// tests of the dispatched kernels; each level it lacks is reported (WARN),
+/// never silently passed.
+inline std::vector<qkgeom::simd::isa> isa_levels_to_run(std::string_view what) {
+    using qkgeom::simd::isa;
+    std::vector<isa> run;
+    for (isa level : {isa::generic, isa::avx2, isa::avx512}) {
+        if (static_cast<int>(level) <= static_cast<int>(qkgeom::simd::detected())) {
+            run.push_back(level);
+        } else {
+            WARN(what << ": level " << qkgeom::simd::isa_name(level) << " NOT tested: this CPU/build supports up to "
+                      << qkgeom::simd::isa_name(qkgeom::simd::detected()));
+        }
+    }
+    return run;
+}
 
 /// max |a - b| / max(max |b|, tiny): relative difference of two arrays.
 template <class A, class B>

@@ -164,20 +164,16 @@ struct counts {
 
 /// One comparison decided by the scores (see `counts`).
 QKGEOM_ALWAYS_INLINE bool decided(float si, float sj, double tol) noexcept {
-    double const a = std::abs(double(si) - double(sj));
+    double const a = std::abs(double(si) - double(sj));  // the difference is exact in double
     return (a > tol) & (a < std::numeric_limits<double>::infinity());
 }
 
 QKGEOM_ALWAYS_INLINE counts count_body(float const* si, float const* sj, double const* qn, double kk, double ka,
                                        index_t n) noexcept {
-    constexpr double inf = std::numeric_limits<double>::infinity();
     std::int64_t wins = 0, undecided = 0;
     for (index_t r = 0; r < n; ++r) {
-        double const diff = double(si[r]) - double(sj[r]);  // exact in double
-        double const tol = kk * qn[r] + ka;
-        double const a = std::abs(diff);
-        bool const ok = (a > tol) & (a < inf);  // non-short-circuit: the loop vectorises
-        wins += (ok & (diff > 0.0)) ? 1 : 0;
+        bool const ok = decided(si[r], sj[r], kk * qn[r] + ka);
+        wins += (ok & (si[r] > sj[r])) ? 1 : 0;  // non-short-circuit: the loop vectorises
         undecided += ok ? 0 : 1;
     }
     return {wins, undecided};
