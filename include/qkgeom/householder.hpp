@@ -302,16 +302,24 @@ normality_diagnostics householder_diagnostics(householder_result const& model, X
     index_t const m = std::min<index_t>(64, d - 1);
     out.sem_coordinates = m;
     if (n < 3) return out;
-    // Rotated rows, coordinate 0 and the first m semantic coordinates.
+    // Rotated rows, coordinate 0 and the first m semantic coordinates. Only
+    // coordinates 1..m of Hq = q − γ (u·q) u are needed: the same arithmetic as
+    // H.apply (one dot product, then q_j − (γ u·q) u_j), without forming the
+    // other d − 1 − m or allocating per row.
     Eigen::MatrixXd Y(n, 1 + m);
     Eigen::VectorXd row(d);
     Eigen::VectorXd const bh = model.beta_pos > 0 ? Eigen::VectorXd(model.beta / model.beta_pos)
                                                   : Eigen::VectorXd(Eigen::VectorXd::Unit(d, 0));
+    bool const reflect = !model.H.is_identity();
     for (index_t i = 0; i < n; ++i) {
         r.read_row(i, row.data());
-        Eigen::VectorXd const y = model.H.apply(row);
         Y(i, 0) = bh.dot(row) - model.alpha_pos - model.beta_pos * static_cast<double>(p[i]);
-        Y.row(i).tail(m) = y.segment(1, m).transpose();
+        if (reflect) {
+            double const s = model.H.gamma * model.H.u.dot(row);
+            Y.row(i).tail(m) = (row.segment(1, m) - s * model.H.u.segment(1, m)).transpose();
+        } else {
+            Y.row(i).tail(m) = row.segment(1, m).transpose();
+        }
     }
     std::vector<double> z(static_cast<std::size_t>(n));
     auto standardised = [&](index_t j, double centre, double sd) -> bool {

@@ -25,6 +25,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -179,14 +180,27 @@ void check_batch(std::string_view where, index_t d, R const& r, P const& p, B co
     if (b != nullptr && b->size() != r.rows())
         fail_arg(where, "buckets: length differs from the " + std::to_string(r.rows()) + " rows; length",
                  b->size());
-    for (index_t i = 0; i < p.size(); ++i)
-        if (p[i] < 0) fail_arg(where, "positions: negative position at row " + std::to_string(i), p[i]);
-    if (b != nullptr)
+    // Branch-free scans (they vectorise); the first offender is looked up only
+    // when a scan finds one, so the messages name the same row and column.
+    auto any_negative = [](auto const& idx) {
+        std::int64_t acc = 0;  // sign bit set iff some value is negative
+        for (index_t i = 0; i < idx.size(); ++i) acc |= idx[i];
+        return acc < 0;
+    };
+    if (any_negative(p))
+        for (index_t i = 0; i < p.size(); ++i)
+            if (p[i] < 0) fail_arg(where, "positions: negative position at row " + std::to_string(i), p[i]);
+    if (b != nullptr && any_negative(*b))
         for (index_t i = 0; i < b->size(); ++i)
             if ((*b)[i] < 0) fail_arg(where, "buckets: negative bucket at row " + std::to_string(i), (*b)[i]);
     std::vector<double> row(static_cast<std::size_t>(d));
     for (index_t i = 0; i < r.rows(); ++i) {
         r.read_row(i, row.data());
+        // (bits & exponent) + 2^52 carries into the sign bit iff the exponent is
+        // all ones (±inf, NaN); OR over the row: integer SSE2 operations only.
+        std::uint64_t acc = 0;
+        for (double v : row) acc |= (std::bit_cast<std::uint64_t>(v) & 0x7ff0000000000000u) + 0x0010000000000000u;
+        if ((acc >> 63) == 0) continue;
         for (index_t j = 0; j < d; ++j)
             if (!std::isfinite(row[static_cast<std::size_t>(j)]))
                 fail_arg(where,

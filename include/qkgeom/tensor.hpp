@@ -146,11 +146,13 @@ public:
     /// Widen row i into out[0 .. cols).
     void read_row(index_t i, double* out) const noexcept {
         T const* p = data_ + i * row_stride_;
-        if constexpr (std::is_same_v<T, double>) {
-            if (col_stride_ == 1) {
+        if (col_stride_ == 1) {  // contiguous: a plain loop the compiler vectorises (cvtps2pd for f32)
+            if constexpr (std::is_same_v<T, double>) {
                 std::memcpy(out, p, static_cast<std::size_t>(cols_) * sizeof(double));
-                return;
+            } else {
+                for (index_t j = 0; j < cols_; ++j) out[j] = element_traits<T>::to_double(p[j]);
             }
+            return;
         }
         for (index_t j = 0; j < cols_; ++j) out[j] = element_traits<T>::to_double(p[j * col_stride_]);
     }

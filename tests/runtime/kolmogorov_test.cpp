@@ -4,18 +4,19 @@
 // tests/data/gen_ks_table.py), the n = 1 closed form, monotonicity, range,
 // the O(1/√n) approach to the limiting distribution, agreement of the two exact
 // methods (Durbin, Pomeranz) where both apply, calibration of ks_test_normal
-// over many seeds, and errors on bad input.
+// over many seeds, ks_test_normal against the sorted formula (and the
+// interpolant its bucketing relies on), and errors on bad input.
 #include <qkgeom/kolmogorov.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <numbers>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -98,6 +99,44 @@ regime classify(std::int64_t n, double d) {
     if (nd2 >= 2.2) return {"2*smirnov (tail)", 1e-11};
     if (nn * std::pow(d, 1.5) <= 1.4) return {"durbin", 1e-10};
     return {"pelz-good", 1e-12};
+}
+
+
+/// The textbook KS statistic: sort, then D⁺ = max((i+1)/n − Φ(x_(i))),
+/// D⁻ = max(Φ(x_(i)) − i/n); the p-value by the same library call.
+qkgeom::ks_result ks_sorted_reference(std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    double const nn = static_cast<double>(x.size());
+    double dplus = -std::numeric_limits<double>::infinity();
+    double dminus = -std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        double const cdf = 0.5 * std::erfc(-x[i] / std::numbers::sqrt2);
+        dplus = std::max(dplus, static_cast<double>(i + 1) / nn - cdf);
+        dminus = std::max(dminus, cdf - static_cast<double>(i) / nn);
+    }
+    double const stat = std::max(dplus, dminus);
+    return {stat, kolmogorov_smirnov_sf(static_cast<std::int64_t>(x.size()), stat)};
+}
+
+/// x_i with Φ(x_i) = q_i to the last bits, for increasing q_i in (0, 1):
+/// Newton steps from the previous root, safeguarded by bisection.
+std::vector<double> normal_quantiles(std::vector<double> const& q) {
+    std::vector<double> x(q.size());
+    double v = -40.0;  // Φ(v) <= q_i for every i
+    for (std::size_t i = 0; i < q.size(); ++i) {
+        double lo = v, hi = 40.0;
+        for (int it = 0; it < 400; ++it) {
+            double const f = qkgeom::detail::ks::normal_cdf(v) - q[i];
+            if (f == 0.0) break;
+            (f < 0.0 ? lo : hi) = v;
+            double const newton = v - f / (std::exp(-0.5 * v * v) / std::sqrt(2.0 * std::numbers::pi));
+            double const next = newton > lo && newton < hi ? newton : 0.5 * (lo + hi);
+            if (next == v) break;
+            v = next;
+        }
+        x[i] = v;
+    }
+    return x;
 }
 
 }  // namespace
@@ -325,41 +364,112 @@ TEST_CASE("Kolmogorov functions reject bad input", "[kolmogorov]") {
     CHECK_THROWS_AS(qkgeom::ks_test_normal(std::vector<double>{0.1, -inf}), std::invalid_argument);
 }
 
-TEST_CASE("the diagnostics' radix sort orders like std::sort", "[kolmogorov][sort]") {
-    // Mixed signs, zeros of both signs, subnormals, huge and tiny magnitudes,
-    // duplicates, and samples where the high digits all agree (skipped passes).
-    std::mt19937_64 gen(42);
+TEST_CASE("ks_test_normal equals the sorted formula on random tied tail and shifted samples", "[kolmogorov]") {
+    std::mt19937_64 gen(20240607);
     std::normal_distribution<double> nd(0.0, 1.0);
-    std::uniform_int_distribution<int> pick(0, 9);
-    for (std::size_t n : {std::size_t{1}, std::size_t{511}, std::size_t{512}, std::size_t{513}, std::size_t{8000}}) {
-        for (int flavour = 0; flavour < 3; ++flavour) {
-            std::vector<double> x(n);
-            for (double& v : x) {
-                switch (flavour == 0 ? pick(gen) : -1) {
-                    case 0: v = 0.0; break;
-                    case 1: v = -0.0; break;
-                    case 2: v = 5e-324 * double(pick(gen) - 5); break;  // subnormals
-                    case 3: v = nd(gen) * 1e300; break;
-                    case 4: v = 1.5; break;  // duplicates
-                    default: v = flavour == 2 ? 1.0 + std::abs(nd(gen)) * 1e-9 : nd(gen);  // flavour 2: one exponent
-                }
-            }
-            std::vector<double> want = x, got = x;
-            std::sort(want.begin(), want.end());
-            qkgeom::detail::sort_finite(got);
-            INFO("n = " << n << ", flavour " << flavour);
-            REQUIRE(got.size() == want.size());
-            bool same = true;
-            for (std::size_t i = 0; i < n; ++i) same = same && got[i] == want[i];  // ±0 compare equal
-            CHECK(same);
-            CHECK(std::is_sorted(got.begin(), got.end()));
-            std::vector<double> a = x, b = got;  // a permutation of the input (bit patterns)
-            auto bits_less = [](double p, double q) { return std::bit_cast<std::uint64_t>(p) < std::bit_cast<std::uint64_t>(q); };
-            std::sort(a.begin(), a.end(), bits_less);
-            std::sort(b.begin(), b.end(), bits_less);
-            bool perm = true;
-            for (std::size_t i = 0; i < n; ++i) perm = perm && std::bit_cast<std::uint64_t>(a[i]) == std::bit_cast<std::uint64_t>(b[i]);
-            CHECK(perm);
+    auto draw = [&](std::size_t n, auto&& f) {
+        std::vector<double> x(n);
+        for (double& v : x) v = f(nd(gen));
+        return x;
+    };
+    auto compare = [](std::vector<double> const& x, char const* what) {
+        qkgeom::ks_result const got = qkgeom::ks_test_normal(x);
+        qkgeom::ks_result const want = ks_sorted_reference(x);
+        INFO(what << ", n = " << x.size() << ": D = " << got.statistic << " (reference " << want.statistic
+                  << "), p = " << got.pvalue << " (reference " << want.pvalue << ")");
+        CHECK(std::abs(got.statistic - want.statistic) <= 1e-15);
+        CHECK(got.statistic == want.statistic);  // documented: bit-identical (the same terms are formed)
+        bool const p_ok =
+            got.pvalue == want.pvalue || std::abs(got.pvalue - want.pvalue) <= 1e-12 * std::abs(want.pvalue);
+        CHECK(p_ok);
+    };
+    std::size_t const sizes[] = {1, 2, 3, 10, 1000, 8000, 20000, 100000};  // 100000: slack of 3 levels
+    for (std::size_t n : sizes) {
+        int const reps = n <= 10 ? 20 : n <= 8000 ? 4 : 1;
+        for (int rep = 0; rep < reps; ++rep) {
+            INFO("repetition " << rep);
+            compare(draw(n, [](double v) { return v; }), "N(0, 1)");
+            // many exact ties: one decimal, or a handful of values
+            compare(draw(n, [](double v) { return std::round(10.0 * v) / 10.0; }), "rounded to 0.1");
+            compare(draw(n, [](double v) { return std::round(v); }), "rounded to integers");
+            // far tails: Φ within 3e-7 of 1 (or of 0), and beyond the interpolant's range
+            compare(draw(n, [](double v) { return 5.0 + std::abs(v); }), "all > 5");
+            compare(draw(n, [](double v) { return -5.0 - std::abs(v); }), "all < -5");
+            compare(draw(n, [](double v) { return 9.0 + std::abs(v); }), "all > 9");
+            compare(draw(n, [](double v) { return v < 0 ? -40.0 + v : 1e300 * v; }), "±huge");
+            // shifted / scaled: D large (every regime of the p-value, up to D near 1)
+            compare(draw(n, [](double v) { return v + 0.5; }), "N(0.5, 1)");
+            compare(draw(n, [](double v) { return 3.0 * v; }), "N(0, 9)");
+            compare(draw(n, [](double v) { return 0.1 * v - 2.0; }), "N(-2, 0.01)");
+            compare(draw(n, [](double v) { return 0.01 * v + 3.0; }), "N(3, 1e-4)");
         }
     }
+    // Samples that hug Φ: x_(i) = Φ⁻¹((i + e)/n), so that terms of neighbouring
+    // buckets tie to the last bits and values sit on bucket edges.
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    for (std::size_t n : {std::size_t{10}, std::size_t{100}, std::size_t{1000}, std::size_t{8000}}) {
+        for (double e : {1e-9, 0.5, 1.0 - 1e-7, 1e-6, 1.0 - 1e-6, -1.0}) {  // −1: uniform jitter
+            std::vector<double> q(n);
+            for (std::size_t i = 0; i < n; ++i)
+                q[i] = (static_cast<double>(i) + (e < 0 ? unit(gen) : e)) / static_cast<double>(n);
+            INFO("offset " << e);
+            compare(normal_quantiles(q), "quantiles");
+        }
+    }
+    {
+        // The interpolant is ~2.2 buckets off near |x| = 1 at n = 300000, so a_k
+        // reaches 3 there, while at x = 0 (a knot, Φ'' = 0) it is exact and a_k
+        // = 1. The largest term is put at x ≈ 0: only the 2δn margin of the
+        // exclusion rule keeps its bucket (without it D is 0.5/n, not 0.75/n).
+        std::size_t const n = 300000, r = n / 2;
+        std::vector<double> q(n);
+        for (std::size_t i = 0; i < n; ++i) q[i] = (static_cast<double>(i) + 0.5) / static_cast<double>(n);
+        q[r] -= 0.25 / static_cast<double>(n);
+        compare(normal_quantiles(q), "hugging, the maximum at 0");
+    }
+    // identical values, and values exactly on the interpolant's knots
+    compare(std::vector<double>(1000, 0.0), "all 0");
+    compare(std::vector<double>(1000, -1.25), "all -1.25");
+    std::vector<double> knots;
+    for (int j = -600; j <= 600; ++j) knots.push_back(static_cast<double>(j) / 64.0);
+    compare(knots, "knots");
+}
+
+TEST_CASE("the KS bucketing interpolant is monotone and within its error bound", "[kolmogorov]") {
+    // ks_test_normal is exact only if the interpolant never decreases and stays
+    // within normal_cdf_approx_error of normal_cdf (kolmogorov.hpp).
+    auto const& knots = qkgeom::detail::ks::normal_cdf_approx();
+    using knots_t = qkgeom::detail::ks::normal_cdf_knots;
+    double const bound = qkgeom::detail::ks::normal_cdf_approx_error;
+    bool knots_ok = knots.value[0] > 0.0 && knots.value[knots_t::segments] <= 1.0;
+    for (int j = 0; j < knots_t::segments; ++j)  // non-decreasing and within a factor 2 (exact differences)
+        knots_ok = knots_ok && knots.value[j] <= knots.value[j + 1] && knots.value[j + 1] <= 2.0 * knots.value[j];
+    CHECK(knots_ok);
+    std::vector<double> x;
+    for (int i = -1000000; i <= 1000000; ++i) x.push_back(static_cast<double>(i) * 1e-5);  // [-10, 10]
+    for (int j = 0; j <= knots_t::segments; ++j) {  // around every knot
+        double const k = knots_t::x0 + static_cast<double>(j) / knots_t::inv_h;
+        double lo = k, hi = k;
+        for (int s = 0; s < 4; ++s) {
+            lo = std::nextafter(lo, -1e9);
+            hi = std::nextafter(hi, 1e9);
+            x.push_back(lo);
+            x.push_back(hi);
+        }
+        x.push_back(k);
+    }
+    for (double v : {-1e300, -40.0, 40.0, 1e300, -0.0}) x.push_back(v);
+    std::sort(x.begin(), x.end());
+    double worst = 0.0, prev = -1.0;
+    bool monotone = true;
+    for (double v : x) {
+        double const a = knots(v);
+        monotone = monotone && a >= prev;
+        prev = a;
+        worst = std::max(worst, std::abs(a - qkgeom::detail::ks::normal_cdf(v)));
+    }
+    INFO("largest |interpolant - normal_cdf| = " << worst);
+    CHECK(monotone);
+    CHECK(worst <= 7.5e-6);  // h²/8 · φ(1) = 7.38e-6, plus rounding
+    CHECK(worst < bound);
 }

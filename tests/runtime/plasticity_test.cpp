@@ -663,11 +663,16 @@ TEST_CASE("exact enumeration equals a brute-force triple loop", "[plasticity][ex
                     o.buckets = s.buckets;
                     o.enumeration = qkgeom::enumeration_policy::exact;
                     std::int64_t const span = window == 0 ? 0 : std::max<std::int64_t>(1, (window + 63) / 64);
-                    auto const r = run(mdl, h, o);
-                    CHECK_FALSE(r.sampled);
                     auto const ref = brute_force(mdl, h, policy, span, true);
                     REQUIRE(ref.n_pairs > 0);
-                    check_against(r, ref, 1e-12);
+                    // the empirical check's two product forms (docs/plasticity.md)
+                    for (auto form : {qkgeom::empirical_columns::keys, qkgeom::empirical_columns::pairs}) {
+                        INFO("form " << int(form));
+                        o.empirical = form;
+                        auto const r = run(mdl, h, o);
+                        CHECK_FALSE(r.sampled);
+                        check_against(r, ref, 1e-12);
+                    }
                 }
             }
         }
@@ -1529,10 +1534,38 @@ TEST_CASE("the empirical check counts as double precision at every level", "[pla
         ++near;
     }
     REQUIRE(near > 40);
-    // scenario 1: a subnormal query coordinate makes the f32 scores
-    // uncertifiable, so every comparison must take the double fallback
-    for (int scenario = 0; scenario < 2; ++scenario) {
-        if (scenario == 1) h.q(0, 5) = 1e-310;
+    // Queries planted almost orthogonal to a near pair's difference
+    // δ = kᵢ − kⱼ: q·δ = ±1e-9‖q‖‖δ‖, below the f32 resolution even of the
+    // pair-difference form (whose own error is ≈ 1e-5‖q‖‖δ‖ here).
+    auto plant_orthogonal = [&] {
+        index_t planted = 0;
+        std::vector<index_t> order(static_cast<std::size_t>(h.q.rows()));  // query rows, latest bucket first
+        std::iota(order.begin(), order.end(), index_t{0});
+        std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
+            return h.q_bucket[static_cast<std::size_t>(a)] > h.q_bucket[static_cast<std::size_t>(b)];
+        });
+        std::size_t next = 0;
+        for (auto const& [key, idx] : groups) {
+            if (idx.size() < 2) continue;
+            Eigen::RowVectorXd const delta = h.k.row(idx[0]) - h.k.row(idx[1]);
+            for (int t = 0; t < 3; ++t, ++next) {
+                if (next >= order.size() || h.q_bucket[static_cast<std::size_t>(order[next])] <= key.second) break;
+                index_t const r = order[next];
+                Eigen::RowVectorXd q = h.q.row(r);
+                q -= (q.dot(delta) / delta.squaredNorm()) * delta;
+                q += ((t % 2 == 0) ? 1e-9 : -1e-9) * q.norm() / delta.norm() * delta;
+                h.q.row(r) = q;
+                ++planted;
+            }
+        }
+        return planted;
+    };
+    // scenario 1: those planted queries; scenario 2: a subnormal query
+    // coordinate makes the f32 scores uncertifiable, so every comparison
+    // must take the double fallback
+    for (int scenario = 0; scenario < 3; ++scenario) {
+        if (scenario == 1) REQUIRE(plant_orthogonal() > 40);
+        if (scenario == 2) h.q(0, 5) = 1e-310;
         INFO("scenario " << scenario);
         auto const mdl = model_of(h);
         for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
@@ -1548,20 +1581,26 @@ TEST_CASE("the empirical check counts as double precision at every level", "[pla
                     WARN("QKGEOM_ISA caps the level below " << qkgeom::simd::isa_name(level) << ": not run");
                     continue;
                 }
-                INFO("policy " << int(policy) << " level " << qkgeom::simd::isa_name(level));
-                results.push_back(run(mdl, h, o));
-                // the empirical side only: the closed form of a near tie cancels
-                // (m, v ≈ 1e-6 relative), so there the two orders of operations
-                // legitimately differ beyond 1e-12
-                auto const& r = results.back();
-                REQUIRE(r.cells.size() == ref.cells.size());
-                auto it = ref.cells.begin();
-                for (auto const& c : r.cells) {
-                    INFO("cell (" << c.q_bucket << ", " << c.k_bucket << ")");
-                    CHECK(c.n_pairs == it->second.n);
-                    double const want = it->second.emp_n > 0 ? it->second.emp_sum / double(it->second.emp_n) : k_nan;
-                    CHECK(same_value(c.empirical, want, 1e-12));
-                    ++it;
+                // both product forms: scores of keys, and one column kᵢ − kⱼ
+                // per pair (same_bucket at a dispatched level)
+                for (auto form : {qkgeom::empirical_columns::keys, qkgeom::empirical_columns::pairs}) {
+                    INFO("policy " << int(policy) << " level " << qkgeom::simd::isa_name(level) << " form "
+                                   << int(form));
+                    o.empirical = form;
+                    results.push_back(run(mdl, h, o));
+                    // the empirical side only: the closed form of a near tie cancels
+                    // (m, v ≈ 1e-6 relative), so there the two orders of operations
+                    // legitimately differ beyond 1e-12
+                    auto const& r = results.back();
+                    REQUIRE(r.cells.size() == ref.cells.size());
+                    auto it = ref.cells.begin();
+                    for (auto const& c : r.cells) {
+                        INFO("cell (" << c.q_bucket << ", " << c.k_bucket << ")");
+                        CHECK(c.n_pairs == it->second.n);
+                        double const want = it->second.emp_n > 0 ? it->second.emp_sum / double(it->second.emp_n) : k_nan;
+                        CHECK(same_value(c.empirical, want, 1e-12));
+                        ++it;
+                    }
                 }
             }
             for (std::size_t a = 1; a < results.size(); ++a) {

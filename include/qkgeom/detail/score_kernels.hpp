@@ -120,6 +120,88 @@ inline void micro_avx2(float const* qp, float const* kb, index_t d, float* s, in
     }
 }
 
+/// Pair-difference columns (see `pair_counts`): the panel × block product of
+/// the queries against 14 difference columns dᵢⱼ = kᵢ − kⱼ, then per column
+/// the certified decision of every query in registers: threshold
+/// t = qn_r·kk_c + ka (one FMA, rounded up by construction of the factors),
+/// win when s > t, decided when s > t or s < −t; the undecided queries of
+/// the panel (NaN included, padding rows masked out by `valid`) are
+/// returned as a bit mask per column.
+QKGEOM_TARGET("avx512f,popcnt")
+inline void pair_micro_avx512(float const* qp, float const* qn, float const* db, float const* kk, float ka,
+                              index_t d, std::uint32_t valid, std::int32_t* wins, std::uint32_t* und,
+                              index_t nvalid) {
+    __m512 acc[14][2];
+#pragma GCC unroll 14
+    for (int j = 0; j < 14; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    for (index_t l = 0; l < d; ++l) {
+        __m512 const a0 = _mm512_loadu_ps(qp + l * 32);
+        __m512 const a1 = _mm512_loadu_ps(qp + l * 32 + 16);
+        float const* kl = db + l * 14;
+#pragma GCC unroll 14
+        for (int j = 0; j < 14; ++j) {
+            __m512 const b = _mm512_set1_ps(kl[j]);
+            acc[j][0] = _mm512_fmadd_ps(a0, b, acc[j][0]);
+            acc[j][1] = _mm512_fmadd_ps(a1, b, acc[j][1]);
+        }
+    }
+    __m512 const n0 = _mm512_loadu_ps(qn), n1 = _mm512_loadu_ps(qn + 16), kav = _mm512_set1_ps(ka);
+    __m512 const sign = _mm512_set1_ps(-0.0f);
+#pragma GCC unroll 14
+    for (int j = 0; j < 14; ++j) {
+        if (j >= nvalid) break;
+        __m512 const f = _mm512_set1_ps(kk[j]);
+        __m512 const t0 = _mm512_fmadd_ps(n0, f, kav), t1 = _mm512_fmadd_ps(n1, f, kav);
+        __mmask16 const w0 = _mm512_cmp_ps_mask(acc[j][0], t0, _CMP_GT_OQ);
+        __mmask16 const w1 = _mm512_cmp_ps_mask(acc[j][1], t1, _CMP_GT_OQ);
+        __mmask16 const l0 = _mm512_cmp_ps_mask(acc[j][0], _mm512_castsi512_ps(_mm512_xor_si512(
+                                                               _mm512_castps_si512(t0), _mm512_castps_si512(sign))),
+                                                _CMP_LT_OQ);
+        __mmask16 const l1 = _mm512_cmp_ps_mask(acc[j][1], _mm512_castsi512_ps(_mm512_xor_si512(
+                                                               _mm512_castps_si512(t1), _mm512_castps_si512(sign))),
+                                                _CMP_LT_OQ);
+        std::uint32_t const won = std::uint32_t(w0) | (std::uint32_t(w1) << 16);
+        std::uint32_t const lost = std::uint32_t(l0) | (std::uint32_t(l1) << 16);
+        wins[j] += __builtin_popcount(won & valid);
+        und[j] = ~(won | lost) & valid;
+    }
+}
+
+/// The same for AVX2 + FMA: 16 rows × 6 difference columns.
+QKGEOM_TARGET("avx2,fma,popcnt")
+inline void pair_micro_avx2(float const* qp, float const* qn, float const* db, float const* kk, float ka, index_t d,
+                            std::uint32_t valid, std::int32_t* wins, std::uint32_t* und, index_t nvalid) {
+    __m256 acc[6][2];
+#pragma GCC unroll 6
+    for (int j = 0; j < 6; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (index_t l = 0; l < d; ++l) {
+        __m256 const a0 = _mm256_loadu_ps(qp + l * 16);
+        __m256 const a1 = _mm256_loadu_ps(qp + l * 16 + 8);
+        float const* kl = db + l * 6;
+#pragma GCC unroll 6
+        for (int j = 0; j < 6; ++j) {
+            __m256 const b = _mm256_broadcast_ss(kl + j);
+            acc[j][0] = _mm256_fmadd_ps(a0, b, acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(a1, b, acc[j][1]);
+        }
+    }
+    __m256 const n0 = _mm256_loadu_ps(qn), n1 = _mm256_loadu_ps(qn + 8), kav = _mm256_set1_ps(ka);
+    __m256 const sign = _mm256_set1_ps(-0.0f);
+#pragma GCC unroll 6
+    for (int j = 0; j < 6; ++j) {
+        if (j >= nvalid) break;
+        __m256 const f = _mm256_set1_ps(kk[j]);
+        __m256 const t0 = _mm256_fmadd_ps(n0, f, kav), t1 = _mm256_fmadd_ps(n1, f, kav);
+        auto const w0 = std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(acc[j][0], t0, _CMP_GT_OQ)));
+        auto const w1 = std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(acc[j][1], t1, _CMP_GT_OQ)));
+        auto const l0 = std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(acc[j][0], _mm256_xor_ps(t0, sign), _CMP_LT_OQ)));
+        auto const l1 = std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(acc[j][1], _mm256_xor_ps(t1, sign), _CMP_LT_OQ)));
+        std::uint32_t const won = w0 | (w1 << 8), lost = l0 | (l1 << 8);
+        wins[j] += __builtin_popcount(won & valid);
+        und[j] = ~(won | lost) & valid;
+    }
+}
+
 #endif  // QKGEOM_SIMD_X86
 
 /// S = Q Kᵀ from packed operands (see the file header): `qp` holds
@@ -149,6 +231,45 @@ inline void score_product(simd::isa level, std::vector<float> const& qp, index_t
     }
 #else
     (void)level, (void)qp, (void)nq_pad, (void)kp, (void)nk, (void)d, (void)s;
+#endif
+}
+
+/// Certified counts over pair-difference columns (SPEC §9.14), the fused
+/// form of `score_product` + `count_wins` for buckets with fewer pairs than
+/// keys: `qp` the packed queries (nq_pad / P panels), `qn` per query row an
+/// upper bound of ‖q‖ in float (nq_pad entries, padding rows 0), `dp` the
+/// packed difference columns (ceil(nc / NB) blocks), `kk` per column the
+/// bound factor (float, rounded up; +inf: never decided), `ka` the absolute
+/// term (a normal float). Adds to `wins[c]` the queries decided as
+/// q·dᵢⱼ > 0 and writes `und[p·ldu + c]`, the bit mask of panel p's queries
+/// left undecided for column c (bit t = row p·P + t). Requires a level >
+/// generic that the CPU supports.
+inline void pair_counts(simd::isa level, std::vector<float> const& qp, float const* qn, index_t nq, index_t nq_pad,
+                        float const* dp, float const* kk, float ka, index_t nc, index_t d, std::int32_t* wins,
+                        std::uint32_t* und, index_t ldu) {
+#if QKGEOM_SIMD_X86
+    auto const [P, NB] = blocking_of(level);
+    index_t const np = nq_pad / P;
+    index_t const chunk = 252;  // as in score_product
+    for (index_t k0 = 0; k0 < nc; k0 += chunk) {
+        index_t const k1 = nc - k0 < chunk ? nc : k0 + chunk;
+        for (index_t p = 0; p < np; ++p) {
+            float const* q = qp.data() + p * d * P;
+            index_t const rows = nq - p * P < P ? nq - p * P : P;
+            std::uint32_t const valid = rows >= 32 ? ~std::uint32_t(0) : (std::uint32_t(1) << rows) - 1u;
+            for (index_t c0 = k0; c0 < k1; c0 += NB) {
+                float const* db = dp + (c0 / NB) * d * NB;
+                index_t const nvalid = nc - c0 < NB ? nc - c0 : NB;
+                if (level == simd::isa::avx512)
+                    pair_micro_avx512(q, qn + p * P, db, kk + c0, ka, d, valid, wins + c0, und + p * ldu + c0, nvalid);
+                else
+                    pair_micro_avx2(q, qn + p * P, db, kk + c0, ka, d, valid, wins + c0, und + p * ldu + c0, nvalid);
+            }
+        }
+    }
+#else
+    (void)level, (void)qp, (void)qn, (void)nq, (void)nq_pad, (void)dp, (void)kk, (void)ka, (void)nc, (void)d,
+        (void)wins, (void)und, (void)ldu;
 #endif
 }
 
