@@ -78,9 +78,12 @@ head_analysis analyze_head(XQ const& queries, PQ const& q_position, BQ const& q_
     hm.add(kind::query, queries, q_position, q_bucket);
     hm.add(kind::key, keys, k_position, k_bucket);
     head_analysis out = detail::closed_forms(hm, opt);
-    if (opt.diagnostics) out.diagnostics = householder_diagnostics(out.householder, queries, q_position, opt.ks_alpha);
-    out.plasticity = attention_plasticity(out.householder, keys, k_position, k_bucket, k_example, queries, q_position,
-                                          q_bucket, opt.plasticity);
+    // The rows were validated by the moments pass (hm.add): the later passes
+    // check shapes and integers only.
+    if (opt.diagnostics)
+        out.diagnostics = detail::diagnostics_of(out.householder, queries, q_position, opt.ks_alpha, true);
+    out.plasticity = detail::plasticity_of(out.householder, keys, k_position, k_bucket, k_example, &queries,
+                                           &q_position, &q_bucket, opt.plasticity, true);
     return out;
 }
 

@@ -292,13 +292,11 @@ inline float float_up(double x) {
 struct f32_range {
     double min_nonzero = std::numeric_limits<double>::infinity();
     double max_abs = 0.0;
-    /// Folds in a dense matrix of finite values (validated by the caller).
-    template <class Rows>
-    void add(Rows const& x) {
+    /// Folds in n finite values (validated by the caller).
+    void add(double const* p, index_t count) {
         constexpr double inf = std::numeric_limits<double>::infinity();
         double lo = min_nonzero, hi = max_abs;
-        double const* p = x.data();
-        auto const n = static_cast<std::size_t>(x.size());
+        auto const n = static_cast<std::size_t>(count);
         std::size_t i = 0;
 #ifdef QKGEOM_DETAIL_SSE2
         __m128d const absmask = _mm_castsi128_pd(_mm_set1_epi64x(0x7fffffffffffffffLL));
@@ -368,17 +366,44 @@ public:
 
     /// The closed form of one pair, direct path. Returns false (and counts it)
     /// when the keys are identical (v ≤ 0).
+    /// Identical keys give v = 0 and are skipped by the same test as v < 0.
     bool pp_direct(bucket_eval const& e, index_t i, index_t j, double& pp) {
-        auto& delta = delta_;  // member scratch: no allocation per pair
-        delta = (k_.rot.row(i) - k_.rot.row(j)).transpose();
-        if ((delta.array() == 0.0).all()) return false;
-        double const m = e.w.dot(delta);
-        double v = 0;
+        double m = 0, v = 0;
         if (e.V.size() != 0) {
+            auto& delta = delta_;  // member scratch: no allocation per pair
+            delta = (k_.rot.row(i) - k_.rot.row(j)).transpose();
+            m = e.w.dot(delta);
             vdelta_.noalias() = e.V * delta;
             v = delta.dot(vdelta_);
         } else {
-            v = (delta.array().square() * e.var.array()).sum();
+            // m = w·δ and v = Σ var_l δ_l² in one pass, δ never stored
+            double const* a = k_.rot.row(i).data();
+            double const* b = k_.rot.row(j).data();
+            double const* w = e.w.data();
+            double const* s2 = e.var.data();
+            index_t const d = k_.d;
+            index_t l = 0;
+#ifdef QKGEOM_DETAIL_SSE2
+            __m128d m0 = _mm_setzero_pd(), m1 = m0, v0 = m0, v1 = m0;
+            for (; l + 4 <= d; l += 4) {
+                __m128d const d0 = _mm_sub_pd(_mm_loadu_pd(a + l), _mm_loadu_pd(b + l));
+                __m128d const d1 = _mm_sub_pd(_mm_loadu_pd(a + l + 2), _mm_loadu_pd(b + l + 2));
+                m0 = _mm_add_pd(m0, _mm_mul_pd(_mm_loadu_pd(w + l), d0));
+                m1 = _mm_add_pd(m1, _mm_mul_pd(_mm_loadu_pd(w + l + 2), d1));
+                v0 = _mm_add_pd(v0, _mm_mul_pd(_mm_loadu_pd(s2 + l), _mm_mul_pd(d0, d0)));
+                v1 = _mm_add_pd(v1, _mm_mul_pd(_mm_loadu_pd(s2 + l + 2), _mm_mul_pd(d1, d1)));
+            }
+            alignas(16) double mm[2], vv[2];
+            _mm_store_pd(mm, _mm_add_pd(m0, m1));
+            _mm_store_pd(vv, _mm_add_pd(v0, v1));
+            m = mm[0] + mm[1];
+            v = vv[0] + vv[1];
+#endif
+            for (; l < d; ++l) {
+                double const dl = a[l] - b[l];
+                m += w[l] * dl;
+                v += s2[l] * (dl * dl);
+            }
         }
         if (!(v > 0)) return false;
         pp = pairwise_plasticity(m / std::sqrt(v));
@@ -741,7 +766,16 @@ inline void check_buckets(std::string_view kind_name, std::vector<std::int64_t> 
 template <RowMatrix XK, IndexVector PK, IndexVector BK, IndexVector EK, RowMatrix XQ, IndexVector PQ, IndexVector BQ>
 plasticity_result attention_plasticity(householder_result const& model, XK const& keys, PK const& k_position,
                                        BK const& k_bucket, EK const& k_example, XQ const* queries,
-                                       PQ const* q_position, BQ const* q_bucket, plasticity_options const& opt = {}) {
+                                       PQ const* q_position, BQ const* q_bucket, plasticity_options const& opt = {});
+
+namespace detail {
+/// `attention_plasticity`; `rows_checked`: the caller has validated the key
+/// and query row values already (analyze_head), only shapes, integers and
+/// options are checked again.
+template <RowMatrix XK, IndexVector PK, IndexVector BK, IndexVector EK, RowMatrix XQ, IndexVector PQ, IndexVector BQ>
+plasticity_result plasticity_of(householder_result const& model, XK const& keys, PK const& k_position,
+                                BK const& k_bucket, EK const& k_example, XQ const* queries, PQ const* q_position,
+                                BQ const* q_bucket, plasticity_options const& opt, bool rows_checked) {
     constexpr std::string_view fn = "qkgeom::attention_plasticity";
     index_t const d = model.beta.size();
     if (d < 1) detail::fail_arg(fn, "the Householder model is empty (d)", d);
@@ -759,7 +793,7 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
                                  std::to_string(d) + ", keys have",
                          kr.cols());
     auto const kp = as_indices(k_position);
-    detail::check_batch(fn, d, kr, kp, static_cast<decltype(kp) const*>(nullptr));
+    detail::check_batch(fn, d, kr, kp, static_cast<decltype(kp) const*>(nullptr), !rows_checked);
     detail::key_store ks;
     ks.d = d;
     index_t const nk = kr.rows();
@@ -772,12 +806,17 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
                              ks.bucket[static_cast<std::size_t>(i)]);
     detail::check_buckets("keys", ks.position, ks.bucket, opt.buckets);
     ks.orig.resize(nk, d);
-    for (index_t i = 0; i < nk; ++i) kr.read_row(i, ks.orig.row(i).data());
+    detail::f32_range k_range;  // for the empirical check, folded into the read (the row is in L1)
+    for (index_t i = 0; i < nk; ++i) {
+        kr.read_row(i, ks.orig.row(i).data());
+        if (queries != nullptr) k_range.add(ks.orig.row(i).data(), d);
+    }
     ks.rot = ks.orig;
     model.H.apply_rows(ks.rot);
 
     // --- queries (optional): per-bucket original-basis rows for the empirical check
     std::map<std::int64_t, detail::query_rows> qrows;
+    detail::f32_range q_range;
     std::int64_t max_pos = 0;
     for (auto t : ks.position) max_pos = std::max(max_pos, t);
     if (queries != nullptr) {
@@ -786,7 +825,7 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
             detail::fail_arg(fn, "queries: head dimension differs from the keys' (" + std::to_string(d) + "); queries have",
                              qr.cols());
         auto const qp = as_indices(*q_position);
-        detail::check_batch(fn, d, qr, qp, static_cast<decltype(qp) const*>(nullptr));
+        detail::check_batch(fn, d, qr, qp, static_cast<decltype(qp) const*>(nullptr), !rows_checked);
         auto const qpos = detail::read_ids("queries: positions", *q_position, qr.rows());
         auto const qb = detail::read_ids("queries: buckets", *q_bucket, qr.rows());
         detail::check_buckets("queries", qpos, qb, opt.buckets);
@@ -797,7 +836,10 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
         }
         for (auto const& [b, rows] : rows_of) {
             detail::query_rows m(static_cast<index_t>(rows.size()), d);
-            for (std::size_t r = 0; r < rows.size(); ++r) qr.read_row(rows[r], m.row(static_cast<index_t>(r)).data());
+            for (std::size_t r = 0; r < rows.size(); ++r) {
+                qr.read_row(rows[r], m.row(static_cast<index_t>(r)).data());
+                q_range.add(m.row(static_cast<index_t>(r)).data(), d);
+            }
             qrows.emplace(b, std::move(m));
         }
     }
@@ -863,11 +905,8 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
     bool certifiable = false;  // single-precision scores certifiable for these rows
     double q_max_abs = 0.0;
     if (!qrows.empty()) {
-        detail::f32_range qr, kr;
-        for (auto const& [b, rows] : qrows) qr.add(rows);
-        kr.add(ks.orig);
-        certifiable = detail::f32_certifiable(qr, kr, d);
-        q_max_abs = qr.max_abs;
+        certifiable = detail::f32_certifiable(q_range, k_range, d);
+        q_max_abs = q_range.max_abs;
     }
     auto const blk = detail::scores::blocking_of(level);
     std::vector<float> qpack;  // the query bucket's packed f32 panels (dispatched product)
@@ -1227,6 +1266,15 @@ plasticity_result attention_plasticity(householder_result const& model, XK const
         }
     if (ng > 0) res.gaussian_gap = gap / double(ng);
     return res;
+}
+}  // namespace detail
+
+template <RowMatrix XK, IndexVector PK, IndexVector BK, IndexVector EK, RowMatrix XQ, IndexVector PQ, IndexVector BQ>
+plasticity_result attention_plasticity(householder_result const& model, XK const& keys, PK const& k_position,
+                                       BK const& k_bucket, EK const& k_example, XQ const* queries,
+                                       PQ const* q_position, BQ const* q_bucket, plasticity_options const& opt) {
+    return detail::plasticity_of(model, keys, k_position, k_bucket, k_example, queries, q_position, q_bucket, opt,
+                                 false);
 }
 
 /// \brief Attention plasticity with the empirical cross-check from the query rows.

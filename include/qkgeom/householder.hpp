@@ -280,22 +280,17 @@ inline shape_stats shape_of(std::span<double const> z) {
     return s;
 }
 
-}  // namespace detail
 
-/// \brief Normality diagnostics from the query rows used to fit `model`
-/// (SPEC §4 "Diagnostics", §9.15): the coordinate-1 residual
-/// (β̂·q − α_pos − β_pos t)/σ_pos and the first min(64, d − 1) semantic
-/// coordinates of Hq, each standardised by its global mean and (n−1) sd.
-/// Fewer than 3 rows, or a zero variance, gives NaN for that coordinate.
-/// \param ks_alpha level for `sem_frac_ks_reject` (default 0.05)
+/// `householder_diagnostics`; `rows_checked`: the caller has validated the
+/// row values already (analyze_head), only the shapes are checked again.
 template <RowMatrix X, IndexVector P>
-normality_diagnostics householder_diagnostics(householder_result const& model, X const& queries,
-                                              P const& positions, double ks_alpha = 0.05) {
+normality_diagnostics diagnostics_of(householder_result const& model, X const& queries, P const& positions,
+                                     double ks_alpha, bool rows_checked) {
     constexpr std::string_view fn = "qkgeom::householder_diagnostics";
     auto const r = as_matrix(queries);
     auto const p = as_indices(positions);
     index_t const d = model.beta.size();
-    detail::check_batch(fn, d, r, p, static_cast<decltype(p) const*>(nullptr));
+    detail::check_batch(fn, d, r, p, static_cast<decltype(p) const*>(nullptr), !rows_checked);
     if (!(ks_alpha > 0 && ks_alpha < 1)) detail::fail_arg(fn, "ks_alpha must be in (0, 1)", ks_alpha);
     normality_diagnostics out;
     index_t const n = r.rows();
@@ -306,20 +301,30 @@ normality_diagnostics householder_diagnostics(householder_result const& model, X
     // coordinates 1..m of Hq = q − γ (u·q) u are needed: the same arithmetic as
     // H.apply (one dot product, then q_j − (γ u·q) u_j), without forming the
     // other d − 1 − m or allocating per row.
+    // Rows are formed in row-major blocks of 256 (in L2) and copied to the
+    // column-major Y block by block: writing Y row by row would touch 1 + m
+    // cache lines per row.
     Eigen::MatrixXd Y(n, 1 + m);
     Eigen::VectorXd row(d);
     Eigen::VectorXd const bh = model.beta_pos > 0 ? Eigen::VectorXd(model.beta / model.beta_pos)
                                                   : Eigen::VectorXd(Eigen::VectorXd::Unit(d, 0));
     bool const reflect = !model.H.is_identity();
-    for (index_t i = 0; i < n; ++i) {
-        r.read_row(i, row.data());
-        Y(i, 0) = bh.dot(row) - model.alpha_pos - model.beta_pos * static_cast<double>(p[i]);
-        if (reflect) {
-            double const s = model.H.gamma * model.H.u.dot(row);
-            Y.row(i).tail(m) = (row.segment(1, m) - s * model.H.u.segment(1, m)).transpose();
-        } else {
-            Y.row(i).tail(m) = row.segment(1, m).transpose();
+    constexpr index_t block = 256;
+    Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> T(std::min(block, n), 1 + m);
+    for (index_t i0 = 0; i0 < n; i0 += block) {
+        index_t const nb = std::min(block, n - i0);
+        for (index_t t = 0; t < nb; ++t) {
+            index_t const i = i0 + t;
+            r.read_row(i, row.data());
+            T(t, 0) = bh.dot(row) - model.alpha_pos - model.beta_pos * static_cast<double>(p[i]);
+            if (reflect) {
+                double const s = model.H.gamma * model.H.u.dot(row);
+                T.row(t).tail(m) = (row.segment(1, m) - s * model.H.u.segment(1, m)).transpose();
+            } else {
+                T.row(t).tail(m) = row.segment(1, m).transpose();
+            }
         }
+        Y.middleRows(i0, nb) = T.topRows(nb);
     }
     std::vector<double> z(static_cast<std::size_t>(n));
     auto standardised = [&](index_t j, double centre, double sd) -> bool {
@@ -353,6 +358,19 @@ normality_diagnostics householder_diagnostics(householder_result const& model, X
             static_cast<double>(ps.size());
     }
     return out;
+}
+}  // namespace detail
+
+/// \brief Normality diagnostics from the query rows used to fit `model`
+/// (SPEC §4 "Diagnostics", §9.15): the coordinate-1 residual
+/// (β̂·q − α_pos − β_pos t)/σ_pos and the first min(64, d − 1) semantic
+/// coordinates of Hq, each standardised by its global mean and (n−1) sd.
+/// Fewer than 3 rows, or a zero variance, gives NaN for that coordinate.
+/// \param ks_alpha level for `sem_frac_ks_reject` (default 0.05)
+template <RowMatrix X, IndexVector P>
+normality_diagnostics householder_diagnostics(householder_result const& model, X const& queries,
+                                              P const& positions, double ks_alpha = 0.05) {
+    return detail::diagnostics_of(model, queries, positions, ks_alpha, false);
 }
 
 }  // namespace qkgeom

@@ -168,8 +168,10 @@ namespace detail {
 
 /// Validates one batch (rows, positions, buckets) before anything is mutated
 /// (strong exception guarantee): shapes, non-negative integers, finite values.
+/// `values = false` skips the scan of the values (rows the caller has already
+/// checked, e.g. `analyze_head` after its moments pass).
 template <MatrixReader R, IndexReader P, IndexReader B>
-void check_batch(std::string_view where, index_t d, R const& r, P const& p, B const* b) {
+void check_batch(std::string_view where, index_t d, R const& r, P const& p, B const* b, bool values = true) {
     if (r.rows() <= 0) fail_arg(where, "rows: need at least one row; number of rows", r.rows());
     if (r.cols() != d)
         fail_arg(where, "rows: head dimension mismatch, expected " + std::to_string(d) + " columns, got",
@@ -193,6 +195,7 @@ void check_batch(std::string_view where, index_t d, R const& r, P const& p, B co
     if (b != nullptr && any_negative(*b))
         for (index_t i = 0; i < b->size(); ++i)
             if ((*b)[i] < 0) fail_arg(where, "buckets: negative bucket at row " + std::to_string(i), (*b)[i]);
+    if (!values) return;
     std::vector<double> row(static_cast<std::size_t>(d));
     for (index_t i = 0; i < r.rows(); ++i) {
         r.read_row(i, row.data());
