@@ -1562,10 +1562,17 @@ TEST_CASE("the empirical check counts as double precision at every level", "[pla
     };
     // scenario 1: those planted queries; scenario 2: a subnormal query
     // coordinate makes the f32 scores uncertifiable, so every comparison
-    // must take the double fallback
-    for (int scenario = 0; scenario < 3; ++scenario) {
+    // must take the double fallback; scenario 3: a query coordinate beyond
+    // the float range (1e39) with keys scaled by 1e-10, so that the scores
+    // themselves stay small (d·max|q|·max|k| ≈ 1e31): still the fallback
+    for (int scenario = 0; scenario < 4; ++scenario) {
         if (scenario == 1) REQUIRE(plant_orthogonal() > 40);
         if (scenario == 2) h.q(0, 5) = 1e-310;
+        if (scenario == 3) {
+            h.q(0, 5) = 0.5;
+            h.k *= 1e-10;
+            h.q(1, 3) = 1e39;
+        }
         INFO("scenario " << scenario);
         auto const mdl = model_of(h);
         for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
