@@ -69,11 +69,10 @@ void pack_transposed(At const& x, index_t n, index_t d, index_t width, std::vect
 
 #if QKGEOM_SIMD_X86
 
-/// S(:, c0 .. c0+nvalid) for one query panel (32 rows) and one key block (14
-/// keys): 28 zmm accumulators over the whole d loop.
+/// The register block of one query panel (32 rows) and one column block (14
+/// columns): 28 zmm accumulators over the whole d loop.
 QKGEOM_TARGET("avx512f")
-inline void micro_avx512(float const* qp, float const* kb, index_t d, float* s, index_t lds, index_t nvalid) {
-    __m512 acc[14][2];
+QKGEOM_ALWAYS_INLINE void panel_block_avx512(float const* qp, float const* kb, index_t d, __m512 (&acc)[14][2]) {
 #pragma GCC unroll 14
     for (int j = 0; j < 14; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
     for (index_t l = 0; l < d; ++l) {
@@ -87,18 +86,11 @@ inline void micro_avx512(float const* qp, float const* kb, index_t d, float* s, 
             acc[j][1] = _mm512_fmadd_ps(a1, b, acc[j][1]);
         }
     }
-#pragma GCC unroll 14
-    for (int j = 0; j < 14; ++j) {
-        if (j >= nvalid) break;
-        _mm512_storeu_ps(s + j * lds, acc[j][0]);
-        _mm512_storeu_ps(s + j * lds + 16, acc[j][1]);
-    }
 }
 
-/// The same for AVX2 + FMA: 16 rows × 6 keys, 12 ymm accumulators.
+/// The same for AVX2 + FMA: 16 rows × 6 columns, 12 ymm accumulators.
 QKGEOM_TARGET("avx2,fma")
-inline void micro_avx2(float const* qp, float const* kb, index_t d, float* s, index_t lds, index_t nvalid) {
-    __m256 acc[6][2];
+QKGEOM_ALWAYS_INLINE void panel_block_avx2(float const* qp, float const* kb, index_t d, __m256 (&acc)[6][2]) {
 #pragma GCC unroll 6
     for (int j = 0; j < 6; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     for (index_t l = 0; l < d; ++l) {
@@ -112,6 +104,27 @@ inline void micro_avx2(float const* qp, float const* kb, index_t d, float* s, in
             acc[j][1] = _mm256_fmadd_ps(a1, b, acc[j][1]);
         }
     }
+}
+
+/// S(:, c0 .. c0+nvalid) for one query panel (32 rows) and one key block (14
+/// keys).
+QKGEOM_TARGET("avx512f")
+inline void micro_avx512(float const* qp, float const* kb, index_t d, float* s, index_t lds, index_t nvalid) {
+    __m512 acc[14][2];
+    panel_block_avx512(qp, kb, d, acc);
+#pragma GCC unroll 14
+    for (int j = 0; j < 14; ++j) {
+        if (j >= nvalid) break;
+        _mm512_storeu_ps(s + j * lds, acc[j][0]);
+        _mm512_storeu_ps(s + j * lds + 16, acc[j][1]);
+    }
+}
+
+/// The same for AVX2 + FMA: 16 rows × 6 keys.
+QKGEOM_TARGET("avx2,fma")
+inline void micro_avx2(float const* qp, float const* kb, index_t d, float* s, index_t lds, index_t nvalid) {
+    __m256 acc[6][2];
+    panel_block_avx2(qp, kb, d, acc);
 #pragma GCC unroll 6
     for (int j = 0; j < 6; ++j) {
         if (j >= nvalid) break;
@@ -132,19 +145,7 @@ inline void pair_micro_avx512(float const* qp, float const* qn, float const* db,
                               index_t d, std::uint32_t valid, std::int32_t* wins, std::uint32_t* und,
                               index_t nvalid) {
     __m512 acc[14][2];
-#pragma GCC unroll 14
-    for (int j = 0; j < 14; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
-    for (index_t l = 0; l < d; ++l) {
-        __m512 const a0 = _mm512_loadu_ps(qp + l * 32);
-        __m512 const a1 = _mm512_loadu_ps(qp + l * 32 + 16);
-        float const* kl = db + l * 14;
-#pragma GCC unroll 14
-        for (int j = 0; j < 14; ++j) {
-            __m512 const b = _mm512_set1_ps(kl[j]);
-            acc[j][0] = _mm512_fmadd_ps(a0, b, acc[j][0]);
-            acc[j][1] = _mm512_fmadd_ps(a1, b, acc[j][1]);
-        }
-    }
+    panel_block_avx512(qp, db, d, acc);
     __m512 const n0 = _mm512_loadu_ps(qn), n1 = _mm512_loadu_ps(qn + 16), kav = _mm512_set1_ps(ka);
     __m512 const sign = _mm512_set1_ps(-0.0f);
 #pragma GCC unroll 14
@@ -172,19 +173,7 @@ QKGEOM_TARGET("avx2,fma,popcnt")
 inline void pair_micro_avx2(float const* qp, float const* qn, float const* db, float const* kk, float ka, index_t d,
                             std::uint32_t valid, std::int32_t* wins, std::uint32_t* und, index_t nvalid) {
     __m256 acc[6][2];
-#pragma GCC unroll 6
-    for (int j = 0; j < 6; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-    for (index_t l = 0; l < d; ++l) {
-        __m256 const a0 = _mm256_loadu_ps(qp + l * 16);
-        __m256 const a1 = _mm256_loadu_ps(qp + l * 16 + 8);
-        float const* kl = db + l * 6;
-#pragma GCC unroll 6
-        for (int j = 0; j < 6; ++j) {
-            __m256 const b = _mm256_broadcast_ss(kl + j);
-            acc[j][0] = _mm256_fmadd_ps(a0, b, acc[j][0]);
-            acc[j][1] = _mm256_fmadd_ps(a1, b, acc[j][1]);
-        }
-    }
+    panel_block_avx2(qp, db, d, acc);
     __m256 const n0 = _mm256_loadu_ps(qn), n1 = _mm256_loadu_ps(qn + 8), kav = _mm256_set1_ps(ka);
     __m256 const sign = _mm256_set1_ps(-0.0f);
 #pragma GCC unroll 6
