@@ -881,13 +881,29 @@ plasticity_result plasticity_of(householder_result const& model, XK const& keys,
         return cs;
     };
     auto pairs_of = [](std::size_t m) { return static_cast<std::int64_t>(m * (m > 0 ? m - 1 : 0) / 2); };
+    // Per key bucket: its keys in groups of ≥ 2, its pairs and its largest
+    // group (the pair count for `automatic`, and for same_bucket the choice
+    // of the empirical check's form).
+    struct cell_size {
+        std::int64_t keys = 0, pairs = 0;
+        std::size_t largest = 0;
+    };
+    std::map<std::int64_t, cell_size> cell_sizes;
+    for (auto const& [c, g] : groups) {
+        auto& z = cell_sizes[c];
+        for (auto const& [ex, idx] : g)
+            if (idx.size() >= 2) {
+                z.keys += static_cast<std::int64_t>(idx.size());
+                z.pairs += pairs_of(idx.size());
+                z.largest = std::max(z.largest, idx.size());
+            }
+    }
     std::int64_t total_pairs = 0;
     for (auto const& s : model.buckets) {
         if (!s.used) continue;  // no bucket model: never evaluated
         auto const cs = admissible(s.bucket);
         if (opt.pairs == pair_policy::same_bucket) {
-            for (auto c : cs)
-                for (auto const& [e, idx] : groups[c]) total_pairs += pairs_of(idx.size());
+            for (auto c : cs) total_pairs += cell_sizes[c].pairs;
         } else {
             std::map<std::int64_t, std::size_t> per_example;
             for (auto c : cs)
@@ -991,22 +1007,6 @@ plasticity_result plasticity_of(householder_result const& model, XK const& keys,
         }
         return it->second;
     };
-    // Per key bucket (same_bucket): scored keys, pairs and the largest group,
-    // for the choice of form.
-    struct cell_size {
-        std::int64_t keys = 0, pairs = 0;
-        std::size_t largest = 0;
-    };
-    auto cell_size_of = [&](std::int64_t c) {
-        cell_size z;
-        for (auto const& [ex, idx] : groups[c])
-            if (idx.size() >= 2) {
-                z.keys += static_cast<std::int64_t>(idx.size());
-                z.pairs += pairs_of(idx.size());
-                z.largest = std::max(z.largest, idx.size());
-            }
-        return z;
-    };
     std::vector<std::array<index_t, 2>> pair_keys;  // the current query bucket's pairs (pair-difference form)
     std::vector<std::int32_t> pair_wins;
     std::vector<std::uint32_t> undecided;  // per (query panel, pair column): undecided queries
@@ -1041,7 +1041,7 @@ plasticity_result plasticity_of(householder_result const& model, XK const& keys,
             opt.pairs == pair_policy::same_bucket && !res.sampled && opt.empirical != empirical_columns::keys) {
             cell_size total;
             for (auto c : cs) {
-                auto const z = cell_size_of(c);
+                auto const& z = cell_sizes[c];
                 total.keys += z.keys;
                 total.pairs += z.pairs;
                 total.largest = std::max(total.largest, z.largest);

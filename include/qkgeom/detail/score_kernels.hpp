@@ -20,6 +20,10 @@
 //                    P = 32, NB = 14, 28 zmm accumulators; AVX2: P = 16,
 //                    NB = 6, 12 ymm), each score a plain d-term dot product.
 //   count_wins       wins and undecided comparisons of one pair.
+//   pair_counts      the fused pair-difference form: the same register block
+//                    against columns kᵢ − kⱼ, each query's sign decided and
+//                    counted in registers (no score matrix), undecided
+//                    queries returned as bit masks.
 //
 // The generic level is not here: it keeps Eigen's f32 GEMM on unpacked
 // matrices (attention_plasticity.hpp).
