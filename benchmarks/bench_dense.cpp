@@ -1,4 +1,4 @@
-// The dense Gram path of the plasticity (SPEC §5 exactness identity): one key
+// The dense Gram path of the plasticity (method §5 exactness identity): one key
 // bucket holding m keys of one sequence (a dense capture keeps every token),
 // and the query bucket after it; d = 128, exact, no empirical check. Three
 // measurements per m:

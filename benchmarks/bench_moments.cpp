@@ -1,4 +1,4 @@
-// Moment accumulation (SPEC §1) and the reference points measured in the same
+// Moment accumulation (method §1) and the reference points measured in the same
 // run: the machine's Eigen GEMM rate and a plain streaming read of the same
 // bytes; plus the scaling of moments over rows (1K…1M per head) and over d
 // (32…256).

@@ -80,7 +80,7 @@ inline double dot(double const* a, double const* b, index_t d) {
     return s;
 }
 
-/// Linear-scan bin of a half-open grid with the last bin closed (SPEC §9.13).
+/// Linear-scan bin of a half-open grid with the last bin closed (method §9.13).
 inline index_t bin_of(std::vector<double> const& e, double v) {
     for (std::size_t j = 0; j + 1 < e.size(); ++j)
         if (v >= e[j] && (v < e[j + 1] || (j + 2 == e.size() && v == e[j + 1]))) return index_t(j);

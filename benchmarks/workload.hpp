@@ -1,5 +1,5 @@
 // qkgeom benchmarks — seeded synthetic workloads shaped like real captures
-// (SPEC §8): d = 128 (64 rotary dimensions, RoPE, a Haar-random mixing per kv
+// (method §8): d = 128 (64 rotary dimensions, RoPE, a Haar-random mixing per kv
 // head), 500 sequences of 4,096 tokens, uniform buckets of 256 tokens at
 // rate 1 (≈ 1 kept token per bucket per sequence) → 16 buckets and ≈ 8,000
 // query + 8,000 key rows per head. Rows are stored as f32, as captures are.
@@ -56,7 +56,7 @@ inline std::int64_t env_int(char const* name, std::int64_t fallback) {
     return v != nullptr && *v != '\0' ? std::strtoll(v, nullptr, 10) : fallback;
 }
 
-/// The 300-head model of SPEC §8 (QKGEOM_BENCH_LAYERS overrides the layer count).
+/// The 300-head model of method §8 (QKGEOM_BENCH_LAYERS overrides the layer count).
 inline model_shape realistic_model() {
     model_shape s;
     s.n_layers = env_int("QKGEOM_BENCH_LAYERS", 25);

@@ -1,4 +1,4 @@
-// Attention plasticity of one synthetic head (SPEC §5–6): generate a GQA head
+// Attention plasticity of one synthetic head (method §5–6): generate a GQA head
 // with a planted positional drift, run analyze_head, and print the per-bucket
 // plasticity profile and the head's plasticity metrics. The example doubles as
 // a check: it returns 1 unless AP falls with query position (ap_drop > 0) and
@@ -16,7 +16,7 @@ int main() {
     // One (query head, kv head) pair: d = 32 (16 rotary + 16 plain coordinates),
     // the default drift (query slope 1e-3, key slope 2e-3 per token), 80
     // sequences of 4096 tokens, uniform buckets of width 256 keeping about 2
-    // tokens per bucket per sequence (SPEC §0.1).
+    // tokens per bucket per sequence (method §0.1).
     qkgeom::synthetic::layer_spec layer;
     layer.d = 32;
     layer.rotary_dims = 16;
@@ -39,7 +39,7 @@ int main() {
                 static_cast<long long>(p.context_length));
     std::printf("q_bucket    tau     AP_b  empirical  n_pairs\n");
     for (qkgeom::plasticity_bucket const& b : p.profile) {
-        if (std::isnan(b.ap)) {  // bucket 0: no earlier key bucket (SPEC §6)
+        if (std::isnan(b.ap)) {  // bucket 0: no earlier key bucket (method §6)
             std::printf("%8lld %6.0f        -          -        0\n", static_cast<long long>(b.q_bucket), b.tau);
             continue;
         }

@@ -15,7 +15,7 @@ int main() {
     qkgeom::head_moments head(64, {.layer = 3, .q_head = 5, .k_head = 1});
     head.add(qkgeom::kind::query, q, position, bucket);  // stream, shard, merge...
     qkgeom::moments const all = head.q.pooled();
-    Eigen::VectorXd const beta = all.cov_xt() / all.var_t();  // OLS slope per coordinate (SPEC §4)
+    Eigen::VectorXd const beta = all.cov_xt() / all.var_t();  // OLS slope per coordinate (method §4)
     std::printf("buckets %zu, rows %lld, beta[0] = %.4f\n", head.q.buckets.size(),
                 static_cast<long long>(all.n), beta(0));
     return beta(0) > 0.009 && beta(0) < 0.011 ? 0 : 1;

@@ -1,6 +1,6 @@
 // Reduce a capture in shards (as separate machines would), save each shard's
 // moments to a file, load and merge them in another order, and check the
-// result equals a single pass over all rows (SPEC §1).
+// result equals a single pass over all rows (method §1).
 //
 // Expected output (numbers vary by platform in the last digits only):
 //   4 shards written to <dir>

@@ -56,7 +56,7 @@ if [ "$quick" = 1 ]; then args+=("--benchmark_filter=$filter"); fi
 
 rss=()
 if [ "$cli" = 1 ] && [ -x /usr/bin/time ] && [ -f "$QKGEOM_BENCH_DIR/manifest.json" ]; then
-  /usr/bin/time -v "$build/examples/qkgeom" analyze "$QKGEOM_BENCH_DIR" -o "$data/out" -j "$jobs" --quiet \
+  /usr/bin/time -v "$build/app/qkgeom" analyze "$QKGEOM_BENCH_DIR" -o "$data/out" -j "$jobs" --quiet \
     >/dev/null 2>"$data/time.txt" || { cat "$data/time.txt" >&2; exit 1; }
   kb="$(sed -n 's/.*Maximum resident set size (kbytes): *//p' "$data/time.txt")"
   wall="$(sed -n 's/.*Elapsed (wall clock) time (h:mm:ss or m:ss): *//p' "$data/time.txt")"

@@ -21,9 +21,9 @@ T, d) and k (batch, n_kv_heads, T, d), *before* repeat_kv: exactly what SPEC
 model's modeling module by a wrapper that records its outputs; a forward
 pre-hook on each attention module tells the wrapper which layer is running.
 One example per forward (batch 1): positions 0..T-1, example id = the
-example's index. Per (layer, kind) the SPEC §0.1 sampler keeps the same
+example's index. Per (layer, kind) the method §0.1 sampler keeps the same
 positions for every head (qkgeom_capture.keep_mask == buckets.hpp keep_token);
-only the planned heads (sample_heads, SPEC §0.1) are moved to the CPU.
+only the planned heads (sample_heads, method §0.1) are moved to the CPU.
 
 Usage:
     python3 scripts/capture_hf.py --model meta-llama/Llama-3.2-1B --prompts prompts.txt \\

@@ -13,7 +13,7 @@ attention block and exposes the results as hook points
     blocks.{L}.attn.hook_rot_k   (batch, pos, n_key_value_heads, d_head)  for GQA models
 
 hook_rot_k fires before the key heads are repeated for GQA, so keys are per
-kv head as SPEC §0 wants. The model is loaded with
+kv head as method §0 wants. The model is loaded with
 `from_pretrained_no_processing` so that no weight processing (LayerNorm
 folding, centring) changes q and k. One example per forward (batch 1; the
 tokenizer's BOS is position 0), example id = the example's index; the SPEC

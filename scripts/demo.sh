@@ -8,6 +8,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/install-deps.sh
 OUT="${1:-out/demo}"
 shift || true
-cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DQKGEOM_BUILD_TESTS=OFF -DQKGEOM_BUILD_EXAMPLES=ON >/dev/null
+cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DQKGEOM_BUILD_TESTS=OFF -DQKGEOM_BUILD_EXAMPLES=OFF -DQKGEOM_BUILD_PROGRAM=ON >/dev/null
 cmake --build build-release -j "$(nproc)" --target qkgeom_cli
-build-release/examples/qkgeom demo -o "$OUT" "$@"
+build-release/app/qkgeom demo -o "$OUT" "$@"

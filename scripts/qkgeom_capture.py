@@ -2,10 +2,10 @@
 
 Three parts, each a plain-Python port of the C++ it must agree with:
 
-* the SPEC §0.1 token sampler of ``include/qkgeom/buckets.hpp``: buckets,
+* the method §0.1 token sampler of ``include/qkgeom/buckets.hpp``: buckets,
   keep probabilities and the deterministic keep hash (splitmix64 chained over
   seed, example_id, layer, kind, position), bit for bit;
-* the SPEC §0.1 head sampler of ``include/qkgeom/capture.hpp``
+* the method §0.1 head sampler of ``include/qkgeom/capture.hpp``
   (``sample_heads``: seeded partial Fisher-Yates over the eligible heads);
 * a writer of the qkgeom dataset layout (``docs/dataset.md``): manifest.json
   and one entry per (layer, head, kind) as an ``lLLhHHq/`` directory of .npy
@@ -33,7 +33,7 @@ ROPE_PAIRINGS = ("rotate_half", "interleaved")
 
 
 # ---------------------------------------------------------------------------
-# SPEC §0.1 token sampler (buckets.hpp)
+# method §0.1 token sampler (buckets.hpp)
 # ---------------------------------------------------------------------------
 
 def splitmix64(x: int) -> int:
@@ -87,7 +87,7 @@ def min_bucket(spec: BucketSpec) -> int:
 
 
 def bucket_of(spec: BucketSpec, position: int) -> int:
-    """SPEC §0.1: floor(t / B) (uniform, all); max(i_min, floor(log2(t + 1))) (log)."""
+    """method §0.1: floor(t / B) (uniform, all); max(i_min, floor(log2(t + 1))) (log)."""
     if position < 0:
         raise ValueError(f"position: must be >= 0 (value {position})")
     if spec.scheme == "log":
@@ -167,7 +167,7 @@ def buckets_of(spec: BucketSpec, positions):
 
 
 # ---------------------------------------------------------------------------
-# SPEC §0.1 head sampler (capture.hpp)
+# method §0.1 head sampler (capture.hpp)
 # ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)

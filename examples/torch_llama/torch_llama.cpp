@@ -7,7 +7,7 @@
 // cache's length: they are passed explicitly, never assumed to be arange(T).
 // Two captures run side by side: the row store (for plasticity pairs) and the
 // device moments (the mode for dense captures). The captured heads are
-// analysed (SPEC §2–6) and reported. Runs on CUDA when a GPU is present.
+// analysed (method §2–6) and reported. Runs on CUDA when a GPU is present.
 #include <qkgeom/adapters/torch.hpp>
 #include <qkgeom/adapters/torch_capture.hpp>
 #include <qkgeom/analyze.hpp>
@@ -133,7 +133,7 @@ int main() {
         for (auto& a : layers) h = a->forward(h, positions.to(dev), example_ids, {&rows, &moments});
     }
 
-    // Analyse the captured heads (SPEC §2–6).
+    // Analyse the captured heads (method §2–6).
     qkgeom::analysis_options opt;
     opt.plasticity.buckets = sampler.buckets;
     opt.plasticity.context_length = manifest.context_length;

@@ -1,5 +1,5 @@
 // qkgeom — one call per head (PCA, rotation, Householder, diagnostics,
-// plasticity) and the layer- and model-level aggregation (SPEC §2–6, §7).
+// plasticity) and the layer- and model-level aggregation (method §2–6, §7).
 #pragma once
 
 #include <qkgeom/attention_plasticity.hpp>
@@ -34,7 +34,7 @@ struct head_analysis {
     head_id id;
     std::int64_t n_q_tokens = 0;
     std::int64_t n_k_tokens = 0;
-    index_t d_model = 0;  ///< head dimension (the column name of SPEC §7)
+    index_t d_model = 0;  ///< head dimension (the column name of method §7)
     pca_result pca;
     rotation_result rotation;
     householder_result householder;
@@ -44,7 +44,7 @@ struct head_analysis {
 
 namespace detail {
 
-/// The closed forms over a head's moments (SPEC §2–4), shared by both entry points.
+/// The closed forms over a head's moments (method §2–4), shared by both entry points.
 inline head_analysis closed_forms(head_moments const& hm, analysis_options const& opt) {
     head_analysis out;
     out.id = hm.id;
@@ -103,7 +103,7 @@ head_analysis analyze_head(head_moments const& hm, XK const& keys, PK const& k_p
 // their aggregation over heads.
 // ---------------------------------------------------------------------------
 
-/// \brief Names of the numeric head metrics, in column order (SPEC §7).
+/// \brief Names of the numeric head metrics, in column order (method §7).
 inline constexpr std::array<std::string_view, 39> head_metric_names{
     "n_q_tokens",          "n_k_tokens",          "d_model",
     "q_R2_pos",            "q_beta_norm",         "alpha_pos",
@@ -165,7 +165,7 @@ inline std::array<double, head_metric_names.size()> head_metric_values(head_anal
             h.pca.k_pos_var_frac};
 }
 
-/// \brief Averages over a set of heads (SPEC §6 "Model level"). Each mean is
+/// \brief Averages over a set of heads (method §6 "Model level"). Each mean is
 /// over the heads where the value is finite; `n_finite` says how many.
 struct head_set_summary {
     std::int64_t n_heads = 0;

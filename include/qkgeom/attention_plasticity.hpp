@@ -1,6 +1,6 @@
 // qkgeom — attention plasticity: the Gaussian closed form per key pair and
-// query bucket (SPEC §5) and its aggregation into cells, profiles, AP_drop,
-// quantile profiles, the 2D heatmap and the empirical cross-check (SPEC §6;
+// query bucket (method §5) and its aggregation into cells, profiles, AP_drop,
+// quantile profiles, the 2D heatmap and the empirical cross-check (method §6;
 // thesis §4.4).
 //
 // For a query bucket b with rotated-basis mean w_b = [α_pos + β_pos τ_b, μ_b]
@@ -47,13 +47,13 @@
 
 namespace qkgeom {
 
-/// \brief Which key pairs a query bucket is evaluated on (SPEC §6).
+/// \brief Which key pairs a query bucket is evaluated on (method §6).
 enum class pair_policy {
     same_bucket,  ///< default: pairs of one example's keys in one earlier bucket c; a cell per (b, c)
     prefix,       ///< pairs of one example's keys anywhere in the earlier buckets (thesis' pooled prefix)
 };
 
-/// \brief How AP_overall weights the query buckets (SPEC §6).
+/// \brief How AP_overall weights the query buckets (method §6).
 enum class ap_weighting {
     query_count,  ///< default: w_b = number of queries in bucket b
     cell_mean,    ///< plain mean over the non-empty cells (as the prior tool did)
@@ -66,7 +66,7 @@ enum class enumeration_policy {
     sampled,
 };
 
-/// \brief How the empirical cross-check (SPEC §9.14) forms its
+/// \brief How the empirical cross-check (method §9.14) forms its
 /// single-precision products: a speed choice only, the counts are the same
 /// (docs/plasticity.md, "How the counts are computed").
 enum class empirical_columns {
@@ -75,7 +75,7 @@ enum class empirical_columns {
     pairs,      ///< one column kᵢ − kⱼ per pair wherever that form applies (see docs)
 };
 
-/// \brief Bin edges of the 2D heatmap (SPEC §6, §9.13): half-open bins
+/// \brief Bin edges of the 2D heatmap (method §6, §9.13): half-open bins
 /// [e_j, e_{j+1}), the last one closed. Empty = 16 equal bins over [0, L]
 /// (distance) and [−L, L] (offset), L the context length.
 struct heatmap_grid {
@@ -93,7 +93,7 @@ struct plasticity_options {
     std::uint64_t seed = 0;                    ///< sampled: seed (a cell's draws depend on (seed, b, c) only)
     std::int64_t sliding_window = 0;           ///< attention span in tokens; 0 = full attention
     std::optional<bucket_spec> buckets;        ///< scheme of the capture: validates buckets, converts the window
-    std::int64_t context_length = 0;           ///< L; 0 = max position over queries and keys + 1 (SPEC §9.12)
+    std::int64_t context_length = 0;           ///< L; 0 = max position over queries and keys + 1 (method §9.12)
     heatmap_grid heatmap{};
     index_t dense_min_keys = 48;  ///< groups with at least this many keys use the Gram (GEMM) path
     index_t tile_keys = 256;      ///< Gram tile edge: memory stays O(tile² + group·d)
@@ -107,7 +107,7 @@ struct plasticity_cell {
     std::int64_t k_bucket = 0;
     double plasticity = detail::nan;  ///< mean PP over the evaluated pairs (NaN when n_pairs = 0)
     std::int64_t n_pairs = 0;         ///< evaluated pairs (v > 0)
-    double std_error = 0.0;           ///< sampled: sd(PP)/√n (SPEC §9.16); exact: 0
+    double std_error = 0.0;           ///< sampled: sd(PP)/√n (method §9.16); exact: 0
     double empirical = detail::nan;   ///< mean unbiased 4p̂(1−p̂)n/(n−1) over the same pairs (needs queries)
 };
 
@@ -133,7 +133,7 @@ struct plasticity_heatmap {
     std::int64_t n_outside = 0;  ///< points outside the grid: counted, not binned
 };
 
-/// \brief Result of the plasticity analysis of one head (SPEC §6); scalar
+/// \brief Result of the plasticity analysis of one head (method §6); scalar
 /// fields are columns of head_metrics.csv.
 struct plasticity_result {
     std::vector<plasticity_cell> cells;      ///< non-empty and empty cells, ascending (q_bucket, k_bucket)
@@ -147,7 +147,7 @@ struct plasticity_result {
     double gaussian_gap = detail::nan;  ///< mean |AP_b − AP_b,empirical| (needs queries)
     plasticity_heatmap heatmap;
     std::int64_t n_pairs = 0;                ///< evaluated (query bucket, pair) evaluations
-    std::int64_t n_pairs_skipped = 0;        ///< pairs with v ≤ 0 (identical keys), not averaged (SPEC §9.9)
+    std::int64_t n_pairs_skipped = 0;        ///< pairs with v ≤ 0 (identical keys), not averaged (method §9.9)
     std::int64_t n_query_buckets_skipped = 0;  ///< no earlier key bucket, or no bucket model
     bool sampled = false;
     std::int64_t context_length = 0;  ///< L used for the quantiles
@@ -181,7 +181,7 @@ inline std::int64_t bucket_last_position(bucket_spec const& s, std::int64_t b) {
 }
 
 /// Is key bucket c < b inside the window of query bucket b? Uniform/all:
-/// c ≥ b − span, span = max(1, ⌈W/B⌉) (SPEC §6). Log: the bucket's last
+/// c ≥ b − span, span = max(1, ⌈W/B⌉) (method §6). Log: the bucket's last
 /// position reaches the query bucket's first position minus W (which is the
 /// same rule for uniform buckets).
 inline bool in_window(plasticity_options const& o, std::int64_t b, std::int64_t c) {
@@ -194,7 +194,7 @@ inline bool in_window(plasticity_options const& o, std::int64_t b, std::int64_t 
     return bucket_last_position(s, c) >= bucket_first_position(s, b) - o.sliding_window;
 }
 
-/// ⌊k·τ_b/L⌋ in integer arithmetic (SPEC §9.12): τ_b = S/n with S integer.
+/// ⌊k·τ_b/L⌋ in integer arithmetic (method §9.12): τ_b = S/n with S integer.
 inline int quantile_of(double tau, std::int64_t n, std::int64_t L, int k) {
     auto const S = static_cast<std::int64_t>(std::llround(tau * static_cast<double>(n)));
     long double const q = static_cast<long double>(k) * static_cast<long double>(S) /
@@ -328,7 +328,7 @@ inline bool f32_certifiable(f32_range const& q, f32_range const& k, index_t d) {
            double(d) * q.max_abs * k.max_abs <= 0x1p126;
 }
 
-/// SPEC §9.14: the number of the bucket's queries r with q_r·k_i > q_r·k_j.
+/// method §9.14: the number of the bucket's queries r with q_r·k_i > q_r·k_j.
 /// The single-precision scores decide every query whose score difference
 /// exceeds the certified error bound of both scores; the (rare) undecided
 /// ones are recomputed in double from the original rows, so the count is that
@@ -419,7 +419,7 @@ public:
         double const tj = static_cast<double>(k_.position[static_cast<std::size_t>(j)]);
         bin(std::abs(ti - tj), e.tau - 0.5 * (ti + tj), pp);
         if (e.queries == nullptr) return;
-        // SPEC §9.14: the fraction of the bucket's queries whose score for key i
+        // method §9.14: the fraction of the bucket's queries whose score for key i
         // is strictly larger than for key j (original basis).
         index_t const nq = e.nq;
         std::int64_t wins = 0;
@@ -501,7 +501,7 @@ private:
     }
 
     /// Bin lookup on a grid of edges (half-open bins, the last one closed;
-    /// SPEC §9.13). Equally spaced grids (the default) take a first guess by
+    /// method §9.13). Equally spaced grids (the default) take a first guess by
     /// arithmetic and correct it against the stored edges, so the result is
     /// exactly that of a binary search; other grids use the binary search.
     struct grid {
@@ -555,7 +555,7 @@ private:
 };
 
 /// The weighted Gram matrix of one dense group of rotated keys K̃ (m × d) for
-/// one query bucket (SPEC §5): s = K̃ w, B = K̃ V, n_i = (B ⊙ K̃) 1, and
+/// one query bucket (method §5): s = K̃ w, B = K̃ V, n_i = (B ⊙ K̃) 1, and
 /// G = B K̃ᵀ formed tile by tile (GEMM), so memory stays O(tile² + m·d).
 struct dense_group {
     Eigen::MatrixXd const& K;
@@ -609,7 +609,7 @@ inline void evaluate_group_exact(pair_evaluator& ev, key_store const& k, bucket_
             }
         return;
     }
-    // Dense path (SPEC §5 exactness identity): s = K̃ w, B = K̃ V, n_i = (B ⊙ K̃) 1, G = B K̃ᵀ per tile.
+    // Dense path (method §5 exactness identity): s = K̃ w, B = K̃ V, n_i = (B ⊙ K̃) 1, G = B K̃ᵀ per tile.
     Eigen::MatrixXd K(m, k.d);
     for (index_t a = 0; a < m; ++a) K.row(a) = k.rot.row(idx[static_cast<std::size_t>(a)]);
     dense_group g(K, e.w, e.var, e.V);
@@ -654,7 +654,7 @@ inline void evaluate_group_exact(pair_evaluator& ev, key_store const& k, bucket_
             for (a = 0; a < a_end; ++a) {
                 double const v = nrm[a] + nb_ - 2.0 * col[a];
                 skip[static_cast<std::size_t>(a)] = 0;
-                // SPEC §9.9: rounding must never turn identical keys into a random PP.
+                // method §9.9: rounding must never turn identical keys into a random PP.
                 if (!(v > 1e-12 * (nrm[a] + nb_))) {
                     double pp = 0;
                     if (ev.pp_direct(e, idx[static_cast<std::size_t>(a0 + a)], idx[static_cast<std::size_t>(ib)], pp)) {
@@ -676,7 +676,7 @@ inline void evaluate_group_exact(pair_evaluator& ev, key_store const& k, bucket_
     });
 }
 
-/// Seeded sampling of one cell (SPEC §6): a group with probability ∝ its pair
+/// Seeded sampling of one cell (method §6): a group with probability ∝ its pair
 /// count, then two distinct keys uniformly. Draws depend on (seed, b, c) only.
 inline void evaluate_cell_sampled(pair_evaluator& ev, bucket_eval const& e,
                                   std::vector<std::vector<index_t> const*> const& groups, cell_acc& acc,
@@ -752,7 +752,7 @@ inline void check_buckets(std::string_view kind_name, std::vector<std::int64_t> 
 
 }  // namespace detail
 
-/// \brief Attention plasticity of one head (SPEC §5–6) from the Householder
+/// \brief Attention plasticity of one head (method §5–6) from the Householder
 /// model of its queries and the key rows; optionally the query rows for the
 /// empirical cross-check (pass `nullptr`-like empty queries to skip it via the
 /// overload without queries).
@@ -1019,7 +1019,7 @@ plasticity_result plasticity_of(householder_result const& model, XK const& keys,
         pb.quintile = detail::quantile_of(s.tau, s.n_queries, L, 5);
         pb.decile = detail::quantile_of(s.tau, s.n_queries, L, 10);
         auto const cs = admissible(s.bucket);
-        if (cs.empty() || !s.used) {  // SPEC §6: no earlier key bucket; §9.8: no bucket model
+        if (cs.empty() || !s.used) {  // method §6: no earlier key bucket; §9.8: no bucket model
             ++res.n_query_buckets_skipped;
             res.profile.push_back(pb);
             continue;
@@ -1049,7 +1049,7 @@ plasticity_result plasticity_of(householder_result const& model, XK const& keys,
             use_pairs = static_cast<index_t>(total.largest) < opt.dense_min_keys &&
                         (opt.empirical == empirical_columns::pairs || total.pairs <= total.keys);
         }
-        if (use_pairs) {  // SPEC §9.14, pair-difference form (see pair_segment_of)
+        if (use_pairs) {  // method §9.14, pair-difference form (see pair_segment_of)
             auto const& q = qit->second;
             e.queries = &q;
             e.emp_scale = double(q.rows()) / double(q.rows() - 1);
@@ -1094,7 +1094,7 @@ plasticity_result plasticity_of(householder_result const& model, XK const& keys,
                 }
             e.pair_keys = &pair_keys;
             e.pair_wins = &pair_wins;
-        } else if (qit != qrows.end() && qit->second.rows() >= 2) {  // SPEC §9.14
+        } else if (qit != qrows.end() && qit->second.rows() >= 2) {  // method §9.14
             e.queries = &qit->second;
             e.emp_scale = double(qit->second.rows()) / double(qit->second.rows() - 1);
             // One GEMM: the bucket's queries against every key of the admissible
@@ -1174,7 +1174,7 @@ plasticity_result plasticity_of(householder_result const& model, XK const& keys,
                     for (auto const& [ex, idx] : groups[c]) detail::evaluate_group_exact(ev, ks, e, idx, acc, opt);
                 }
                 auto const cell = finish_cell(acc, c);
-                if (cell.n_pairs == 0) continue;  // SPEC §9.10: empty cells excluded
+                if (cell.n_pairs == 0) continue;  // method §9.10: empty cells excluded
                 ++pb.n_cells;
                 pb.n_pairs += cell.n_pairs;
                 sum += cell.plasticity;
@@ -1184,7 +1184,7 @@ plasticity_result plasticity_of(householder_result const& model, XK const& keys,
                     ++n_emp;
                 }
             }
-            if (pb.n_cells > 0) {  // SPEC §9.11: unweighted mean of the non-empty cells
+            if (pb.n_cells > 0) {  // method §9.11: unweighted mean of the non-empty cells
                 pb.ap = sum / double(pb.n_cells);
                 pb.std_error = std::sqrt(se2) / double(pb.n_cells);
                 if (n_emp == pb.n_cells) pb.ap_empirical = emp_sum / double(n_emp);
@@ -1206,7 +1206,7 @@ plasticity_result plasticity_of(householder_result const& model, XK const& keys,
                 for (auto const& [ex, idx] : per_example) detail::evaluate_group_exact(ev, ks, e, idx, acc, opt);
             }
             auto const cell = finish_cell(acc, -1);
-            if (cell.n_pairs > 0) {  // SPEC §9.11: mean over its pairs
+            if (cell.n_pairs > 0) {  // method §9.11: mean over its pairs
                 pb.n_cells = 1;
                 pb.n_pairs = cell.n_pairs;
                 pb.ap = cell.plasticity;
@@ -1218,7 +1218,7 @@ plasticity_result plasticity_of(householder_result const& model, XK const& keys,
         res.profile.push_back(pb);
     }
 
-    // --- aggregates (SPEC §6, §9.10–9.12)
+    // --- aggregates (method §6, §9.10–9.12)
     double wsum = 0, wap = 0;
     for (auto const& pb : res.profile)
         if (std::isfinite(pb.ap)) {

@@ -1,4 +1,4 @@
-// qkgeom — position buckets and deterministic capture sampling (SPEC §0.1).
+// qkgeom — position buckets and deterministic capture sampling (method §0.1).
 //
 // Three bucket schemes:
 //
@@ -12,7 +12,7 @@
 // chained, documented byte-exactly in docs/buckets.md and at `keep_hash`) is
 // turned into u ∈ [0, 1) with 53 bits and the token is kept iff u < p. The
 // head is *not* an input, so every head of one (layer, kind) keeps the same
-// positions (SPEC §0.1).
+// positions (method §0.1).
 //
 // All logarithms are computed exactly with integer bit operations: no
 // floating-point log2, so bucket boundaries never depend on rounding.
@@ -30,7 +30,7 @@
 
 namespace qkgeom {
 
-/// \brief How positions are grouped into buckets and sampled (SPEC §0.1).
+/// \brief How positions are grouped into buckets and sampled (method §0.1).
 enum class bucket_scheme : std::uint8_t {
     uniform = 0,  ///< width-B buckets, keep probability min(1, rate/B)
     log = 1,      ///< power-of-two buckets from i_min = ⌈log2 B_min⌉, keep probability min(1, rate/2^bucket)
@@ -47,7 +47,7 @@ constexpr const char* bucket_scheme_name(bucket_scheme s) noexcept {
     return "unknown";
 }
 
-/// \brief A bucket scheme with its parameters (SPEC §0.1).
+/// \brief A bucket scheme with its parameters (method §0.1).
 ///
 /// `width` is B for `uniform` and `all` and B_min for `log`; it must be >= 1.
 /// `rate` is the expected number of kept tokens per bucket per sequence (for
@@ -136,14 +136,14 @@ inline double keep_probability_unchecked(bucket_spec const& s, std::int64_t posi
 }  // namespace detail
 
 /// \brief The smallest log bucket, i_min = ⌈log2(B_min)⌉, computed exactly
-/// (SPEC §0.1). For non-log schemes the smallest bucket is 0.
+/// (method §0.1). For non-log schemes the smallest bucket is 0.
 /// \throws std::invalid_argument for an invalid spec (width < 1, bad rate).
 inline std::int64_t min_bucket(bucket_spec const& spec) {
     detail::check_bucket_spec("qkgeom::min_bucket", spec);
     return spec.scheme == bucket_scheme::log ? detail::ceil_log2(static_cast<std::uint64_t>(spec.width)) : 0;
 }
 
-/// \brief The bucket of a token position (SPEC §0.1).
+/// \brief The bucket of a token position (method §0.1).
 ///
 /// uniform / all: ⌊position / B⌋; log: max(i_min, ⌊log2(position + 1)⌋) with
 /// i_min = ⌈log2(B_min)⌉. Both logarithms are exact integer bit operations.
@@ -156,7 +156,7 @@ inline std::int64_t bucket_of(bucket_spec const& spec, std::int64_t position) {
     return detail::bucket_of_unchecked(spec, position);
 }
 
-/// \brief The probability that a token at `position` is kept (SPEC §0.1).
+/// \brief The probability that a token at `position` is kept (method §0.1).
 ///
 /// uniform: min(1, rate/B); log: min(1, rate/2^bucket_of(position)); all: 1.
 /// \throws std::invalid_argument as bucket_of.
@@ -167,7 +167,7 @@ inline double keep_probability(bucket_spec const& spec, std::int64_t position) {
     return detail::keep_probability_unchecked(spec, position);
 }
 
-/// \brief The 64-bit keep hash of one token (SPEC §0.1 determinism contract).
+/// \brief The 64-bit keep hash of one token (method §0.1 determinism contract).
 ///
 /// With `splitmix64` as documented in `detail::splitmix64` and every integer
 /// converted to its 64-bit two's-complement bit pattern:
@@ -196,7 +196,7 @@ constexpr double keep_uniform(std::uint64_t seed, std::int64_t example_id, std::
 }
 
 /// \brief Whether the token (example_id, layer, kind, position) is captured
-/// (SPEC §0.1): `keep_uniform(...) < keep_probability(spec, position)`.
+/// (method §0.1): `keep_uniform(...) < keep_probability(spec, position)`.
 ///
 /// A pure function of its arguments: the same positions are kept for every
 /// head of one (layer, kind), on every platform. With p = 1 (scheme `all`, or

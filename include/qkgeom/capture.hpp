@@ -1,14 +1,14 @@
-// qkgeom — the capture protocol as library components (SPEC §0, §0.1).
+// qkgeom — the capture protocol as library components (method §0, §0.1).
 //
 // Everything a capture loop needs besides the token sampler of buckets.hpp:
 //
-//   * GQA mapping            h_k = ⌊h_q / (n_q / n_kv)⌋                       (SPEC §0)
+//   * GQA mapping            h_k = ⌊h_q / (n_q / n_kv)⌋                       (method §0)
 //   * the model's layout     heads per layer, sliding window per layer, RoPE
-//   * eligibility            full-attention layers only (default) or all      (SPEC §0.1)
+//   * eligibility            full-attention layers only (default) or all      (method §0.1)
 //   * head sampling          `count` (layer, q_head) pairs without replacement,
-//                            seeded, all of them when fewer are eligible       (SPEC §0.1)
+//                            seeded, all of them when fewer are eligible       (method §0.1)
 //   * capture_sampler        the deterministic keep decision applied to a step
-//                            of tokens (positions + example ids)               (SPEC §0.1)
+//                            of tokens (positions + example ids)               (method §0.1)
 //   * capture_store          rows of the selected heads, kept tokens only,
 //                            ready for plasticity pairs or the dataset writer
 //
@@ -37,10 +37,10 @@
 namespace qkgeom {
 
 // ---------------------------------------------------------------------------
-// GQA mapping (SPEC §0)
+// GQA mapping (method §0)
 // ---------------------------------------------------------------------------
 
-/// \brief The GQA group size n_q / n_kv (SPEC §0).
+/// \brief The GQA group size n_q / n_kv (method §0).
 /// \throws std::invalid_argument when n_q < 1, n_kv < 1 or n_kv does not divide n_q.
 inline std::int64_t gqa_group_size(std::int64_t n_q_heads, std::int64_t n_kv_heads) {
     constexpr std::string_view fn = "qkgeom::gqa_group_size";
@@ -52,7 +52,7 @@ inline std::int64_t gqa_group_size(std::int64_t n_q_heads, std::int64_t n_kv_hea
     return n_q_heads / n_kv_heads;
 }
 
-/// \brief The key/value head read by query head `q_head` (SPEC §0):
+/// \brief The key/value head read by query head `q_head` (method §0):
 /// h_k = ⌊h_q / (n_q / n_kv)⌋.
 /// \throws std::invalid_argument for an invalid (n_q, n_kv) or q_head outside [0, n_q).
 inline std::int64_t key_head_of(std::int64_t q_head, std::int64_t n_q_heads, std::int64_t n_kv_heads) {
@@ -135,10 +135,10 @@ inline void check_layout(model_layout const& m, std::string_view where = "qkgeom
 }
 
 // ---------------------------------------------------------------------------
-// Eligibility and head sampling (SPEC §0.1)
+// Eligibility and head sampling (method §0.1)
 // ---------------------------------------------------------------------------
 
-/// \brief Which layers' heads may be sampled (SPEC §0.1). The thesis'
+/// \brief Which layers' heads may be sampled (method §0.1). The thesis'
 /// default: full-attention layers only (a sliding-window layer cannot show
 /// long-range positional preferences).
 enum class layer_eligibility : std::uint8_t {
@@ -183,7 +183,7 @@ inline std::uint64_t bounded_draw(std::uint64_t& state, std::uint64_t m) noexcep
 }
 }  // namespace detail
 
-/// \brief Head sampling (SPEC §0.1): `count` query heads uniformly without
+/// \brief Head sampling (method §0.1): `count` query heads uniformly without
 /// replacement from the eligible (layer, q_head) pairs, seeded; all of them
 /// when fewer than `count` are eligible. Returned ascending by (layer, q_head).
 ///
@@ -223,10 +223,10 @@ inline std::vector<std::pair<std::int64_t, std::int64_t>> key_heads_of(std::vect
 }
 
 // ---------------------------------------------------------------------------
-// The token sampler applied to a step (SPEC §0.1)
+// The token sampler applied to a step (method §0.1)
 // ---------------------------------------------------------------------------
 
-/// \brief The SPEC §0.1 keep decision bound to a bucket scheme and a seed.
+/// \brief The method §0.1 keep decision bound to a bucket scheme and a seed.
 struct capture_sampler {
     bucket_spec buckets{};   ///< scheme, width (B or B_min), rate
     std::uint64_t seed = 0;  ///< sampling seed

@@ -15,7 +15,7 @@ namespace qkgeom {
 /// (Eigen's `Index` is also `std::ptrdiff_t`).
 using index_t = std::ptrdiff_t;
 
-/// \brief Which side of attention a row belongs to (SPEC §0).
+/// \brief Which side of attention a row belongs to (method §0).
 enum class kind : std::uint8_t { query = 0, key = 1 };
 
 /// \brief Short name of a kind, as used in the dataset layout (`q`, `k`).

@@ -1,5 +1,5 @@
 // qkgeom — pairwise preference and pairwise plasticity of the Gaussian
-// closed form (SPEC §5; thesis eqs. 4.13–4.14), accurate in the tails.
+// closed form (method §5; thesis eqs. 4.13–4.14), accurate in the tails.
 //
 //   p(z)  = Φ(z)
 //   PP(z) = 4 p (1 − p) = 4 Φ(−|z|) (1 − Φ(−|z|)),  Φ(−|z|) = erfc(|z|/√2) / 2
@@ -55,13 +55,13 @@ inline constexpr double inv_sqrt2 = 0.70710678118654752440084436210484903928;  /
     return 0.5 * std::erfc(std::abs(z) * detail::inv_sqrt2);
 }
 
-/// \brief p(z) = Φ(z): probability that key i beats key j (SPEC §5).
+/// \brief p(z) = Φ(z): probability that key i beats key j (method §5).
 /// Accurate relative to p for every z (small p are not lost to 1 − tail).
 [[nodiscard]] inline double preference_probability(double z) noexcept {
     return 0.5 * std::erfc(-z * detail::inv_sqrt2);
 }
 
-/// \brief PP(z) = 4 p (1 − p) computed as 4 Φ(−|z|)(1 − Φ(−|z|)) (SPEC §5).
+/// \brief PP(z) = 4 p (1 − p) computed as 4 Φ(−|z|)(1 − Φ(−|z|)) (method §5).
 /// NaN in, NaN out; PP(0) = 1; PP(±∞) = 0.
 [[nodiscard]] inline double pairwise_plasticity(double z) noexcept {
     double const t = normal_tail(z);

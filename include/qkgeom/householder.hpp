@@ -1,5 +1,5 @@
 // qkgeom — the Householder positional–semantic decomposition of the queries
-// (SPEC §4; thesis §4.4.2). A closed form over the query moments per bucket;
+// (method §4; thesis §4.4.2). A closed form over the query moments per bucket;
 // only the optional normality diagnostics need rows.
 #pragma once
 
@@ -20,7 +20,7 @@
 
 namespace qkgeom {
 
-/// \brief The reflector H = I − γ u uᵀ, γ = 2/‖u‖², kept implicit (SPEC §4):
+/// \brief The reflector H = I − γ u uᵀ, γ = 2/‖u‖², kept implicit (method §4):
 /// never formed densely in hot paths.
 struct householder_reflector {
     Eigen::VectorXd u;   ///< Householder vector (empty when H = I)
@@ -28,7 +28,7 @@ struct householder_reflector {
 
     [[nodiscard]] bool is_identity() const noexcept { return gamma == 0.0; }
 
-    /// \brief u = β̂ − e1 with the cancellation-free first entry of SPEC §9.6;
+    /// \brief u = β̂ − e1 with the cancellation-free first entry of method §9.6;
     /// H = I when β = 0 or ‖u‖ < 1e-12.
     static householder_reflector from_direction(Eigen::VectorXd const& beta) {
         householder_reflector h;
@@ -88,7 +88,7 @@ struct householder_reflector {
     }
 };
 
-/// \brief Semantic model of coordinates 2..d per query bucket (SPEC §4).
+/// \brief Semantic model of coordinates 2..d per query bucket (method §4).
 enum class semantic_model {
     diag,           ///< default: per-bucket mean μ_b and per-coordinate variance σ²_b
     full,           ///< per-bucket mean μ_b and full covariance Σ_b
@@ -101,18 +101,18 @@ struct householder_options {
 };
 
 /// \brief The rotated-basis Gaussian model of one query bucket, the input of
-/// the closed form of SPEC §5. Coordinate 0 is the positional coordinate.
+/// the closed form of method §5. Coordinate 0 is the positional coordinate.
 struct bucket_semantics {
     std::int64_t bucket = 0;
     std::int64_t n_queries = 0;
-    double tau = detail::nan;  ///< τ_b: exact mean query position in the bucket (SPEC §9.2)
+    double tau = detail::nan;  ///< τ_b: exact mean query position in the bucket (method §9.2)
     Eigen::VectorXd mean;      ///< (d) [α_pos + β_pos τ_b, μ_b] (global_linear: α_rot + β_rot τ_b)
     Eigen::VectorXd var;       ///< (d) [σ²_pos, σ²_b] (global_linear: global residual variances)
     Eigen::MatrixXd cov;       ///< ((d−1)×(d−1)) Σ_b for `full`, empty otherwise
-    bool used = false;         ///< false: < 2 queries under diag/full (SPEC §9.8), NaN var
+    bool used = false;         ///< false: < 2 queries under diag/full (method §9.8), NaN var
 };
 
-/// \brief Result of the Householder decomposition (SPEC §4); scalar fields are
+/// \brief Result of the Householder decomposition (method §4); scalar fields are
 /// output columns of head_metrics.csv, vectors those of head_component_weights.csv.
 struct householder_result {
     Eigen::VectorXd beta;   ///< OLS slopes Cov(Q,t)/Var(t) (original basis)
@@ -121,22 +121,22 @@ struct householder_result {
     Eigen::VectorXd component_weight;  ///< positive-clipped R², normalised to sum 1
     double q_R2_pos = detail::nan;     ///< mean of the per-coordinate R²
     double q_beta_norm = detail::nan;  ///< ‖β‖ (= beta_pos)
-    double beta_pos = detail::nan;     ///< ‖β‖ (SPEC §9.7)
+    double beta_pos = detail::nan;     ///< ‖β‖ (method §9.7)
     double alpha_pos = detail::nan;    ///< β̂·α
-    double sigma2_pos = detail::nan;   ///< residual variance of coordinate 1, n−1 (SPEC §9.1)
+    double sigma2_pos = detail::nan;   ///< residual variance of coordinate 1, n−1 (method §9.1)
     householder_reflector H;           ///< maps β̂ to e1
     Eigen::VectorXd alpha_rot;         ///< Hα
     Eigen::VectorXd beta_rot;          ///< Hβ = ‖β‖ e1
     std::vector<bucket_semantics> buckets;  ///< ascending bucket id
     std::int64_t n_queries = 0;
-    std::int64_t max_position = -1;         ///< largest query position (SPEC §9.12 default context length)
+    std::int64_t max_position = -1;         ///< largest query position (method §9.12 default context length)
     std::int64_t n_buckets_skipped = 0;     ///< buckets with < 2 queries under diag/full
     semantic_model model = semantic_model::diag;
-    bool degenerate_t = false;  ///< Var(t) = 0: β = 0, H = I, R² NaN (SPEC §9.8)
+    bool degenerate_t = false;  ///< Var(t) = 0: β = 0, H = I, R² NaN (method §9.8)
 };
 
 /// \brief Householder positional–semantic decomposition from a head's moments
-/// (queries only; SPEC §4).
+/// (queries only; method §4).
 /// \throws std::invalid_argument when there are no query rows.
 inline householder_result householder(bucketed_moments const& queries, householder_options const& opt = {}) {
     constexpr std::string_view fn = "qkgeom::householder";
@@ -149,14 +149,14 @@ inline householder_result householder(bucketed_moments const& queries, household
     r.max_position = static_cast<std::int64_t>(q.t_max);
     r.degenerate_t = q.n < 2 || !(q.m2_t > 0);
 
-    // OLS of every coordinate on t (SPEC §4).
+    // OLS of every coordinate on t (method §4).
     r.beta = r.degenerate_t ? Eigen::VectorXd::Zero(d) : Eigen::VectorXd(q.c_xt / q.m2_t);
     r.alpha = q.mean_x - r.beta * q.mean_t;
     r.component_r2.resize(d);
     for (index_t j = 0; j < d; ++j) {
         double const cjj = q.c_xx(j, j);
         if (r.degenerate_t) r.component_r2(j) = detail::nan;
-        else if (!(cjj > 0)) r.component_r2(j) = 0.0;  // constant coordinate (SPEC §9.8)
+        else if (!(cjj > 0)) r.component_r2(j) = 0.0;  // constant coordinate (method §9.8)
         else r.component_r2(j) = std::min(1.0, q.c_xt(j) * q.c_xt(j) / (cjj * q.m2_t));
     }
     r.q_R2_pos = r.degenerate_t ? detail::nan : r.component_r2.mean();
@@ -165,7 +165,7 @@ inline householder_result householder(bucketed_moments const& queries, household
     double const ws = w.sum();
     r.component_weight = ws > 0 ? Eigen::VectorXd(w / ws) : Eigen::VectorXd::Constant(d, 1.0 / double(d));
 
-    // Reflector and rotated-basis parameters (SPEC §4, §9.6, §9.7).
+    // Reflector and rotated-basis parameters (method §4, §9.6, §9.7).
     double const bn = r.beta.norm();
     r.beta_pos = r.q_beta_norm = bn;
     r.H = householder_reflector::from_direction(r.beta);
@@ -233,7 +233,7 @@ householder_result householder(X const& queries, P const& positions, B const& bu
     return householder(bm, opt);
 }
 
-/// \brief Row-based normality diagnostics of the Householder model (SPEC §4,
+/// \brief Row-based normality diagnostics of the Householder model (method §4,
 /// §9.15); output columns of head_metrics.csv. Skewness and excess kurtosis
 /// are the moment (biased) estimators g1 = m3/m2^{3/2}, g2 = m4/m2² − 3, as
 /// scipy.stats.skew/kurtosis compute by default; KS is the two-sided
@@ -362,7 +362,7 @@ normality_diagnostics diagnostics_of(householder_result const& model, X const& q
 }  // namespace detail
 
 /// \brief Normality diagnostics from the query rows used to fit `model`
-/// (SPEC §4 "Diagnostics", §9.15): the coordinate-1 residual
+/// (method §4 "Diagnostics", §9.15): the coordinate-1 residual
 /// (β̂·q − α_pos − β_pos t)/σ_pos and the first min(64, d − 1) semantic
 /// coordinates of Hq, each standardised by its global mean and (n−1) sd.
 /// Fewer than 3 rows, or a zero variance, gives NaN for that coordinate.

@@ -1,7 +1,7 @@
 // qkgeom — the Kolmogorov–Smirnov distribution and the one-sample KS test
-// against N(0, 1), for the normality diagnostics of SPEC §4.
+// against N(0, 1), for the normality diagnostics of method §4.
 //
-// SPEC §9 item 15: the p-value uses the exact finite-n distribution of the
+// method §9 item 15: the p-value uses the exact finite-n distribution of the
 // two-sided statistic D_n for n <= 10,000 (as scipy.stats.kstest does by
 // default) and the limiting Kolmogorov distribution, sf(√n·d), above.
 //
@@ -44,7 +44,7 @@
 namespace qkgeom {
 
 /// \brief Largest sample size for which `kolmogorov_smirnov_sf` uses the exact
-/// finite-n distribution; above it, the limiting distribution (SPEC §9 item 15).
+/// finite-n distribution; above it, the limiting distribution (method §9 item 15).
 inline constexpr std::int64_t ks_exact_max_n = 10000;
 
 namespace detail::ks {
@@ -465,7 +465,7 @@ inline double kolmogorov_sf(double x) {
 }
 
 /// \brief P(D_n >= d) for the two-sided one-sample Kolmogorov–Smirnov
-/// statistic D_n = sup |F_n − F| of a sample of size n (SPEC §4, §9 item 15).
+/// statistic D_n = sup |F_n − F| of a sample of size n (method §4, §9 item 15).
 ///
 /// For n <= `ks_exact_max_n` (10,000) the exact finite-n distribution (scipy's
 /// `kstwo.sf(d, n)`); above it the limiting distribution `kolmogorov_sf(√n·d)`
@@ -488,7 +488,7 @@ struct ks_result {
 };
 
 /// \brief Two-sided one-sample Kolmogorov–Smirnov test of already-standardised
-/// values against N(0, 1) (the SPEC §4 normality diagnostic).
+/// values against N(0, 1) (the method §4 normality diagnostic).
 ///
 /// With x_(0) <= … <= x_(n−1) the sorted sample and Φ(x) = erfc(−x/√2)/2,
 /// D⁺ = max_i ((i+1)/n − Φ(x_(i))), D⁻ = max_i (Φ(x_(i)) − i/n),
@@ -504,7 +504,7 @@ inline ks_result ks_test_normal(std::span<double const> z) {
     for (std::size_t i = 0; i < z.size(); ++i)
         if (!std::isfinite(z[i]))
             detail::fail_arg("qkgeom::ks_test_normal", "non-finite value at index " + std::to_string(i), z[i]);
-    // Exact bucket method (SPEC §4, §9 item 15). Every term of the sorted
+    // Exact bucket method (method §4, §9 item 15). Every term of the sorted
     // formula is (with r the rank of x in the sorted sample, ties in any order,
     // as they have equal Φ)
     //   T⁺ = fl(fl((r+1)/n) − Φ(x)),   T⁻ = fl(Φ(x) − fl(r/n)),

@@ -1,4 +1,4 @@
-// qkgeom — streaming, mergeable sufficient statistics (SPEC §1).
+// qkgeom — streaming, mergeable sufficient statistics (method §1).
 //
 // Every analysis except pair enumeration is a closed form over, per (head,
 // kind, bucket):  n, Σt, Σt², Σx, Σx·t, Σxxᵀ.  They are kept *centred*
@@ -37,11 +37,11 @@
 
 namespace qkgeom {
 
-/// \brief Centred sufficient statistics of one group of rows (SPEC §1).
+/// \brief Centred sufficient statistics of one group of rows (method §1).
 ///
 /// Invariants: `c_xx` is symmetric (both triangles stored); when `n == 0` all
 /// statistics are zero. Sample (n−1) normalisation is applied only by the
-/// accessors (`var_t`, `cov_xt`, `cov_x`), SPEC §9.1.
+/// accessors (`var_t`, `cov_xt`, `cov_x`), method §9.1.
 struct moments {
     static constexpr index_t block_rows = 256;  ///< rows per blocked (SYRK) update
 
@@ -49,7 +49,7 @@ struct moments {
     double mean_t = 0;      ///< t̄  (mean position)
     double m2_t = 0;        ///< Σ (t − t̄)²
     double t_min = std::numeric_limits<double>::infinity();   ///< smallest position (exact integer; +∞ when empty)
-    double t_max = -std::numeric_limits<double>::infinity();  ///< largest position (−∞ when empty); SPEC §9.12
+    double t_max = -std::numeric_limits<double>::infinity();  ///< largest position (−∞ when empty); method §9.12
     Eigen::VectorXd mean_x; ///< x̄  (d)
     Eigen::VectorXd c_xt;   ///< Σ (x − x̄)(t − t̄)  (d)
     Eigen::MatrixXd c_xx;   ///< Σ (x − x̄)(x − x̄)ᵀ  (d × d, symmetric)
@@ -61,7 +61,7 @@ struct moments {
     [[nodiscard]] index_t dim() const noexcept { return mean_x.size(); }
     [[nodiscard]] bool empty() const noexcept { return n == 0; }
 
-    // --- raw sums, for readers of SPEC §1 (Σt, Σt², Σx, Σx·t, Σxxᵀ) ---
+    // --- raw sums, for readers of method §1 (Σt, Σt², Σx, Σx·t, Σxxᵀ) ---
     [[nodiscard]] double sum_t() const noexcept { return static_cast<double>(n) * mean_t; }
     [[nodiscard]] double sum_t2() const noexcept { return m2_t + static_cast<double>(n) * mean_t * mean_t; }
     [[nodiscard]] Eigen::VectorXd sum_x() const { return static_cast<double>(n) * mean_x; }
@@ -70,7 +70,7 @@ struct moments {
         return c_xx + static_cast<double>(n) * mean_x * mean_x.transpose();
     }
 
-    // --- sample (n−1) statistics, SPEC §9.1; NaN when n < 2 ---
+    // --- sample (n−1) statistics, method §9.1; NaN when n < 2 ---
     [[nodiscard]] double var_t() const noexcept {
         return n < 2 ? std::numeric_limits<double>::quiet_NaN() : m2_t / static_cast<double>(n - 1);
     }
@@ -236,7 +236,7 @@ void absorb_rows(moments& m, R const& r, P const& p, std::span<index_t const> id
 
 }  // namespace detail
 
-/// \brief Add rows that all belong to one group to `m` (SPEC §1).
+/// \brief Add rows that all belong to one group to `m` (method §1).
 /// \param rows       any RowMatrix (n × d, d == m.dim())
 /// \param positions  any IndexVector of n non-negative token positions
 /// \throws std::invalid_argument on shape mismatch, zero rows, negative
@@ -252,7 +252,7 @@ void add_rows(moments& m, X const& rows, P const& positions) {
 }
 
 /// \brief The statistics of one kind (queries or keys) of one head, per
-/// position bucket (SPEC §1). Buckets are kept sorted; a bucket exists only
+/// position bucket (method §1). Buckets are kept sorted; a bucket exists only
 /// once it holds at least one row.
 struct bucketed_moments {
     index_t d = 0;                             ///< head dimension
@@ -319,7 +319,7 @@ struct bucketed_moments {
     }
 };
 
-/// \brief Identity of a head pair (SPEC §0); -1 = not recorded.
+/// \brief Identity of a head pair (method §0); -1 = not recorded.
 struct head_id {
     std::int64_t layer = -1;
     std::int64_t q_head = -1;
@@ -349,7 +349,7 @@ struct head_moments {
         (*this)[w].add(rows, positions, bucket_ids);
     }
 
-    /// Pooled Q+K statistics about the pooled mean (SPEC §2, §9.3).
+    /// Pooled Q+K statistics about the pooled mean (method §2, §9.3).
     [[nodiscard]] moments pooled() const {
         moments out = q.pooled();
         out += k.pooled();

@@ -1,5 +1,5 @@
 // qkgeom — binary serialisation of head_moments, so that shards reduced on
-// different machines can be combined (SPEC §1). The byte layout is documented
+// different machines can be combined (method §1). The byte layout is documented
 // in docs/moments.md ("Shard file format"); it is little-endian on every host.
 #pragma once
 

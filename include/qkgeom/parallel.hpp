@@ -1,5 +1,5 @@
 // qkgeom — the one scheduling loop used to analyse many heads at once: each
-// head is an independent task (SPEC §1: heads share nothing), handed out
+// head is an independent task (method §1: heads share nothing), handed out
 // dynamically to `jobs` threads. Used by the `qkgeom` program and the
 // whole-model benchmarks, so both measure the same thing.
 #pragma once

@@ -1,7 +1,7 @@
-// qkgeom — combined Q+K PCA and the head taxonomy (SPEC §2; thesis §4.2).
+// qkgeom — combined Q+K PCA and the head taxonomy (method §2; thesis §4.2).
 //
 // A closed form over the moments: the pooled covariance Σ_pool (about the
-// pooled mean, SPEC §9.3) is eigen-decomposed; each component's position
+// pooled mean, method §9.3) is eigen-decomposed; each component's position
 // correlation per kind is v·C_xt / sqrt(vᵀC_xx v · M2_t) from that kind's
 // co-moments. No rows are needed.
 #pragma once
@@ -21,13 +21,13 @@
 
 namespace qkgeom {
 
-/// \brief Sign canonicalisation of PCA components (SPEC §2, §9.4).
+/// \brief Sign canonicalisation of PCA components (method §2, §9.4).
 enum class sign_policy {
     dominant,      ///< default: the larger-|r| of (r_q, r_k) is made positive
     query_anchor,  ///< r_q >= 0, falling back to r_k when |r_q| < 0.05
 };
 
-/// \brief Head taxonomy on component 0 (SPEC §2, thesis §4.2.2).
+/// \brief Head taxonomy on component 0 (method §2, thesis §4.2.2).
 enum class head_class { position_dominated, q_positional, k_positional, content_focused, mixed, undefined };
 
 /// \brief The class name as written in the output columns.
@@ -43,7 +43,7 @@ constexpr std::string_view to_string(head_class c) noexcept {
     return "undefined";
 }
 
-/// \brief Taxonomy thresholds; inequalities are strict (SPEC §9.4).
+/// \brief Taxonomy thresholds; inequalities are strict (method §9.4).
 struct taxonomy_thresholds {
     double low = 0.3;
     double high = 0.7;
@@ -80,7 +80,7 @@ struct pca_component {
     Eigen::VectorXd loading;               ///< v_j (unit, sign-canonicalised)
 };
 
-/// \brief Result of the combined Q+K PCA (SPEC §2).
+/// \brief Result of the combined Q+K PCA (method §2).
 struct pca_result {
     std::vector<pca_component> components;  ///< the first n_components
     Eigen::MatrixXd basis;          ///< all d eigenvectors as columns (orthogonal), same order and signs
@@ -95,7 +95,7 @@ struct pca_result {
 
 namespace detail {
 
-/// Orient v per SPEC §2/§9.4 given its correlations; flips r_q, r_k with it.
+/// Orient v per method §2/§9.4 given its correlations; flips r_q, r_k with it.
 inline void canonicalise_sign(Eigen::VectorXd& v, double& r_q, double& r_k, sign_policy policy) {
     double decide = nan;
     if (policy == sign_policy::dominant) {
@@ -109,7 +109,7 @@ inline void canonicalise_sign(Eigen::VectorXd& v, double& r_q, double& r_k, sign
     bool flip = false;
     if (std::isfinite(decide) && decide != 0.0) {
         flip = decide < 0;
-    } else {  // SPEC §9.4 fallback
+    } else {  // method §9.4 fallback
         Eigen::VectorXd w = v;
         flip = orient_by_largest_entry(w);
     }
@@ -130,7 +130,7 @@ inline double positional_variance_fraction(moments const& m) {
 
 }  // namespace detail
 
-/// \brief Combined Q+K PCA from a head's moments (SPEC §2).
+/// \brief Combined Q+K PCA from a head's moments (method §2).
 /// \throws std::invalid_argument when a kind has no rows.
 inline pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
     detail::check_head("qkgeom::pca", hm);
@@ -147,7 +147,7 @@ inline pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
     // Eigen-decomposition of the pooled co-moment (scaled by 1/(n−1) for λ).
     Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(pool.c_xx);
     double const scale = pool.n >= 2 ? 1.0 / static_cast<double>(pool.n - 1) : detail::nan;
-    // Eigen's eigenvalues are ascending: reverse for SPEC §2's descending order.
+    // Eigen's eigenvalues are ascending: reverse for method §2's descending order.
     r.basis = es.eigenvectors().rowwise().reverse();
     r.eigenvalues = es.eigenvalues().reverse() * scale;
     double const trace = pool.c_xx.trace() * scale;
@@ -176,7 +176,7 @@ inline pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
     return r;
 }
 
-/// \brief Combined Q+K PCA from rows of any adapted tensor type (SPEC §2).
+/// \brief Combined Q+K PCA from rows of any adapted tensor type (method §2).
 template <RowMatrix XQ, IndexVector PQ, RowMatrix XK, IndexVector PK>
 pca_result pca(XQ const& queries, PQ const& q_positions, XK const& keys, PK const& k_positions,
                pca_options const& opt = {}) {

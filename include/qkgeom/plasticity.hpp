@@ -1,9 +1,9 @@
 // qkgeom — the one include a researcher needs to analyse a head.
 //
 // Umbrella header: brings in the tensor concepts (any tensor type), the
-// streaming moment accumulator (SPEC §1) and its shard serialisation, the
-// geometry of SPEC §2–4 (PCA, planar rotation, Householder decomposition),
-// attention plasticity (SPEC §5–6), and `analyze_head` / `summarise_model`,
+// streaming moment accumulator (method §1) and its shard serialisation, the
+// geometry of method §2–4 (PCA, planar rotation, Householder decomposition),
+// attention plasticity (method §5–6), and `analyze_head` / `summarise_model`,
 // which run everything for a head and aggregate heads into a model report.
 #pragma once
 

@@ -1,5 +1,5 @@
 // qkgeom — the planar rotation model: drift axis a, separation axis b and
-// bias_strength (SPEC §3; thesis §4.3). A closed form over the moments.
+// bias_strength (method §3; thesis §4.3). A closed form over the moments.
 #pragma once
 
 #include <qkgeom/config.hpp>
@@ -16,7 +16,7 @@
 
 namespace qkgeom {
 
-/// \brief How the separation axis b is chosen (SPEC §3).
+/// \brief How the separation axis b is chosen (method §3).
 enum class separation_policy {
     centroid,        ///< default: b ∝ (I − aaᵀ)(μ_Q − μ_K)
     max_separation,  ///< top eigenvector of P M P, M = Σ_Q + Σ_K + ΔΔᵀ
@@ -28,8 +28,8 @@ struct rotation_options {
 };
 
 /// \brief Result of the planar rotation model; field names are the output
-/// columns (SPEC §3, §7). a-metrics are NaN when `degenerate_a`; b-metrics are
-/// NaN when `degenerate_b` (SPEC §9.5).
+/// columns (method §3, §7). a-metrics are NaN when `degenerate_a`; b-metrics are
+/// NaN when `degenerate_b` (method §9.5).
 struct rotation_result {
     Eigen::VectorXd a;  ///< drift axis, Cov(X_pool, t)/‖·‖ (NaN when degenerate_a)
     Eigen::VectorXd b;  ///< separation axis ⟂ a, (μ_Q − μ_K)·b ≥ 0 (NaN when degenerate_b)
@@ -66,7 +66,7 @@ struct rotation_result {
     }
 };
 
-/// \brief The planar rotation model from a head's moments (SPEC §3).
+/// \brief The planar rotation model from a head's moments (method §3).
 /// \throws std::invalid_argument when a kind has no rows.
 inline rotation_result planar_rotation(head_moments const& hm, rotation_options const& opt = {}) {
     detail::check_head("qkgeom::planar_rotation", hm);
@@ -78,7 +78,7 @@ inline rotation_result planar_rotation(head_moments const& hm, rotation_options 
     r.a = Eigen::VectorXd::Constant(d, detail::nan);
     r.b = Eigen::VectorXd::Constant(d, detail::nan);
 
-    // --- axis a (SPEC §3; degeneracy SPEC §9.5, in co-moment units: both sides scale by n−1)
+    // --- axis a (method §3; degeneracy method §9.5, in co-moment units: both sides scale by n−1)
     Eigen::VectorXd const& c = pool.c_xt;
     double const cn = c.norm();
     double const tr_pool = pool.c_xx.trace();
@@ -135,7 +135,7 @@ inline rotation_result planar_rotation(head_moments const& hm, rotation_options 
     if (r.degenerate_b) return r;
     double const sep = delta.dot(b);
     if (sep < 0) b = -b;
-    else if (sep == 0) detail::orient_by_largest_entry(b);  // SPEC §9.4 fallback
+    else if (sep == 0) detail::orient_by_largest_entry(b);  // method §9.4 fallback
     r.b = b;
     r.mu_q_b = b.dot(mq.mean_x);
     r.mu_k_b = b.dot(mk.mean_x);

@@ -3,8 +3,8 @@
 // The library never forces an ISA on its users (no -march in its targets), so
 // a default build compiles Eigen and every loop for baseline x86-64 (SSE2).
 // The hot kernels that decide whole-model time (the empirical check's score
-// product and comparison count, SPEC §6/§9.14; the batched PP of the dense
-// Φ pass, SPEC §5) are additionally compiled, inside the headers, for AVX2 and
+// product and comparison count, method §6/§9.14; the batched PP of the dense
+// Φ pass, method §5) are additionally compiled, inside the headers, for AVX2 and
 // AVX-512 with per-function `target` attributes, and the widest level the CPU
 // and the operating system support is chosen once at run time.
 //

@@ -1,17 +1,17 @@
 // qkgeom — a seeded synthetic GQA attention layer with planted, known
-// structure, and its exact ground truth (for tests of SPEC §1–§6).
+// structure, and its exact ground truth (for tests of method §1–§6).
 //
 // Model (docs/synthetic.md has the full description). A head vector of
 // dimension d is, before an optional fixed orthogonal mixing M, the stack
 // [rotary block (rotary_dims coordinates) ; plain block (p = d − rotary_dims)].
-// For a token at position t in bucket b (SPEC §0.1) of one kind (query/key):
+// For a token at position t in bucket b (method §0.1) of one kind (query/key):
 //
 //   plain  = c + (intercept + slope·t)·δ + m(b) + s(b) ⊙ ε,      ε ~ N(0, I_p)
 //   rotary = R(t)·r,                                           r ~ N(0, rope_sd² I)
 //   x      = M · [rotary ; plain]
 //
 // δ (the drift, a unit vector of the plain block) is shared by a kv head and
-// all query heads of its GQA group (SPEC §0: h_k = ⌊h_q / (n_q / n_kv)⌋), and
+// all query heads of its GQA group (method §0: h_k = ⌊h_q / (n_q / n_kv)⌋), and
 // so is M, so that q·k is a genuine dot product of one head pair. R(t) is
 // RoPE: pairs (i, i + rotary_dims/2) (`rotate_half`) or (2i, 2i+1)
 // (`interleaved`) rotated by the angle t·θ_i, θ_i = theta^(−2i/rotary_dims).
@@ -19,7 +19,7 @@
 // zero weighted mean and zero weighted covariance with both the bucket index
 // and the mean bucket position τ_b (weights: expected kept tokens per bucket),
 // so they add no linear position trend: the population OLS slope of the
-// queries on t is exactly slope_q·M·δ (SPEC §4).
+// queries on t is exactly slope_q·M·δ (method §4).
 //
 // Reproducibility: every random draw comes from std::mt19937_64 (fully
 // specified by the standard) through a Box–Muller transform written here, so
@@ -77,7 +77,7 @@ struct kind_params {
 };
 
 /// \brief One query head: its query parameters. Its drift and mixing are those
-/// of its kv head (SPEC §0 GQA mapping).
+/// of its kv head (method §0 GQA mapping).
 struct q_head_params {
     kind_params query;
 };
@@ -124,7 +124,7 @@ struct layer_spec {
 };
 
 /// \brief What is captured: examples 0..n_examples−1, each of context_length
-/// tokens, sampled per (example, layer, kind) by `keep_token` (SPEC §0.1).
+/// tokens, sampled per (example, layer, kind) by `keep_token` (method §0.1).
 struct capture_spec {
     std::int64_t n_examples = 64;      ///< sequences; >= 1
     std::int64_t context_length = 4096;///< tokens per sequence; >= 1
@@ -152,16 +152,16 @@ struct head_truth {
     double var_t_q = std::numeric_limits<double>::quiet_NaN();   ///< sample (n−1) Var t of the queries
     double var_t_k = std::numeric_limits<double>::quiet_NaN();   ///< sample (n−1) Var t of the keys
 
-    // --- SPEC §3 planar rotation ---
+    // --- method §3 planar rotation ---
     /// a = sign(S)·Md, S = slope_q·m2_q + slope_k·m2_k (so a·Cov(x_pool, t) >= 0 in
     /// population); NaN and `a_defined = false` when S = 0. Population pooled
     /// drift direction: the Q/K offset term f(μ_K − μ_Q)(t̄_K − t̄_Q) of the
     /// pooled covariance vanishes in expectation (Q and K share one keep law).
     Eigen::VectorXd a;
     bool a_defined = false;
-    /// b = P(μ_q − μ_k)/‖P(μ_q − μ_k)‖, P = I − a aᵀ (SPEC §3 `centroid`),
+    /// b = P(μ_q − μ_k)/‖P(μ_q − μ_k)‖, P = I − a aᵀ (method §3 `centroid`),
     /// from the conditional means; NaN and `b_defined = false` when degenerate
-    /// (SPEC §9.5) or when a is undefined.
+    /// (method §9.5) or when a is undefined.
     Eigen::VectorXd b;
     bool b_defined = false;
     double alpha_q = std::numeric_limits<double>::quiet_NaN();  ///< slope_q·(a·Md): slope of q·a on t
@@ -174,7 +174,7 @@ struct head_truth {
     double r_q_a = std::numeric_limits<double>::quiet_NaN();
     double r_k_a = std::numeric_limits<double>::quiet_NaN();  ///< likewise for the keys
 
-    // --- SPEC §4 query regression ---
+    // --- method §4 query regression ---
     Eigen::VectorXd beta;  ///< slope_q·Md: population OLS slope of Q on t (exact)
     /// M·[0; c_q + intercept_q·δ + m̄_q], m̄_q = Σ_i m_q(b_i)/n_q over the realised
     /// query buckets (≈ 0: m_q has zero mean under the population weights). (cond.)
@@ -523,7 +523,7 @@ inline resolved_layer resolve(std::string_view fn, layer_spec const& L, capture_
     if (L.n_q_heads % L.n_kv_heads != 0)
         fail_arg(fn,
                  "layer_spec.n_q_heads: must be a multiple of layer_spec.n_kv_heads = " +
-                     std::to_string(L.n_kv_heads) + " (SPEC §0 GQA); n_q_heads",
+                     std::to_string(L.n_kv_heads) + " (method §0 GQA); n_q_heads",
                  L.n_q_heads);
     if (L.layer < 0) fail_arg(fn, "layer_spec.layer: must be >= 0", L.layer);
     if (!L.q_heads.empty() && static_cast<std::int64_t>(L.q_heads.size()) != L.n_q_heads)
@@ -676,7 +676,7 @@ inline head_truth make_truth(layer_spec const& L, bucket_table const& tb, Eigen:
     cond_moments const cq = conditional(qb, kq, tb, drift, mtq);
     cond_moments const ck = conditional(kb, kk, tb, drift, mtk);
 
-    // SPEC §4: β = slope_q·Md exactly; α = M·[0; c + intercept·δ + m̄]; μ = α + β t̄.
+    // method §4: β = slope_q·Md exactly; α = M·[0; c + intercept·δ + m̄]; μ = α + β t̄.
     tr.beta = qp.slope * md;
     tr.beta_pos = std::abs(qp.slope);
     tr.alpha = embed(mixing, cq.sem_mean);
@@ -700,7 +700,7 @@ inline head_truth make_truth(layer_spec const& L, bucket_table const& tb, Eigen:
     tr.cov_qt = embed(mixing, cq.cov_t_plain);
     tr.cov_kt = embed(mixing, ck.cov_t_plain);
 
-    // SPEC §3: a, b and the a-metrics.
+    // method §3: a, b and the a-metrics.
     double const s = qp.slope * m2q + kp.slope * m2k;
     tr.a = Eigen::VectorXd::Constant(d, nan);
     tr.b = Eigen::VectorXd::Constant(d, nan);
@@ -718,7 +718,7 @@ inline head_truth make_truth(layer_spec const& L, bucket_table const& tb, Eigen:
         Eigen::VectorXd const diff = tr.mu_q - tr.mu_k;
         Eigen::VectorXd const pd = diff - tr.a * tr.a.dot(diff);
         double const nd = diff.norm(), npd = pd.norm();
-        if (std::isfinite(npd) && npd > 0 && npd > 1e-12 * nd) {  // SPEC §9.5
+        if (std::isfinite(npd) && npd > 0 && npd > 1e-12 * nd) {  // method §9.5
             tr.b = pd / npd;
             tr.b_defined = true;
         }
@@ -771,7 +771,7 @@ inline std::vector<head_capture> generate(std::string_view fn, layer_spec const&
     std::vector<head_capture> out;
     out.reserve(static_cast<std::size_t>(h_hi - h_lo));
     for (std::int64_t h = h_lo; h < h_hi; ++h) {
-        std::int64_t const g = h / rl.group;  // SPEC §0 GQA mapping
+        std::int64_t const g = h / rl.group;  // method §0 GQA mapping
         auto const gi = static_cast<std::size_t>(g - g_lo);
         kv_head_params const& kv = rl.kv[static_cast<std::size_t>(g)];
         q_head_params const& qh = rl.q[static_cast<std::size_t>(h)];
@@ -798,7 +798,7 @@ inline std::vector<head_capture> generate(std::string_view fn, layer_spec const&
 
 }  // namespace detail
 
-/// \brief The GQA kv head of a query head (SPEC §0): ⌊h_q / (n_q / n_kv)⌋.
+/// \brief The GQA kv head of a query head (method §0): ⌊h_q / (n_q / n_kv)⌋.
 /// The same function as qkgeom::key_head_of (capture.hpp), kept under this
 /// name for the synthetic generator's users.
 /// \throws std::invalid_argument when n_q, n_kv < 1, n_q % n_kv ≠ 0 or h_q ∉ [0, n_q).

@@ -8,7 +8,7 @@
 //
 // and is constrained by the concepts `RowMatrix` / `IndexVector`, which hold
 // exactly when the CPO accepts the type. A reader widens every element to
-// double on read (SPEC §1: accumulate in double); 16-bit floats are widened
+// double on read (method §1: accumulate in double); 16-bit floats are widened
 // exactly. See docs/tensor-concept.md for how to adapt a new tensor type.
 //
 // Resolution order of `as_matrix(x)` (first that applies wins):
@@ -469,7 +469,7 @@ concept adaptable =
 
 /// \brief A type every qkgeom algorithm accepts as positions, buckets or
 /// example ids: `qkgeom::as_indices(v)` turns it into an IndexReader.
-/// Elements must be integers (SPEC §9.2), bool excluded.
+/// Elements must be integers (method §9.2), bool excluded.
 template <class T>
 concept IndexVector = detail::as_indices_impl::adaptable<std::remove_cvref_t<T>>;
 

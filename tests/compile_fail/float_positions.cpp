@@ -1,4 +1,4 @@
-// Must not compile: positions are integers (SPEC §9.2), so a vector of
+// Must not compile: positions are integers (method §9.2), so a vector of
 // doubles is not an IndexVector. The diagnostic names `IndexVector`.
 #include <qkgeom/moments.hpp>
 

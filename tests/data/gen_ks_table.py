@@ -6,7 +6,7 @@ Writes tests/data/ks_table.csv with columns n,d,sf (17 significant digits):
   * n <= 10000:  sf = scipy.stats.kstwo.sf(d, n)               (exact finite-n distribution)
   * n >  10000:  sf = scipy.stats.kstwobign.sf(d * sqrt(n))    (limiting distribution)
 
-  -- SPEC §9 item 15. The grid covers every regime of scipy's _kolmogn
+  -- method §9 item 15. The grid covers every regime of scipy's _kolmogn
   (scipy/stats/_ksstats.py): d <= 1/(2n), Ruben-Gambino (1/(2n) < d <= 1/n and
   d >= 1 - 1/n), d >= 1/2, Durbin matrix, Pomeranz, Pelz-Good, 2*smirnov, the
   far tail down to ~1e-300, and points on both sides of every regime boundary.
@@ -16,7 +16,7 @@ Writes tests/data/ks_table.csv with columns n,d,sf (17 significant digits):
   After the grid, rows from scipy.stats.kstest(x, 'norm') (method='auto') on
   seeded samples x (numpy default_rng(seed)), recorded as n = len(x),
   d = the KS statistic, sf = the reported p-value. Only n <= 10000: scipy 1.10.1
-  uses kstwo (exact) for every n with method='auto', while SPEC §9 item 15 asks
+  uses kstwo (exact) for every n with method='auto', while method §9 item 15 asks
   for the asymptotic distribution above 10000.
 
 How it was run (Debian bookworm, Debian's python3-scipy 1.10.1, numpy 1.24.2):

@@ -1,4 +1,4 @@
-// Runtime tests of the capture protocol components (capture.hpp, SPEC §0,
+// Runtime tests of the capture protocol components (capture.hpp, method §0,
 // §0.1): GQA mapping against its definition, eligibility, seeded head
 // sampling (without replacement, uniform inclusion within a binomial bound,
 // deterministic per seed), the step sampler (kept fraction per bucket within a
@@ -44,7 +44,7 @@ std::string error_of(F&& f) {
 
 }  // namespace
 
-TEST_CASE("capture: GQA mapping is floor(h_q / (n_q / n_kv)) (SPEC §0)", "[capture]") {
+TEST_CASE("capture: GQA mapping is floor(h_q / (n_q / n_kv)) (method §0)", "[capture]") {
     for (std::int64_t n_kv = 1; n_kv <= 8; ++n_kv)
         for (std::int64_t g = 1; g <= 6; ++g) {
             std::int64_t const n_q = n_kv * g;
@@ -81,7 +81,7 @@ TEST_CASE("capture: layout validation names the layer and field", "[capture]") {
     CHECK_THAT(error_of([] { (void)qkgeom::uniform_layout(0, 8, 2, 64); }), Contains("n_layers"));
 }
 
-TEST_CASE("capture: eligibility keeps full-attention layers unless asked (SPEC §0.1)", "[capture]") {
+TEST_CASE("capture: eligibility keeps full-attention layers unless asked (method §0.1)", "[capture]") {
     // Gemma-style: every other layer is sliding-window; heads differ per layer.
     qkgeom::model_layout m{32, {{4, 2, std::nullopt}, {4, 2, 512}, {6, 3, std::nullopt}, {6, 1, 1024}}};
     auto const full = qkgeom::eligible_heads(m);
@@ -100,7 +100,7 @@ TEST_CASE("capture: eligibility keeps full-attention layers unless asked (SPEC �
     CHECK(qkgeom::sample_heads(sw, 3, 1).empty());
 }
 
-TEST_CASE("capture: head sampling is seeded, without replacement, uniform (SPEC §0.1)", "[capture]") {
+TEST_CASE("capture: head sampling is seeded, without replacement, uniform (method §0.1)", "[capture]") {
     auto m = qkgeom::uniform_layout(6, 8, 2, 64);
     m.layers[3].sliding_window = 256;  // 5 eligible layers × 8 heads = 40
     auto const pool = qkgeom::eligible_heads(m);
@@ -155,7 +155,7 @@ TEST_CASE("capture: head sampling is seeded, without replacement, uniform (SPEC 
     CHECK(saw3);
 }
 
-TEST_CASE("capture: the step sampler keeps ~rate/B per bucket (binomial bound, SPEC §0.1)", "[capture]") {
+TEST_CASE("capture: the step sampler keeps ~rate/B per bucket (binomial bound, method §0.1)", "[capture]") {
     // Steps of T tokens from E examples; per bucket the kept count over all
     // examples is a sum of independent Bernoulli(p_b) trials.
     struct cse {

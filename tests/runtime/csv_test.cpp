@@ -1,4 +1,4 @@
-// CSV outputs (SPEC §7, docs/outputs.md): the documented column lists, one
+// CSV outputs (method §7, docs/outputs.md): the documented column lists, one
 // row per record, bit-exact round trip of every number (NaN as `nan`),
 // quoting of the model name, write_reports and its errors.
 #include <qkgeom/report/csv.hpp>

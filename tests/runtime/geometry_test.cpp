@@ -1,4 +1,4 @@
-// Geometry (SPEC §2–4): closed forms over moments checked against brute-force
+// Geometry (method §2–4): closed forms over moments checked against brute-force
 // computations on the rows, invariants of the rotations, input-type and
 // shard-order independence, degenerate inputs.
 #include <qkgeom/plasticity.hpp>

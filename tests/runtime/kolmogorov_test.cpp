@@ -1,5 +1,5 @@
 // Runtime tests of the Kolmogorov–Smirnov distribution and the one-sample KS
-// normality test (SPEC §4 diagnostics, §9 item 15): every row of the scipy
+// normality test (method §4 diagnostics, §9 item 15): every row of the scipy
 // reference table tests/data/ks_table.csv (regenerate with
 // tests/data/gen_ks_table.py), the n = 1 closed form, monotonicity, range,
 // the O(1/√n) approach to the limiting distribution, agreement of the two exact
@@ -277,7 +277,7 @@ TEST_CASE("exact distribution approaches the limiting one at rate 1/sqrt(n)", "[
         CHECK(worst * rn < 0.35);
         CHECK(worst * rn > 0.2);
     }
-    // Above 10000 the asymptotic distribution is used (SPEC §9 item 15).
+    // Above 10000 the asymptotic distribution is used (method §9 item 15).
     CHECK(kolmogorov_smirnov_sf(10001, 0.01) == kolmogorov_sf(0.01 * std::sqrt(10001.0)));
 }
 

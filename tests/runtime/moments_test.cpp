@@ -1,4 +1,4 @@
-// Runtime tests of the streaming moment accumulator (SPEC §1) and its shard
+// Runtime tests of the streaming moment accumulator (method §1) and its shard
 // serialisation: merge-order invariance, accuracy against a long-double
 // two-pass reference, round trips, and clear errors on bad input.
 #include <qkgeom/plasticity.hpp>

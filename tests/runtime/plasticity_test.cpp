@@ -1,4 +1,4 @@
-// Attention plasticity (SPEC §5–6, §9.9–9.14, §9.16): the tail-accurate
+// Attention plasticity (method §5–6, §9.9–9.14, §9.16): the tail-accurate
 // Gaussian closed form against long-double references, the closed form
 // against Monte Carlo on a synthetic head with planted structure, the exact
 // enumeration against an independent brute-force triple loop, the Gram
@@ -55,7 +55,7 @@ static_assert(std::is_same_v<decltype(qkgeom::attention_plasticity(
 
 constexpr double k_nan = std::numeric_limits<double>::quiet_NaN();
 
-// --- long-double references of SPEC §5 -------------------------------------
+// --- long-double references of method §5 -------------------------------------
 long double ref_tail(long double z) { return 0.5L * std::erfc(std::fabs(z) / std::sqrt(2.0L)); }
 long double ref_p(long double z) { return 0.5L * std::erfc(-z / std::sqrt(2.0L)); }
 long double ref_pp(long double z) {
@@ -136,7 +136,7 @@ syn::head_capture filter_keys(syn::head_capture const& h, F&& keep) {
     return out;
 }
 
-// --- an independent brute-force reference of SPEC §5–6 ----------------------
+// --- an independent brute-force reference of method §5–6 ----------------------
 // The triple loop query bucket × key bucket × key pair, written from the SPEC
 // without the library's grouping, Gram identity or bookkeeping: the dense H,
 // δ = H(k_i − k_j), m = w_b·δ, v = δᵀV_bδ, PP in long double.
@@ -176,7 +176,7 @@ ref_result brute_force(qkgeom::householder_result const& model, syn::head_captur
         auto const nq = static_cast<double>(qrows.size());
         auto evaluate = [&](index_t i, index_t j, ref_cell& cell) {
             Eigen::VectorXd const diff = (h.k.row(i) - h.k.row(j)).transpose();
-            if ((diff.array() == 0.0).all()) {  // SPEC §9.9
+            if ((diff.array() == 0.0).all()) {  // method §9.9
                 ++out.skipped;
                 return;
             }
@@ -196,7 +196,7 @@ ref_result brute_force(qkgeom::householder_result const& model, syn::head_captur
             double const ti = double(h.k_position[static_cast<std::size_t>(i)]);
             double const tj = double(h.k_position[static_cast<std::size_t>(j)]);
             out.points.push_back({std::abs(ti - tj), s.tau - 0.5 * (ti + tj), pp});
-            if (with_queries && qrows.size() >= 2) {  // SPEC §9.14
+            if (with_queries && qrows.size() >= 2) {  // method §9.14
                 double wins = 0;
                 for (auto r : qrows) wins += h.q.row(r).dot(diff) > 0 ? 1 : 0;
                 double const p = wins / nq;
@@ -242,7 +242,7 @@ ref_result brute_force(qkgeom::householder_result const& model, syn::head_captur
     return out;
 }
 
-/// Half-open bins [e_j, e_{j+1}), the last one closed (SPEC §9.13); −1 outside.
+/// Half-open bins [e_j, e_{j+1}), the last one closed (method §9.13); −1 outside.
 index_t bin_of(std::vector<double> const& e, double v) {
     if (!(v >= e.front() && v <= e.back())) return -1;
     for (std::size_t j = 0; j + 1 < e.size(); ++j)
@@ -346,7 +346,7 @@ double spearman(std::vector<double> const& x, std::vector<double> const& y) {
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// 1. SPEC §5: PP and p in the tails. Reference: erfc in long double (64-bit
+// 1. method §5: PP and p in the tails. Reference: erfc in long double (64-bit
 // mantissa) from the exact z. Bound: relative 1e-12 for |z| ≤ 37, where
 // Φ(−|z|) ≥ 5.7e-300 is a normal double; the argument z/√2 rounded to double
 // alone costs ≈ z²·1.1e-16 ≤ 1.5e-13 there. Beyond: PP ≥ 0, finite,
@@ -446,7 +446,7 @@ TEST_CASE("the span overload of PP equals the scalar one, a length mismatch thro
 }
 
 // ---------------------------------------------------------------------------
-// 2. SPEC §5 against Monte Carlo. The Gaussian of each query bucket is
+// 2. method §5 against Monte Carlo. The Gaussian of each query bucket is
 // rebuilt here from the rows (rotated basis: coordinate 0 on the OLS line
 // with the residual variance, the others with the bucket's own means and
 // variances), N = 20000 queries are drawn from it per bucket, and the
@@ -546,7 +546,7 @@ TEST_CASE("the closed form agrees with Monte Carlo from the bucket Gaussians", "
 }
 
 // ---------------------------------------------------------------------------
-// SPEC §6/§9.14 gaussian_gap. On the generated head every query bucket is
+// method §6/§9.14 gaussian_gap. On the generated head every query bucket is
 // Gaussian up to the within-bucket drift; what is left is the sampling error
 // of p̂ over ~60 queries per bucket averaged over ~100 pairs (≈ 0.01):
 // bound 0.02. Replacing the semantic coordinates by a ±c two-point mixture
@@ -723,7 +723,7 @@ TEST_CASE("the Gram path equals the direct path, tiled or not", "[plasticity][de
 }
 
 // ---------------------------------------------------------------------------
-// 5. Sampled enumeration (SPEC §6, §9.16). Keys of key bucket 0 only, in
+// 5. Sampled enumeration (method §6, §9.16). Keys of key bucket 0 only, in
 // groups of 32, 12 and 6 keys (496 + 66 + 15 pairs): a sampler that picked
 // groups uniformly instead of ∝ pair count would be biased. Coverage of
 // ap ± 1.96·std_error over 200 seeds on one cell: Binomial(200, 0.95) has
@@ -814,7 +814,7 @@ TEST_CASE("sampled estimates converge to exact and their intervals cover it", "[
 }
 
 // ---------------------------------------------------------------------------
-// 6. Sliding windows (SPEC §6): with uniform buckets of width B = 16 and a
+// 6. Sliding windows (method §6): with uniform buckets of width B = 16 and a
 // window of W tokens the cells of query bucket b are exactly key buckets
 // b − span … b − 1, span = max(1, ⌈W/B⌉) buckets (not W buckets: the prior
 // tool's bug). Every token is kept (rate = B), so every cell has
@@ -863,7 +863,7 @@ TEST_CASE("sliding windows keep exactly the key buckets inside the span", "[plas
 
 // ---------------------------------------------------------------------------
 // 7. Aggregates recomputed by hand from the returned profile and cells
-// (SPEC §6, §9.10–9.12): AP_b, quintile/decile of each bucket by integer
+// (method §6, §9.10–9.12): AP_b, quintile/decile of each bucket by integer
 // arithmetic ⌊k·S_b/(n_b·L)⌋ (S_b the sum of its query positions), the
 // w_b-weighted quantile profiles, first/last 20%, AP_drop, and AP_overall
 // under both weighting policies.
@@ -1008,7 +1008,7 @@ TEST_CASE("quantile indices use exact integer arithmetic at the boundaries", "[p
 }
 
 // ---------------------------------------------------------------------------
-// 8. Identical keys (SPEC §5, §9.9): duplicated key rows of one example and
+// 8. Identical keys (method §5, §9.9): duplicated key rows of one example and
 // bucket (a pair, and a triple) are skipped and counted, on the direct path
 // and on the Gram path, where v = n_i + n_j − 2g_ij of two identical rows is
 // rounding noise (the keys carry an offset of 3 to make it so). Everything
@@ -1059,7 +1059,7 @@ TEST_CASE("identical keys are skipped and counted on the direct and the Gram pat
 }
 
 // ---------------------------------------------------------------------------
-// 9. Heatmap (SPEC §6, §9.13). A hand-made case: query bucket 1 with τ = 12,
+// 9. Heatmap (method §6, §9.13). A hand-made case: query bucket 1 with τ = 12,
 // keys of example 0 at 0, 4, 8 and of example 1 at 0, 9, grid
 // distance {0, 4, 8} × offset {6, 8, 10}:
 //   (0, 4): x = 4, y = 10 → bin (1, 1) (left-closed, last bin closed)
@@ -1232,7 +1232,7 @@ TEST_CASE("bad input is a clear error", "[plasticity][errors]") {
 }
 
 // ---------------------------------------------------------------------------
-// 11. analyze_head end to end and summarise_model (SPEC §6 "Model level").
+// 11. analyze_head end to end and summarise_model (method §6 "Model level").
 // ---------------------------------------------------------------------------
 namespace {
 
@@ -1413,7 +1413,7 @@ TEST_CASE("analyze_head from merged moments + keys equals the rows version on ev
     }
 }
 
-// SPEC §9.12 on both paths: the default context length is the largest query
+// method §9.12 on both paths: the default context length is the largest query
 // or key position + 1. The moments path knows the largest query position from
 // the moments (moments::t_max), so it needs no query rows for it.
 TEST_CASE("the default context length of the rows and of the moments path", "[plasticity][analyze]") {
@@ -1513,7 +1513,7 @@ TEST_CASE("score kernels stay inside the certified f32 bound at every level", "[
 // double-precision brute force at every level, and the levels agree bit for
 // bit. (Exact ties for every query would need k_i − k_j orthogonal to all
 // queries, which makes v = 0 under the bucket models: such pairs are skipped,
-// SPEC §5.)
+// method §5.)
 TEST_CASE("the empirical check counts as double precision at every level", "[plasticity][empirical][simd]") {
     head_setup s;
     s.d = 38;

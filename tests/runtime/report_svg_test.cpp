@@ -1,4 +1,4 @@
-// SVG pictures and index.html (SPEC §7, docs/pictures.md): well-formed XML,
+// SVG pictures and index.html (method §7, docs/pictures.md): well-formed XML,
 // one element per head / bucket / cell, planted values at the documented
 // pixel coordinates, NaN never drawn at 0, text escaped, heatmap colours
 // ordered like the values, a self-contained page. The heads are built by hand

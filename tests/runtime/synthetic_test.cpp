@@ -1,5 +1,5 @@
 // Runtime tests of the bucket schemes and deterministic capture sampling
-// (SPEC §0.1, buckets.hpp) and of the synthetic GQA layer generator
+// (method §0.1, buckets.hpp) and of the synthetic GQA layer generator
 // (synthetic.hpp): planted structure, its ground truth, and that sample
 // estimates computed here with plain Eigen approach the truth within stated
 // sampling bounds.
@@ -380,7 +380,7 @@ TEST_CASE("synthetic: GQA mapping, query heads of a group share identical key ro
         CHECK(c.q.rows() == static_cast<index_t>(c.q_position.size()));
         CHECK(c.k.rows() == static_cast<index_t>(c.k_position.size()));
         CHECK(c.q.cols() == 16);
-        // Same positions for every head of one (layer, kind) (SPEC §0.1).
+        // Same positions for every head of one (layer, kind) (method §0.1).
         CHECK(c.q_position == hs[0].q_position);
         CHECK(c.q_example == hs[0].q_example);
         CHECK(c.k_position == hs[0].k_position);
@@ -539,7 +539,7 @@ TEST_CASE("synthetic: rotation truth (a, mu_q_a, alpha_k, bias_strength) against
         CHECK(tr.bias_strength == tr.mu_q_a * tr.alpha_k);
 
         auto const n_q = static_cast<double>(h.q.rows()), n_k = static_cast<double>(h.k.rows());
-        // Pooled sample Cov(x, t) points along a (SPEC §3), up to the sampling offset term.
+        // Pooled sample Cov(x, t) points along a (method §3), up to the sampling offset term.
         Eigen::MatrixXd pool(h.q.rows() + h.k.rows(), L.d);
         pool << h.q, h.k;
         std::vector<std::int64_t> tpool = h.q_position;

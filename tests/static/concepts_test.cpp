@@ -84,7 +84,7 @@ static_assert(!RowMatrix<std::vector<std::vector<double>>>);  // ragged rows
 static_assert(!RowMatrix<std::vector<std::array<int, 4>>>);   // integer elements
 static_assert(!RowMatrix<Eigen::MatrixXi>);
 static_assert(!RowMatrix<std::map<int, std::array<float, 2>>>);
-static_assert(!IndexVector<std::vector<double>>);  // positions are integers (SPEC §9.2)
+static_assert(!IndexVector<std::vector<double>>);  // positions are integers (method §9.2)
 static_assert(!IndexVector<std::vector<bool>>);
 static_assert(!IndexVector<Eigen::MatrixXi>);  // not a vector
 static_assert(!IndexVector<Eigen::VectorXd>);

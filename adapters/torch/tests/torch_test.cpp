@@ -104,7 +104,7 @@ step_inputs make_step(at::ScalarType dt, std::int64_t step, at::Device dev = at:
 
 /// The reference: the rows the capture must store for (layer, kind, head)
 /// after the given steps, computed by plain indexing of the [B, H, T, D]
-/// tensors with the SPEC §0.1 sampler.
+/// tensors with the method §0.1 sampler.
 struct ref_rows {
     std::vector<double> values;
     std::vector<std::int64_t> position, bucket, example_id;

@@ -11,7 +11,7 @@
 //     tensor [B, H, T, D] or [B, T, H, D] is read one head at a time through
 //     `head_rows(x, layout, batch, head)`, a strided view (never a copy);
 //   * element types f32, f64, f16, bf16; every value is widened exactly to
-//     double when read (SPEC §1); other dtypes are rejected, naming the dtype;
+//     double when read (method §1); other dtypes are rejected, naming the dtype;
 //   * a CPU tensor is read in place through its strides (contiguous or not:
 //     transposed views, slices, expanded dimensions) — no copy;
 //   * a tensor on any other device (CUDA, ...) is copied to the host once,

@@ -1,5 +1,5 @@
 // qkgeom — capturing post-RoPE queries and keys from a LibTorch model
-// (issue 6; SPEC §0, §0.1, §1).
+// (issue 6; method §0, §0.1, §1).
 //
 // LibTorch modules have no forward hooks and TorchScript cannot take them from
 // C++, so capture is an explicit call placed in the attention forward pass,
@@ -12,7 +12,7 @@
 //   1. validates the shapes (rank 4, [B, H, T, D] or [B, T, H, D], Hq a
 //      multiple of Hkv, head counts and head_dim as in the manifest, positions
 //      [B, T] or [T], example ids [B] or [B, T]);
-//   2. applies the SPEC §0.1 sampler on the host (`capture_sampler::select`:
+//   2. applies the method §0.1 sampler on the host (`capture_sampler::select`:
 //      the same kept tokens for every head of one (layer, kind));
 //   3. gathers the kept rows of the selected heads on the tensors' device, one
 //      indexed gather per (layer, kind) (strided views: never a reorder copy);
@@ -23,7 +23,7 @@
 //      `synchronize()`; the rows feed the row store (`capture_store`, for
 //      plasticity pairs) or the streaming moments (`bucketed_moments`);
 //   5. device_moments mode: updates per-bucket centred moments on the device
-//      itself (GEMMs; Chan merges, SPEC §1); nothing is copied to the host
+//      itself (GEMMs; Chan merges, method §1); nothing is copied to the host
 //      until the moments are asked for.
 //
 // The manifest (`io::manifest`, written as the dataset's manifest.json)
@@ -91,7 +91,7 @@ struct capture_moments {
 
     /// \brief Merge another shard: the manifests must be compatible
     /// (io::check_compatible names the first differing field), then every
-    /// head merges (Chan, SPEC §1).
+    /// head merges (Chan, method §1).
     /// \throws std::invalid_argument naming the field.
     capture_moments& operator+=(capture_moments const& o) {
         io::check_compatible(manifest, o.manifest);
@@ -215,7 +215,7 @@ public:
     [[nodiscard]] model_layout const& layout() const noexcept { return layout_; }
     /// The analysed heads, ascending (io::sampled_heads(manifest())).
     [[nodiscard]] std::vector<head_pair> const& heads() const noexcept { return heads_; }
-    /// The SPEC §0.1 token sampler (the manifest's buckets and seed).
+    /// The method §0.1 token sampler (the manifest's buckets and seed).
     [[nodiscard]] capture_sampler const& sampler() const noexcept { return sampler_; }
     [[nodiscard]] torch_capture_options const& options() const noexcept { return opt_; }
 
@@ -427,7 +427,7 @@ public:
 
     /// \brief The moments of one analysed head (modes `moments` and
     /// `device_moments`), after `synchronize()`: its query head's rows and
-    /// the rows of the key head it reads (SPEC §0 GQA mapping).
+    /// the rows of the key head it reads (method §0 GQA mapping).
     /// \throws std::invalid_argument when the head is not in the manifest;
     ///         std::logic_error in mode `rows`.
     [[nodiscard]] head_moments moments(head_pair const& h) {
@@ -456,7 +456,7 @@ public:
     }
 
     /// \brief Merge another capture of the same manifest and mode (shards,
-    /// threads, devices): rows are appended, moments merged (Chan, SPEC §1).
+    /// threads, devices): rows are appended, moments merged (Chan, method §1).
     /// \throws std::invalid_argument naming the manifest field that differs,
     ///         or the mode.
     torch_capture& operator+=(torch_capture& o) {
@@ -551,7 +551,7 @@ private:
         }
     }
 
-    // --- device moments (SPEC §1 on the device) ------------------------------
+    // --- device moments (method §1 on the device) ------------------------------
     struct device_bucket {
         std::int64_t n = 0;
         double mean_t = 0, m2_t = 0;

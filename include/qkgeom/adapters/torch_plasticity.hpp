@@ -1,4 +1,4 @@
-// qkgeom — the Gram-matrix plasticity of SPEC §5 on a LibTorch device (issue 6).
+// qkgeom — the Gram-matrix plasticity of method §5 on a LibTorch device (issue 6).
 //
 // For a query bucket b with rotated-basis mean w_b and variances V_b, and the
 // keys k̃ = H k of one group (one example, one key bucket — or one example's
@@ -6,7 +6,7 @@
 //   m_ij = s_i − s_j,                 s = K̃ w_b
 //   v_ij = n_i + n_j − 2 g_ij,        n_i = k̃_iᵀ V_b k̃_i,  G = K̃ V_b K̃ᵀ
 //   PP   = 4 Φ(−|z|)(1 − Φ(−|z|)),   z = m/√v,  Φ(−|z|) = erfc(|z|/√2)/2
-// (SPEC §5 exactness identity). m and v are invariant to translating every
+// (method §5 exactness identity). m and v are invariant to translating every
 // key of the group by the same vector, so the keys are centred on the group
 // mean first (in f64): the Gram entries are then of the size of v itself and
 // the subtraction loses little even when the GEMM runs in f32.
@@ -16,7 +16,7 @@
 // f32 otherwise, or as asked); s, n, v, z and PP are f64. A pair whose Gram
 // v is at most `fallback_rel`·(n_i + n_j) (cancellation) is recomputed
 // directly from δ = k̃_i − k̃_j in f64; identical keys (δ = 0 in the original
-// basis) and v ≤ 0 are skipped and counted (SPEC §9.9), as on the CPU.
+// basis) and v ≤ 0 are skipped and counted (method §9.9), as on the CPU.
 //
 // The result equals the cells of `attention_plasticity` with exact enumeration
 // (tested: 1e-12 relative with f64 GEMM, 1e-6 with f32). It carries the cell
@@ -52,7 +52,7 @@ struct torch_plasticity_options {
 struct torch_plasticity_result {
     std::vector<plasticity_cell> cells;
     std::int64_t n_pairs = 0;                  ///< evaluated pairs
-    std::int64_t n_pairs_skipped = 0;          ///< identical keys / v ≤ 0 (SPEC §9.9)
+    std::int64_t n_pairs_skipped = 0;          ///< identical keys / v ≤ 0 (method §9.9)
     std::int64_t n_query_buckets_skipped = 0;  ///< no earlier key bucket, or no bucket model
 };
 
@@ -124,7 +124,7 @@ inline void torch_group_pairs(at::Tensor const& K, at::Tensor const& Krot, torch
             auto const n_fb = fb.sum().item<std::int64_t>();  // one host synchronisation per tile
             acc.n += n_valid - n_fb;
             if (n_fb == 0) continue;
-            // Direct recomputation (SPEC §9.9): δ in f64, identical keys skipped.
+            // Direct recomputation (method §9.9): δ in f64, identical keys skipped.
             at::Tensor const pr = fb.nonzero();
             at::Tensor const ia = pr.select(1, 0) + a0, ib = pr.select(1, 1) + b0;
             at::Tensor const same = at::eq(Ko.index_select(0, ia), Ko.index_select(0, ib)).all(1);
@@ -143,7 +143,7 @@ inline void torch_group_pairs(at::Tensor const& K, at::Tensor const& Krot, torch
 
 }  // namespace detail
 
-/// \brief The plasticity cells of one head (SPEC §5–6) with every pair's
+/// \brief The plasticity cells of one head (method §5–6) with every pair's
 /// Gram entries computed on the keys' device. Same inputs and options as
 /// `attention_plasticity` without queries; the enumeration is always exact.
 ///
@@ -219,7 +219,7 @@ torch_plasticity_result torch_attention_plasticity(householder_result const& mod
         std::vector<std::int64_t> cs;
         for (auto const& [c, g] : groups)
             if (c < sb.bucket && detail::in_window(opt, sb.bucket, c)) cs.push_back(c);
-        if (cs.empty() || !sb.used) {  // SPEC §6: no earlier key bucket; §9.8: no bucket model
+        if (cs.empty() || !sb.used) {  // method §6: no earlier key bucket; §9.8: no bucket model
             ++res.n_query_buckets_skipped;
             continue;
         }

@@ -1,4 +1,4 @@
-// qkgeom — the empirical cross-check's kernels (internal), SPEC §6 / §9.14.
+// qkgeom — the empirical cross-check's kernels (internal), method §6 / §9.14.
 // IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
 //
 // For one query bucket the check needs the scores q_r·k_c of the bucket's
@@ -227,7 +227,7 @@ inline void score_product(simd::isa level, std::vector<float> const& qp, index_t
 #endif
 }
 
-/// Certified counts over pair-difference columns (SPEC §9.14), the fused
+/// Certified counts over pair-difference columns (method §9.14), the fused
 /// form of `score_product` + `count_wins` for buckets with fewer pairs than
 /// keys: `qp` the packed queries (nq_pad / P panels), `qn` per query row an
 /// upper bound of ‖q‖ in float (nq_pad entries, padding rows 0), `dp` the
@@ -266,7 +266,7 @@ inline void pair_counts(simd::isa level, std::vector<float> const& qp, float con
 #endif
 }
 
-/// Wins and undecided comparisons of one pair (SPEC §9.14), see
+/// Wins and undecided comparisons of one pair (method §9.14), see
 /// `empirical_wins`: with tol = kk·‖q‖ + ka, a query counts as a win when the
 /// f32 score difference (exact in double) exceeds tol and as decided when its
 /// magnitude does (and is finite); NaN, ±∞ and |difference| <= tol are

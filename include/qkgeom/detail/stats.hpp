@@ -18,7 +18,7 @@ namespace qkgeom::detail {
 
 inline constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 
-/// Pearson correlation from co-moments (ddof-free, SPEC §9.1): cxy / sqrt(cxx·cyy),
+/// Pearson correlation from co-moments (ddof-free, method §9.1): cxy / sqrt(cxx·cyy),
 /// clamped to [-1, 1]; NaN when either variance is zero or not finite.
 inline double corr_from_comoments(double cxy, double cxx, double cyy) noexcept {
     double const den = std::sqrt(cxx) * std::sqrt(cyy);
@@ -38,7 +38,7 @@ inline double projection_slope(moments const& m, Eigen::VectorXd const& v) {
     return v.dot(m.c_xt) / m.m2_t;
 }
 
-/// SPEC §9.4 sign fallback: flip v so that its largest-magnitude entry is
+/// method §9.4 sign fallback: flip v so that its largest-magnitude entry is
 /// positive (first index on ties). Returns true when v was flipped.
 inline bool orient_by_largest_entry(Eigen::VectorXd& v) {
     if (v.size() == 0) return false;

@@ -1,4 +1,4 @@
-// qkgeom — the on-disk dataset layout of one model (issue 5, SPEC §0).
+// qkgeom — the on-disk dataset layout of one model (issue 5, method §0).
 //
 //   DIR/manifest.json
 //   DIR/lLLhHHq/{vectors,position,bucket,example_id[,sliding_window]}.npy   (NumPy form)
@@ -35,7 +35,7 @@
 
 namespace qkgeom::io {
 
-/// \brief How the heads of a capture were chosen (SPEC §0.1 head sampling;
+/// \brief How the heads of a capture were chosen (method §0.1 head sampling;
 /// the manifest's `capture.head_count`, `capture.head_seed`, `capture.eligibility`).
 struct head_sampling {
     std::optional<std::int64_t> count;  ///< query heads sampled (sample_heads' count); none = every eligible head

@@ -1,4 +1,4 @@
-// qkgeom — the CSV outputs of SPEC §7: head_metrics.csv,
+// qkgeom — the CSV outputs of method §7: head_metrics.csv,
 // head_bucket_plasticity.csv, head_component_weights.csv, qk_pca.csv,
 // model_report.csv (and layer_report.csv). Column names are part of the API
 // and are documented in docs/outputs.md.

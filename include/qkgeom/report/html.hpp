@@ -1,5 +1,5 @@
 // qkgeom — index.html: one self-contained page (no scripts, no external
-// URLs, inline CSS only) that shows the SPEC §7 pictures next to the model
+// URLs, inline CSS only) that shows the method §7 pictures next to the model
 // table (the model_report.csv rows) and links every CSV.
 //
 // Pictures are referenced, not inlined: <img src="…svg" width height alt>,

@@ -1,4 +1,4 @@
-// qkgeom — the pictures of SPEC §7 as dependency-free SVG: per-head
+// qkgeom — the pictures of method §7 as dependency-free SVG: per-head
 // plasticity profiles with the model mean, the 2D plasticity heatmap, the
 // component weights, the r_q / r_k taxonomy scatter, and the model comparison
 // of the decile AP profiles. docs/pictures.md says how to read each one.
@@ -72,7 +72,7 @@ struct picture_options {
     svg_frame frame{};
     std::optional<std::array<double, 2>> y_domain;  ///< profiles / comparison / weights: fixed y range
     std::optional<std::array<double, 2>> x_domain;  ///< profiles: fixed x (position) range
-    taxonomy_thresholds thresholds{};               ///< scatter: the lines at ±low, ±high (SPEC §2)
+    taxonomy_thresholds thresholds{};               ///< scatter: the lines at ±low, ±high (method §2)
 };
 
 // ---------------------------------------------------------------------------
@@ -82,14 +82,14 @@ struct picture_options {
 /// \brief What the pictures need of one head (no rows, no cells).
 struct head_picture {
     head_id id;
-    std::vector<double> tau;               ///< τ_b of each profile bucket (SPEC §4), ascending q_bucket
+    std::vector<double> tau;               ///< τ_b of each profile bucket (method §4), ascending q_bucket
     std::vector<std::int64_t> q_bucket;    ///< the buckets' indices
-    std::vector<double> ap;                ///< AP_b (SPEC §6); NaN = no non-empty cell (a gap)
-    std::vector<double> component_weight;  ///< SPEC §4, head_component_weights.csv
-    double pc0_r_q = qkgeom::detail::nan;          ///< SPEC §2, PC0
+    std::vector<double> ap;                ///< AP_b (method §6); NaN = no non-empty cell (a gap)
+    std::vector<double> component_weight;  ///< method §4, head_component_weights.csv
+    double pc0_r_q = qkgeom::detail::nan;          ///< method §2, PC0
     double pc0_r_k = qkgeom::detail::nan;
     head_class taxonomy = head_class::undefined;
-    std::array<double, 10> ap_decile{};  ///< SPEC §6 decile profile
+    std::array<double, 10> ap_decile{};  ///< method §6 decile profile
     std::int64_t context_length = 0;     ///< L of the profile's quantiles
 };
 
@@ -116,7 +116,7 @@ inline head_picture picture_data(head_analysis const& h) {
     return p;
 }
 
-/// \brief The 2D heatmap of a model (SPEC §6): per (distance, offset) bin the
+/// \brief The 2D heatmap of a model (method §6): per (distance, offset) bin the
 /// sum of the heads' PP sums and the sum of their counts, so the cell mean is
 /// the pair-weighted mean over heads. Heads whose grid differs from the first
 /// head's are not added; they are counted in `n_heads_other_grid`.
@@ -323,7 +323,7 @@ inline std::string sequential(double t) {
     return hex(mix(0), mix(1), mix(2));
 }
 
-/// Colour of a taxonomy class (SPEC §2).
+/// Colour of a taxonomy class (method §2).
 inline std::string_view class_colour(head_class c) {
     switch (c) {
         case head_class::position_dominated: return "#d62728";
@@ -466,7 +466,7 @@ inline std::string plural(std::size_t n, std::string_view what) {
 // The pictures
 // ---------------------------------------------------------------------------
 
-/// \brief Per-head plasticity profiles (SPEC §6): AP_b against the bucket
+/// \brief Per-head plasticity profiles (method §6): AP_b against the bucket
 /// position τ_b, a thin line per head (<path class="head">) and the model
 /// mean as a thick line (<path class="mean">: per query bucket, the mean of
 /// the finite AP_b over heads at the mean τ_b). NaN AP_b are gaps.
@@ -525,7 +525,7 @@ inline std::string profile_svg(model_pictures const& m, picture_options const& o
     return doc.finish();
 }
 
-/// \brief The model's 2D heatmap (SPEC §6, §9.13): x = query-to-midpoint
+/// \brief The model's 2D heatmap (method §6, §9.13): x = query-to-midpoint
 /// distance τ_b − (t_i + t_j)/2, y = inter-key distance |t_i − t_j|, colour =
 /// mean PP of the cell = Σ sums / Σ counts over heads. Cells with no pair are
 /// blank; the axes are cropped to the bins that hold data. A colour bar shows
@@ -630,7 +630,7 @@ inline std::string heatmap_svg(model_pictures const& m, picture_options const& o
     return doc.finish();
 }
 
-/// \brief Component weights (SPEC §4, head_component_weights.csv): per query
+/// \brief Component weights (method §4, head_component_weights.csv): per query
 /// coordinate j the mean `component_weight` over heads as a bar
 /// (<rect class="mean">) and the per-head spread as a min–max whisker
 /// (<line class="spread">). A coordinate with no finite weight is left out.
@@ -685,7 +685,7 @@ inline std::string component_weights_svg(model_pictures const& m, picture_option
     return doc.finish();
 }
 
-/// \brief The r_q / r_k taxonomy scatter (SPEC §2): PC0 r_q (x) against r_k
+/// \brief The r_q / r_k taxonomy scatter (method §2): PC0 r_q (x) against r_k
 /// (y) per head (<circle class="head">), coloured by class, with dashed lines
 /// at ±low and ±high; a legend with the count per class. A head with a NaN
 /// correlation is not drawn; the legend counts it as "n/a".
@@ -738,7 +738,7 @@ inline std::string taxonomy_svg(model_pictures const& m, picture_options const& 
     return doc.finish();
 }
 
-/// \brief Model comparison (SPEC §6 "Model level"): the decile AP profile
+/// \brief Model comparison (method §6 "Model level"): the decile AP profile
 /// averaged over heads, one line per model (<path class="model">) with a
 /// marker per finite decile; x = decile centre as a fraction of the context
 /// length. A NaN decile is a gap. `models` are the model_report.csv rows.

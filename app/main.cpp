@@ -61,7 +61,7 @@ Usage:
 The demo study: three synthetic model families (steady, moderate, steep) of
 4 layers x 8 query heads (GQA, 2 kv heads), d = 64 (32 rotary coordinates,
 RoPE theta 10000), 96 sequences of 4096 tokens, uniform buckets of 256 tokens,
-about one kept token per bucket per sequence (SPEC §0.1). The families differ
+about one kept token per bucket per sequence (method §0.1). The families differ
 in positional drift and content strength, like the thesis' three families.
 
 Reports per model (docs/outputs.md): head_metrics.csv, head_bucket_plasticity.csv,
@@ -352,7 +352,7 @@ void write_text(std::filesystem::path const& p, std::string const& text) {
     if (std::fclose(fp) != 0) throw std::runtime_error("writing " + p.string() + " failed");
 }
 
-/// The 2D heatmap grid of the program (SPEC §6, §9.13), unless the library
+/// The 2D heatmap grid of the program (method §6, §9.13), unless the library
 /// caller set one: one grid for every head of a model (so the model picture
 /// sums all heads), from the context length L: offsets τ_b − midpoint in 32
 /// bins over [−L, L]; inter-key distances in 16 bins over [0, B] for
@@ -379,7 +379,7 @@ std::vector<std::string> csv_links(std::string const& dir) {
     return out;
 }
 
-/// The pictures of one model into `dir` (SPEC §7, docs/pictures.md) and its
+/// The pictures of one model into `dir` (method §7, docs/pictures.md) and its
 /// section of index.html; `prefix` is `dir` relative to index.html.
 qkgeom::report::html_model write_model_pictures(std::filesystem::path const& dir, std::string const& prefix,
                                                 qkgeom::report::model_pictures const& pics,
@@ -405,7 +405,7 @@ int run_synth(cli const& c) {
     m.buckets = cap.buckets;
     m.context_length = cap.context_length;
     m.seed = cap.seed;
-    // SPEC §0.1 head sampling, recorded in the manifest (capture.head_count).
+    // method §0.1 head sampling, recorded in the manifest (capture.head_count).
     m.heads = qkgeom::io::head_sampling{c.heads > 0 ? std::optional<std::int64_t>(c.heads) : std::nullopt, c.head_seed,
                                         qkgeom::layer_eligibility::full_attention_only};
     auto const chosen = qkgeom::io::sampled_heads(m);
@@ -445,12 +445,12 @@ int run_analyze(cli const& c) {
         std::int64_t layer, q_head, k_head;
     };
     // The heads the capture holds: the manifest's head sample when it records
-    // one (SPEC §0.1, capture.head_count), else every query head of every layer.
+    // one (method §0.1, capture.head_count), else every query head of every layer.
     // A listed head whose entry is missing or bad is a failure, never skipped.
     std::vector<task> tasks;
     auto const planned = m.heads ? qkgeom::io::sampled_heads(m)
                                : qkgeom::eligible_heads(qkgeom::io::layout_of(m), qkgeom::layer_eligibility::all_layers);
-    for (auto const& h : planned) tasks.push_back({h.layer, h.q_head, h.k_head});  // SPEC §0 GQA mapping
+    for (auto const& h : planned) tasks.push_back({h.layer, h.q_head, h.k_head});  // method §0 GQA mapping
     qkgeom::analysis_options opt = c.opt;
     opt.plasticity.buckets = m.buckets;
     if (opt.plasticity.context_length == 0) opt.plasticity.context_length = m.context_length;

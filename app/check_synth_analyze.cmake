@@ -36,7 +36,7 @@ foreach(fmt ${formats})
     endif()
   endforeach()
 endforeach()
-# A head-sampled capture (SPEC §0.1): 3 of the 8 query heads, only the key
+# A head-sampled capture (method §0.1): 3 of the 8 query heads, only the key
 # heads they read; analyze reports exactly those heads, each row identical to
 # the demo's row of the same head.
 run("${QKGEOM}" synth "${WORK}/cap_sampled" --layers 1 --dtype f64 --format npz --heads 3 --head-seed 5 --quiet)
