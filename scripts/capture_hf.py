@@ -16,7 +16,7 @@ attention forward computes
     attention_interface(...)            # repeat_kv happens in here (eager) or in the kernel
 
 so the outputs of `apply_rotary_pos_emb` are the post-RoPE q (batch, n_q_heads,
-T, d) and k (batch, n_kv_heads, T, d), *before* repeat_kv: exactly what SPEC
+T, d) and k (batch, n_kv_heads, T, d), *before* repeat_kv: exactly what method
 §0 captures (keys per kv head). The recipe replaces that function in the
 model's modeling module by a wrapper that records its outputs; a forward
 pre-hook on each attention module tells the wrapper which layer is running.

@@ -16,8 +16,8 @@ hook_rot_k fires before the key heads are repeated for GQA, so keys are per
 kv head as method §0 wants. The model is loaded with
 `from_pretrained_no_processing` so that no weight processing (LayerNorm
 folding, centring) changes q and k. One example per forward (batch 1; the
-tokenizer's BOS is position 0), example id = the example's index; the SPEC
-§0.1 sampler keeps the same positions for every head of one (layer, kind).
+tokenizer's BOS is position 0), example id = the example's index; the
+method §0.1 sampler keeps the same positions for every head of one (layer, kind).
 
 Usage:
     python3 scripts/capture_transformerlens.py --model meta-llama/Llama-3.2-1B --prompts prompts.txt \\

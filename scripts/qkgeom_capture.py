@@ -543,7 +543,7 @@ def add_capture_args(ap) -> None:
     ap.add_argument("--out", required=True, help="output dataset directory")
     ap.add_argument("--max-examples", type=int, default=64, help="examples to run (default 64)")
     ap.add_argument("--context-length", type=int, default=2048, help="tokens per example, truncated (default 2048)")
-    ap.add_argument("--scheme", choices=SCHEMES, default="uniform", help="bucket scheme (SPEC 0.1)")
+    ap.add_argument("--scheme", choices=SCHEMES, default="uniform", help="bucket scheme (method §0.1)")
     ap.add_argument("--width", type=int, default=128, help="bucket width B (B_min for log)")
     ap.add_argument("--rate", type=float, default=1.0, help="expected kept tokens per bucket per sequence")
     ap.add_argument("--seed", type=int, default=0, help="token sampling seed")

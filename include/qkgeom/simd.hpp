@@ -14,7 +14,7 @@
 //                                 QKGEOM_ISA=generic|avx2|avx512 (read once)
 //   qkgeom::simd::set_limit(isa)  cap the level (tests, reproducibility studies)
 //
-// Results never depend on the level beyond what the SPEC allows: the
+// Results never depend on the level beyond what the method document allows: the
 // empirical check's counts are those of double-precision scores at every
 // level (the single-precision scores are certified per comparison, see
 // attention_plasticity.hpp), and the batched PP is within 1e-13 relative of
