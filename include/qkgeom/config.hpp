@@ -18,7 +18,9 @@ using index_t = std::ptrdiff_t;
 /// \brief Which side of attention a row belongs to (method §0).
 enum class kind : std::uint8_t { query = 0, key = 1 };
 
-/// \brief Short name of a kind, as used in the dataset layout (`q`, `k`).
+/// \brief Short name of a kind, as used in the dataset layout.
+/// \param[in] k the kind.
+/// \returns `"q"` for kind::query, `"k"` for kind::key (a static string).
 constexpr const char* kind_name(kind k) noexcept { return k == kind::query ? "q" : "k"; }
 
 }  // namespace qkgeom

@@ -15,11 +15,20 @@ namespace qkgeom {
 /// offending value so that callers can report them separately.
 class input_error : public std::invalid_argument {
 public:
+    /// \brief Builds the error from its parts.
+    /// \param[in] source the file name or stream label the bad data came from.
+    /// \param[in] field the offending field (header key, array name, …).
+    /// \param[in] value the offending value, as text.
+    /// \param[in] what the complete message returned by `what()`.
+    /// \throws std::bad_alloc if copying a string fails.
     input_error(std::string source, std::string field, std::string value, std::string const& what)
         : std::invalid_argument(what), source_(std::move(source)), field_(std::move(field)),
           value_(std::move(value)) {}
+    /// \returns the file name or stream label the bad data came from.
     [[nodiscard]] std::string const& source() const noexcept { return source_; }
+    /// \returns the name of the offending field.
     [[nodiscard]] std::string const& field() const noexcept { return field_; }
+    /// \returns the offending value, as text.
     [[nodiscard]] std::string const& value() const noexcept { return value_; }
 
 private:

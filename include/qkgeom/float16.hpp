@@ -17,14 +17,21 @@ namespace qkgeom {
 struct bfloat16 {
     std::uint16_t bits = 0;
 
+    /// \param[in] b the raw bit pattern.
+    /// \returns the bfloat16 with bit pattern `b`.
     [[nodiscard]] static constexpr bfloat16 from_bits(std::uint16_t b) noexcept { return bfloat16{b}; }
 
-    /// Exact widening: the binary32 whose top 16 bits are `bits`.
+    /// \brief Exact widening.
+    /// \returns the binary32 whose top 16 bits are `bits`.
     [[nodiscard]] constexpr float to_float() const noexcept {
         return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
     }
 
-    /// Round-to-nearest-even narrowing; NaN stays NaN (quiet), infinities stay infinite.
+    /// \brief Round-to-nearest-even narrowing; NaN stays NaN (quiet, sign
+    /// and top payload bits kept), infinities stay infinite, finite values
+    /// beyond the bf16 range round to ±inf.
+    /// \param[in] f the value.
+    /// \returns the nearest bfloat16.
     [[nodiscard]] static constexpr bfloat16 from_float(float f) noexcept {
         auto const u = std::bit_cast<std::uint32_t>(f);
         if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep sign, force a quiet payload
@@ -35,6 +42,8 @@ struct bfloat16 {
         return bfloat16{static_cast<std::uint16_t>(rounded >> 16)};
     }
 
+    /// \brief Bitwise equality (so NaN == NaN with equal bits, and +0 != −0).
+    /// \returns `a.bits == b.bits`.
     friend constexpr bool operator==(bfloat16 a, bfloat16 b) noexcept { return a.bits == b.bits; }
 };
 
@@ -42,9 +51,12 @@ struct bfloat16 {
 struct float16 {
     std::uint16_t bits = 0;
 
+    /// \param[in] b the raw bit pattern.
+    /// \returns the float16 with bit pattern `b`.
     [[nodiscard]] static constexpr float16 from_bits(std::uint16_t b) noexcept { return float16{b}; }
 
-    /// Exact widening to binary32, including subnormals, infinities and NaN payloads.
+    /// \brief Exact widening to binary32, including subnormals, infinities and NaN payloads.
+    /// \returns the binary32 with the same value.
     [[nodiscard]] constexpr float to_float() const noexcept {
         std::uint32_t const sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
         std::uint32_t const exp = (bits >> 10) & 0x1fu;
@@ -68,7 +80,11 @@ struct float16 {
         return std::bit_cast<float>(out);
     }
 
-    /// Round-to-nearest-even narrowing from binary32 (overflow gives ±inf).
+    /// \brief Round-to-nearest-even narrowing from binary32 (overflow gives
+    /// ±inf; underflow gives a subnormal or ±0; any NaN gives the quiet NaN
+    /// 0x7e00 with the input's sign, payload dropped).
+    /// \param[in] f the value.
+    /// \returns the nearest float16.
     [[nodiscard]] static constexpr float16 from_float(float f) noexcept {
         auto const u = std::bit_cast<std::uint32_t>(f);
         auto const sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
@@ -96,6 +112,8 @@ struct float16 {
         return float16{static_cast<std::uint16_t>(sign | r)};
     }
 
+    /// \brief Bitwise equality (so NaN == NaN with equal bits, and +0 != −0).
+    /// \returns `a.bits == b.bits`.
     friend constexpr bool operator==(float16 a, float16 b) noexcept { return a.bits == b.bits; }
 };
 

@@ -20,6 +20,16 @@ namespace qkgeom {
 /// ascending order, one at a time, so a worker holds one task's memory.
 /// After the first exception no new task starts; the exception is rethrown
 /// once all threads have stopped. Catch inside `work` to keep going instead.
+/// \param[in] n number of tasks; n = 0 runs nothing.
+/// \param[in] jobs the most threads to use, including the caller; 0 means 1.
+/// Never more than n threads are started.
+/// \param[in] work the task body, called once per index; it must be safe to
+/// call concurrently from several threads.
+/// \throws whatever the first failing `work(i)` threw (rethrown unchanged).
+/// \throws std::system_error if the first extra thread cannot be started.
+/// \warning If a later thread cannot be started, the std::system_error leaves
+/// while earlier threads are still joinable, so std::terminate is called
+/// rather than the error reaching the caller.
 inline void parallel_for(std::size_t n, unsigned jobs, std::function<void(std::size_t)> const& work) {
     std::atomic<std::size_t> next{0};
     std::exception_ptr err;

@@ -127,23 +127,44 @@ class matrix_view {
 public:
     using element_type = T;
 
+    /// \brief An empty 0 × 0 view.
     constexpr matrix_view() noexcept = default;
+    /// \brief Views `data` as a rows × cols matrix. Nothing is checked; use
+    /// make_matrix_view() for a bounds-checked view over a span.
+    /// \param[in] data address of element (0, 0); may be null when the view is empty.
+    /// \param[in] rows number of rows (tokens), ≥ 0.
+    /// \param[in] cols number of columns (head dimension), ≥ 0.
+    /// \param[in] row_stride distance in elements between (i, j) and (i + 1, j); any sign.
+    /// \param[in] col_stride distance in elements between (i, j) and (i, j + 1); any sign.
+    /// \pre every element (i, j) with 0 ≤ i < rows, 0 ≤ j < cols is readable
+    ///      for the lifetime of the view.
     constexpr matrix_view(T const* data, index_t rows, index_t cols, index_t row_stride,
                           index_t col_stride = 1) noexcept
         : data_(data), rows_(rows), cols_(cols), row_stride_(row_stride), col_stride_(col_stride) {}
 
+    /// \returns the address of element (0, 0).
     [[nodiscard]] constexpr T const* data() const noexcept { return data_; }
+    /// \returns the number of rows.
     [[nodiscard]] constexpr index_t rows() const noexcept { return rows_; }
+    /// \returns the number of columns.
     [[nodiscard]] constexpr index_t cols() const noexcept { return cols_; }
+    /// \returns the row stride, in elements.
     [[nodiscard]] constexpr index_t row_stride() const noexcept { return row_stride_; }
+    /// \returns the column stride, in elements.
     [[nodiscard]] constexpr index_t col_stride() const noexcept { return col_stride_; }
+    /// \returns the element type's name (`element_traits<T>::name`, e.g. `"f32"`).
     [[nodiscard]] static constexpr std::string_view dtype() noexcept { return element_traits<T>::name; }
 
+    /// \brief Element (i, j) widened to double.
+    /// \pre 0 ≤ i < rows(), 0 ≤ j < cols() (not checked).
+    /// \returns the element, exactly widened.
     [[nodiscard]] double operator()(index_t i, index_t j) const noexcept {
         return element_traits<T>::to_double(data_[i * row_stride_ + j * col_stride_]);
     }
 
-    /// Widen row i into out[0 .. cols).
+    /// \brief Widen row i into out[0 .. cols).
+    /// \param[in] i the row, 0 ≤ i < rows() (not checked).
+    /// \param[out] out buffer of at least cols() doubles.
     void read_row(index_t i, double* out) const noexcept {
         T const* p = data_ + i * row_stride_;
         if (col_stride_ == 1) {  // contiguous: a plain loop the compiler vectorises (cvtps2pd for f32)
@@ -166,15 +187,33 @@ private:
 /// (expression templates, forward-only ranges) are materialised into.
 class dense_rows {
 public:
+    /// \brief An empty 0 × 0 matrix of dtype `"f64"`.
     dense_rows() = default;
+    /// \brief A zero-filled rows × cols matrix.
+    /// \param[in] rows number of rows, ≥ 0.
+    /// \param[in] cols number of columns, ≥ 0.
+    /// \param[in] dtype the dtype of the source the values came from (reported
+    ///            by dtype(); the values themselves are always double).
+    /// \pre rows ≥ 0 and cols ≥ 0 (not checked); `dtype` refers to a string
+    ///      with static storage (e.g. `element_traits<T>::name`): only the view is kept.
+    /// \throws std::bad_alloc (or std::length_error) when rows × cols doubles
+    ///         cannot be allocated.
     dense_rows(index_t rows, index_t cols, std::string_view dtype)
         : values_(static_cast<std::size_t>(rows * cols)), rows_(rows), cols_(cols), dtype_(dtype) {}
 
+    /// \returns the number of rows.
     [[nodiscard]] index_t rows() const noexcept { return rows_; }
+    /// \returns the number of columns.
     [[nodiscard]] index_t cols() const noexcept { return cols_; }
+    /// \returns the dtype given at construction (`"f64"` by default).
     [[nodiscard]] std::string_view dtype() const noexcept { return dtype_; }
+    /// \returns the row-major storage, rows() × cols() doubles.
     [[nodiscard]] double* data() noexcept { return values_.data(); }
+    /// \returns the row-major storage, rows() × cols() doubles.
     [[nodiscard]] double const* data() const noexcept { return values_.data(); }
+    /// \brief Copies row i into out[0 .. cols).
+    /// \param[in] i the row, 0 ≤ i < rows() (not checked).
+    /// \param[out] out buffer of at least cols() doubles.
     void read_row(index_t i, double* out) const noexcept {
         if (cols_ > 0)
             std::memcpy(out, values_.data() + i * cols_, static_cast<std::size_t>(cols_) * sizeof(double));
@@ -191,10 +230,21 @@ template <class T>
     requires std::integral<T>
 class index_view {
 public:
+    /// \brief An empty view.
     constexpr index_view() noexcept = default;
+    /// \brief Views `size` integers starting at `data`, `stride` elements apart.
+    /// \param[in] data address of element 0; may be null when size = 0.
+    /// \param[in] size number of elements, ≥ 0.
+    /// \param[in] stride distance in elements between consecutive entries.
+    /// \pre the viewed elements stay readable for the lifetime of the view (not checked).
     constexpr index_view(T const* data, index_t size, index_t stride = 1) noexcept
         : data_(data), size_(size), stride_(stride) {}
+    /// \returns the number of elements.
     [[nodiscard]] constexpr index_t size() const noexcept { return size_; }
+    /// \brief Element i converted to int64 (values of unsigned 64-bit types
+    /// above INT64_MAX wrap).
+    /// \pre 0 ≤ i < size() (not checked).
+    /// \returns the element as `std::int64_t`.
     [[nodiscard]] constexpr std::int64_t operator[](index_t i) const noexcept {
         return static_cast<std::int64_t>(data_[i * stride_]);
     }
@@ -207,12 +257,19 @@ private:
 /// \brief Owning vector of int64 (materialised index input).
 class dense_indices {
 public:
+    /// \brief An empty vector.
     dense_indices() = default;
+    /// \brief Takes ownership of `v`.
+    /// \param[in] v the values.
     explicit dense_indices(std::vector<std::int64_t> v) noexcept : values_(std::move(v)) {}
+    /// \returns the number of elements.
     [[nodiscard]] index_t size() const noexcept { return static_cast<index_t>(values_.size()); }
+    /// \pre 0 ≤ i < size() (not checked).
+    /// \returns element i.
     [[nodiscard]] std::int64_t operator[](index_t i) const noexcept {
         return values_[static_cast<std::size_t>(i)];
     }
+    /// \returns the underlying vector, for in-place modification.
     [[nodiscard]] std::vector<std::int64_t>& values() noexcept { return values_; }
 
 private:
@@ -221,8 +278,18 @@ private:
 
 /// \brief A strided row-matrix view over a `std::span`, bounds-checked against
 /// the span: element (i, j) is `s[i * row_stride + j * col_stride]`.
+/// \tparam T the element type (const or not); the view reads `std::remove_const_t<T>`.
+/// \param[in] s the storage; it must outlive the view.
+/// \param[in] rows number of rows, ≥ 0.
+/// \param[in] cols number of columns, ≥ 0.
+/// \param[in] row_stride distance in elements between consecutive rows, ≥ 0.
+/// \param[in] col_stride distance in elements between consecutive columns, ≥ 0.
+/// \pre (rows − 1)·row_stride + (cols − 1)·col_stride fits in index_t (the
+///      product is not checked for overflow).
+/// \returns a matrix_view over `s.data()`.
 /// \throws std::invalid_argument when an extent or stride is negative or the
-///         last element lies outside the span.
+///         last element lies outside the span. (Unlike the matrix_view
+///         constructor, negative strides are refused here.)
 template <Element T, std::size_t Extent>
 [[nodiscard]] matrix_view<std::remove_const_t<T>> make_matrix_view(std::span<T, Extent> s, index_t rows,
                                                                    index_t cols, index_t row_stride,
@@ -243,7 +310,14 @@ template <Element T, std::size_t Extent>
     return {s.data(), rows, cols, row_stride, col_stride};
 }
 
-/// \brief Contiguous row-major rows × cols view over a `std::span`.
+/// \brief Contiguous row-major rows × cols view over a `std::span`
+/// (row stride cols, column stride 1).
+/// \param[in] s the storage; it must outlive the view.
+/// \param[in] rows number of rows, ≥ 0.
+/// \param[in] cols number of columns, ≥ 0.
+/// \returns a matrix_view over `s.data()`.
+/// \throws std::invalid_argument when rows or cols is negative or rows × cols
+///         exceeds `s.size()`.
 template <Element T, std::size_t Extent>
 [[nodiscard]] matrix_view<std::remove_const_t<T>> make_matrix_view(std::span<T, Extent> s, index_t rows,
                                                                    index_t cols) {
@@ -506,8 +580,27 @@ struct fn {
 
 inline namespace cpo {
 /// \brief `qkgeom::as_matrix(x)`: the MatrixReader of a row matrix (rows = tokens).
+///
+/// Called as `as_matrix(x)` with `x` a RowMatrix. Returns `x` itself (a copy)
+/// when it already is a MatrixReader, otherwise what the first applicable
+/// hook in the resolution order returns: a matrix_view reading `x` in place
+/// (Eigen objects with direct access, contiguous ranges of packed rows), a
+/// reader referencing a random-access range (views are copied), or an owning
+/// dense_rows (Eigen expressions, forward-only ranges, evaluated once).
+/// \pre `x` outlives the returned reader unless the reader owns its data.
+/// \throws std::bad_alloc when an owning copy cannot be allocated; whatever
+///         a user hook or adapter throws (e.g. std::invalid_argument for a
+///         wrong rank from the xtensor and torch adapters).
 inline constexpr detail::as_matrix_impl::fn as_matrix{};
 /// \brief `qkgeom::as_indices(v)`: the IndexReader of an integer vector.
+///
+/// Called as `as_indices(v)` with `v` an IndexVector. Returns `v` itself when
+/// it already is an IndexReader, a user hook's result, an index_view over a
+/// contiguous sized range (in place), or an owning dense_indices (Eigen
+/// vectors, other ranges; elements converted to int64).
+/// \pre `v` outlives the returned reader unless the reader owns its data.
+/// \throws std::bad_alloc when an owning copy cannot be allocated; whatever
+///         a user hook or adapter throws.
 inline constexpr detail::as_indices_impl::fn as_indices{};
 }  // namespace cpo
 

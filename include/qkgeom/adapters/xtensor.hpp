@@ -44,6 +44,12 @@ template <class E>
 struct tensor_traits<E> {
     using value_type = std::remove_cv_t<typename E::value_type>;
 
+    /// \param[in] e a rank-2 expression, rows × cols = shape()[0] × shape()[1].
+    /// \pre for strided `e`: it outlives the returned view.
+    /// \returns a matrix_view<value_type> over `e`'s storage when `e` has a data
+    ///          interface with strides, otherwise an owning dense_rows.
+    /// \throws std::invalid_argument when `e.dimension() != 2`.
+    /// \throws std::bad_alloc when the dense copy cannot be allocated.
     static auto as_matrix(E const& e) {
         detail::check_xtensor_rank(e, 2, "row matrix");
         auto const rows = static_cast<index_t>(e.shape()[0]);
@@ -68,6 +74,11 @@ template <class E>
     requires detail::xtensor_expression<E> && std::integral<std::remove_cv_t<typename E::value_type>> &&
              (!std::same_as<std::remove_cv_t<typename E::value_type>, bool>)
 struct tensor_traits<E> {
+    /// \param[in] e a rank-1 integral expression.
+    /// \returns its elements converted to int64 (an owning copy).
+    /// \throws std::invalid_argument when `e.dimension() != 1` (the message
+    ///         names `qkgeom::as_matrix(xtensor)` even here).
+    /// \throws std::bad_alloc when the copy cannot be allocated.
     static dense_indices as_indices(E const& e) {
         detail::check_xtensor_rank(e, 1, "index vector");
         std::vector<std::int64_t> v(e.shape()[0]);
