@@ -37,7 +37,10 @@ enum class bucket_scheme : std::uint8_t {
     all = 2,      ///< width-B buckets, every token kept
 };
 
-/// \brief Short name of a bucket scheme (`uniform`, `log`, `all`).
+/// \brief Short name of a bucket scheme.
+/// \param[in] s the scheme.
+/// \returns `"uniform"`, `"log"` or `"all"` (a static string); `"unknown"` for
+///          a value outside the enumeration.
 constexpr const char* bucket_scheme_name(bucket_scheme s) noexcept {
     switch (s) {
         case bucket_scheme::uniform: return "uniform";
@@ -52,7 +55,8 @@ constexpr const char* bucket_scheme_name(bucket_scheme s) noexcept {
 /// `width` is B for `uniform` and `all` and B_min for `log`; it must be >= 1.
 /// `rate` is the expected number of kept tokens per bucket per sequence (for
 /// buckets with at least `rate` tokens); it must be finite and > 0. It is
-/// ignored by `all`.
+/// ignored by `all` (but still validated: every checked function below
+/// rejects a bad rate whatever the scheme).
 struct bucket_spec {
     bucket_scheme scheme = bucket_scheme::uniform;  ///< the scheme
     std::int64_t width = 128;                       ///< B (uniform, all) or B_min (log); >= 1
@@ -137,7 +141,10 @@ inline double keep_probability_unchecked(bucket_spec const& s, std::int64_t posi
 
 /// \brief The smallest log bucket, i_min = ⌈log2(B_min)⌉, computed exactly
 /// (method §0.1). For non-log schemes the smallest bucket is 0.
-/// \throws std::invalid_argument for an invalid spec (width < 1, bad rate).
+/// \param[in] spec the bucket scheme.
+/// \returns ⌈log2 width⌉ for `log`, else 0.
+/// \throws std::invalid_argument for an invalid spec (unknown scheme, width < 1,
+///         rate not finite and > 0).
 inline std::int64_t min_bucket(bucket_spec const& spec) {
     detail::check_bucket_spec("qkgeom::min_bucket", spec);
     return spec.scheme == bucket_scheme::log ? detail::ceil_log2(static_cast<std::uint64_t>(spec.width)) : 0;
@@ -147,8 +154,11 @@ inline std::int64_t min_bucket(bucket_spec const& spec) {
 ///
 /// uniform / all: ⌊position / B⌋; log: max(i_min, ⌊log2(position + 1)⌋) with
 /// i_min = ⌈log2(B_min)⌉. Both logarithms are exact integer bit operations.
-/// \throws std::invalid_argument when width < 1, rate is not finite and > 0,
-///         or position < 0 (the message names the value).
+/// \param[in] spec the bucket scheme.
+/// \param[in] position the token position t, ≥ 0.
+/// \returns the bucket index (≥ min_bucket(spec)).
+/// \throws std::invalid_argument when the scheme is unknown, width < 1, rate
+///         is not finite and > 0, or position < 0 (the message names the value).
 inline std::int64_t bucket_of(bucket_spec const& spec, std::int64_t position) {
     constexpr std::string_view fn = "qkgeom::bucket_of";
     detail::check_bucket_spec(fn, spec);
@@ -159,6 +169,9 @@ inline std::int64_t bucket_of(bucket_spec const& spec, std::int64_t position) {
 /// \brief The probability that a token at `position` is kept (method §0.1).
 ///
 /// uniform: min(1, rate/B); log: min(1, rate/2^bucket_of(position)); all: 1.
+/// \param[in] spec the bucket scheme.
+/// \param[in] position the token position t, ≥ 0.
+/// \returns the keep probability p ∈ (0, 1].
 /// \throws std::invalid_argument as bucket_of.
 inline double keep_probability(bucket_spec const& spec, std::int64_t position) {
     constexpr std::string_view fn = "qkgeom::keep_probability";
@@ -179,6 +192,12 @@ inline double keep_probability(bucket_spec const& spec, std::int64_t position) {
 ///     h = splitmix64(h ^ position)
 ///
 /// The head index is deliberately not an input.
+/// \param[in] seed the capture seed.
+/// \param[in] example_id the example (sequence) id.
+/// \param[in] layer the layer index.
+/// \param[in] k query or key.
+/// \param[in] position the token position (not checked; any value hashes).
+/// \returns the hash h.
 constexpr std::uint64_t keep_hash(std::uint64_t seed, std::int64_t example_id, std::int64_t layer, kind k,
                                   std::int64_t position) noexcept {
     std::uint64_t h = detail::splitmix64(seed);
@@ -190,6 +209,9 @@ constexpr std::uint64_t keep_hash(std::uint64_t seed, std::int64_t example_id, s
 }
 
 /// \brief The uniform variate of one token: u = (keep_hash >> 11) · 2^-53 ∈ [0, 1).
+/// \param[in] seed, example_id, layer, k, position as keep_hash.
+/// \returns u, exact (53 bits).
+/// \sa keep_hash, keep_token
 constexpr double keep_uniform(std::uint64_t seed, std::int64_t example_id, std::int64_t layer, kind k,
                               std::int64_t position) noexcept {
     return detail::unit_interval(keep_hash(seed, example_id, layer, k, position));
@@ -201,8 +223,15 @@ constexpr double keep_uniform(std::uint64_t seed, std::int64_t example_id, std::
 /// A pure function of its arguments: the same positions are kept for every
 /// head of one (layer, kind), on every platform. With p = 1 (scheme `all`, or
 /// rate >= bucket size) every token is kept, since u < 1 always.
-/// \throws std::invalid_argument when width < 1, rate is not finite and > 0,
-///         or position < 0.
+/// \param[in] spec the bucket scheme.
+/// \param[in] seed the capture seed.
+/// \param[in] example_id the example (sequence) id.
+/// \param[in] layer the layer index.
+/// \param[in] k query or key.
+/// \param[in] position the token position, ≥ 0.
+/// \returns true when the token is kept.
+/// \throws std::invalid_argument when the scheme is unknown, width < 1, rate
+///         is not finite and > 0, or position < 0.
 inline bool keep_token(bucket_spec const& spec, std::uint64_t seed, std::int64_t example_id, std::int64_t layer,
                        kind k, std::int64_t position) {
     constexpr std::string_view fn = "qkgeom::keep_token";
@@ -215,7 +244,15 @@ inline bool keep_token(bucket_spec const& spec, std::uint64_t seed, std::int64_t
 
 /// \brief The kept positions 0 <= t < length of one (example, layer, kind),
 /// ascending: every t with `keep_token(spec, seed, example_id, layer, k, t)`.
+/// \param[in] spec the bucket scheme.
+/// \param[in] seed the capture seed.
+/// \param[in] example_id the example (sequence) id.
+/// \param[in] layer the layer index.
+/// \param[in] k query or key.
+/// \param[in] length the sequence length, ≥ 0.
+/// \returns the kept positions, ascending.
 /// \throws std::invalid_argument for an invalid spec or length < 0.
+/// \throws std::bad_alloc if the result cannot be allocated.
 inline std::vector<std::int64_t> kept_positions(bucket_spec const& spec, std::uint64_t seed, std::int64_t example_id,
                                                 std::int64_t layer, kind k, std::int64_t length) {
     constexpr std::string_view fn = "qkgeom::kept_positions";

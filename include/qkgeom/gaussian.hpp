@@ -51,18 +51,24 @@ inline constexpr double inv_sqrt2 = 0.70710678118654752440084436210484903928;  /
 }  // namespace detail
 
 /// \brief Upper-tail Φ(−|z|) = erfc(|z|/√2)/2, without cancellation.
+/// \param[in] z a standard-normal quantile; any double.
+/// \returns Φ(−|z|) ∈ [0, 1/2]; 1/2 at z = 0, 0 at ±∞, NaN for NaN.
 [[nodiscard]] inline double normal_tail(double z) noexcept {
     return 0.5 * std::erfc(std::abs(z) * detail::inv_sqrt2);
 }
 
 /// \brief p(z) = Φ(z): probability that key i beats key j (method §5).
 /// Accurate relative to p for every z (small p are not lost to 1 − tail).
+/// \param[in] z the standardised score difference of the pair; any double.
+/// \returns Φ(z) ∈ [0, 1]; NaN for NaN.
 [[nodiscard]] inline double preference_probability(double z) noexcept {
     return 0.5 * std::erfc(-z * detail::inv_sqrt2);
 }
 
 /// \brief PP(z) = 4 p (1 − p) computed as 4 Φ(−|z|)(1 − Φ(−|z|)) (method §5).
 /// NaN in, NaN out; PP(0) = 1; PP(±∞) = 0.
+/// \param[in] z the standardised score difference of the pair; any double.
+/// \returns PP(z) ∈ [0, 1], even in z.
 [[nodiscard]] inline double pairwise_plasticity(double z) noexcept {
     double const t = normal_tail(z);
     return 4.0 * t * (1.0 - t);
@@ -292,7 +298,11 @@ inline void pairwise_plasticity(std::span<double const> z, std::span<double> out
 /// \brief Element-wise PP over arrays: exactly the scalar `pairwise_plasticity`
 /// of each element. (The dense Gram path uses the vectorised
 /// `detail::vpp::pairwise_plasticity`, equal to within 1e-13 relative.)
+/// \param[in] z the inputs.
+/// \param[out] out receives PP(z[i]) at index i.
+/// \pre `out` is `z` itself or does not overlap it.
 /// \throws std::invalid_argument when the spans differ in length.
+/// \sa pairwise_plasticity(double)
 inline void pairwise_plasticity(std::span<double const> z, std::span<double> out) {
     if (z.size() != out.size())
         detail::fail_arg("qkgeom::pairwise_plasticity", "output length differs from input length; output length",

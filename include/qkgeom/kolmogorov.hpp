@@ -458,7 +458,10 @@ inline constexpr double normal_cdf_approx_error = 1e-5;
 ///
 /// `x <= 0` gives 1. Accurate to a few ulps relative over the whole range,
 /// including the far tail (2 e^{−2x²} down to underflow).
+/// \param[in] x the scaled statistic, usually √n·D_n; +∞ gives 0.
+/// \returns P(K > x) ∈ [0, 1].
 /// \throws std::invalid_argument if x is NaN.
+/// \sa kolmogorov_smirnov_sf
 inline double kolmogorov_sf(double x) {
     if (std::isnan(x)) detail::fail_arg("qkgeom::kolmogorov_sf", "x is NaN", x);
     return detail::ks::kolmogorov_sf_impl(x);
@@ -471,7 +474,13 @@ inline double kolmogorov_sf(double x) {
 /// `kstwo.sf(d, n)`); above it the limiting distribution `kolmogorov_sf(√n·d)`
 /// (scipy's `kstwobign.sf`). d <= 0 gives 1, d >= 1 gives 0. The upper tail is
 /// computed directly (never as 1 − cdf when it is small).
+/// \param[in] n the sample size, ≥ 1.
+/// \param[in] d the observed statistic; any non-NaN value.
+/// \returns P(D_n ≥ d) ∈ [0, 1].
 /// \throws std::invalid_argument if n < 1 or d is NaN.
+/// \throws std::bad_alloc if the work arrays of the Durbin or Pomeranz
+///         regimes (O(n·d) and O(n) doubles) cannot be allocated.
+/// \sa kolmogorov_sf, ks_test_normal
 inline double kolmogorov_smirnov_sf(std::int64_t n, double d) {
     if (n < 1) detail::fail_arg("qkgeom::kolmogorov_smirnov_sf", "sample size n must be >= 1", n);
     if (std::isnan(d)) detail::fail_arg("qkgeom::kolmogorov_smirnov_sf", "statistic d is NaN", d);
@@ -497,8 +506,12 @@ struct ks_result {
 /// the sample, in O(n) with Φ evaluated only for the few values near the
 /// maximum (see the body); the statistic is bit-identical to the sorted
 /// formula.
+/// \param[in] z the standardised sample (already centred and scaled; this
+///            function does not estimate a mean or a variance).
+/// \returns the statistic D and its p-value `kolmogorov_smirnov_sf(n, D)`.
 /// \throws std::invalid_argument if z is empty or holds a non-finite value
 /// (the message names its index).
+/// \throws std::bad_alloc if the O(n) work arrays cannot be allocated.
 inline ks_result ks_test_normal(std::span<double const> z) {
     if (z.empty()) detail::fail_arg("qkgeom::ks_test_normal", "need at least 1 value; sample size", z.size());
     for (std::size_t i = 0; i < z.size(); ++i)

@@ -112,8 +112,15 @@ private:
 
 /// \brief Write `hm` in the shard format (docs/moments.md). Only the lower
 /// triangle of each co-moment matrix is stored.
+/// \param[out] os binary output stream; bytes are appended at its position.
+/// \param[in] hm the moments to write.
+/// \pre every stored bucket has dimension hm.d, n ≥ 1, finite statistics and a
+///      non-negative bucket id (not checked here; read_moments rejects a shard
+///      that breaks any of these).
 /// \throws std::invalid_argument for d outside [1, moments_max_dim];
-///         std::runtime_error when the stream fails.
+///         std::runtime_error when the stream is in a failed state after
+///         writing; std::ios_base::failure if `os` has exceptions enabled.
+/// \sa read_moments, save_moments
 inline void write_moments(std::ostream& os, head_moments const& hm) {
     if (hm.d < 1 || static_cast<std::uint64_t>(hm.d) > moments_max_dim)
         detail::fail_arg("qkgeom::write_moments",
@@ -149,8 +156,18 @@ inline void write_moments(std::ostream& os, head_moments const& hm) {
 /// \brief Read one shard written by `write_moments`, validating everything:
 /// magic, version, flags, dimension, bucket order, counts, finiteness,
 /// non-negative second moments and the checksum.
-/// \param source  name used in error messages (file name or stream label)
-/// \throws qkgeom::input_error naming the source, the field and the value.
+/// \param[in,out] is binary input stream positioned at the shard; on success
+///            it is left just after the checksum.
+/// \param[in] source  name used in error messages (file name or stream label)
+/// \returns the moments, with both triangles of each co-moment matrix filled.
+/// \throws qkgeom::input_error naming the source, the field and the value:
+///         truncated data, bad magic, unsupported version, non-zero flags,
+///         d outside [1, moments_max_dim], bucket ids negative or not strictly
+///         ascending, a bucket count n < 1, a non-finite value, m2_t < 0,
+///         positions violating 0 ≤ t_min ≤ mean_t ≤ t_max (to a small
+///         tolerance), a negative co-moment diagonal, or a checksum mismatch.
+/// \throws std::bad_alloc if memory for the buckets cannot be allocated.
+/// \sa write_moments, load_moments
 inline head_moments read_moments(std::istream& is, std::string const& source = "<stream>") {
     detail::le_reader r(is, source);
     std::array<char, 8> magic{};
@@ -217,8 +234,14 @@ inline head_moments read_moments(std::istream& is, std::string const& source = "
     return hm;
 }
 
-/// \brief Write a shard file.
-/// \throws std::runtime_error naming the file when it cannot be written.
+/// \brief Write a shard file (one shard per file; an existing file is truncated).
+/// \param[in] path the file to create.
+/// \param[in] hm the moments to write.
+/// \pre as write_moments.
+/// \throws std::runtime_error naming the file when it cannot be opened or written.
+/// \throws std::invalid_argument as write_moments (the file is then left
+///         created and empty).
+/// \sa load_moments
 inline void save_moments(std::filesystem::path const& path, head_moments const& hm) {
     std::ofstream os(path, std::ios::binary | std::ios::trunc);
     if (!os) throw std::runtime_error("qkgeom::save_moments: cannot open '" + path.string() + "' for writing");
@@ -228,7 +251,12 @@ inline void save_moments(std::filesystem::path const& path, head_moments const& 
 }
 
 /// \brief Read a shard file (errors name the file, field and value).
-inline head_moments load_moments(std::filesystem::path const& path) {
+/// \param[in] path the file, holding exactly one shard.
+/// \returns the moments.
+/// \throws qkgeom::input_error when the file cannot be opened, for anything
+///         read_moments rejects, or when bytes follow the checksum.
+/// \throws std::bad_alloc as read_moments.
+/// \sa save_momentsinline head_moments load_moments(std::filesystem::path const& path) {
     std::ifstream is(path, std::ios::binary);
     if (!is) throw input_error(path.string(), "", "", "qkgeom::load_moments: cannot open '" + path.string() + "'");
     head_moments hm = read_moments(is, path.string());
