@@ -256,7 +256,8 @@ inline void save_moments(std::filesystem::path const& path, head_moments const& 
 /// \throws qkgeom::input_error when the file cannot be opened, for anything
 ///         read_moments rejects, or when bytes follow the checksum.
 /// \throws std::bad_alloc as read_moments.
-/// \sa save_momentsinline head_moments load_moments(std::filesystem::path const& path) {
+/// \sa save_moments
+inline head_moments load_moments(std::filesystem::path const& path) {
     std::ifstream is(path, std::ios::binary);
     if (!is) throw input_error(path.string(), "", "", "qkgeom::load_moments: cannot open '" + path.string() + "'");
     head_moments hm = read_moments(is, path.string());
