@@ -45,7 +45,9 @@ namespace qkgeom::io {
 /// \brief Element types the readers know (shared by .npy and safetensors).
 enum class dtype : std::uint8_t { f64, f32, f16, bf16, i64, i32, i16, i8, u64, u32, u16, u8 };
 
-/// Bytes per element.
+/// \brief Bytes per element.
+/// \param[in] t the element type.
+/// \returns 8, 4, 2 or 1 (0 for a value outside the enumeration).
 constexpr std::size_t dtype_size(dtype t) noexcept {
     switch (t) {
         case dtype::f64: case dtype::i64: case dtype::u64: return 8;
@@ -55,7 +57,9 @@ constexpr std::size_t dtype_size(dtype t) noexcept {
     }
     return 0;
 }
-/// Short name, as in qkgeom::element_traits: "f64", "f32", "f16", "bf16", "i64", ...
+/// \brief Short name, as in qkgeom::element_traits: "f64", "f32", "f16", "bf16", "i64", ...
+/// \param[in] t the element type.
+/// \returns the name (a static string); "?" for a value outside the enumeration.
 constexpr std::string_view dtype_name(dtype t) noexcept {
     switch (t) {
         case dtype::f64: return "f64";
@@ -73,11 +77,15 @@ constexpr std::string_view dtype_name(dtype t) noexcept {
     }
     return "?";
 }
+/// \brief Whether `t` is a floating-point type.
+/// \param[in] t the element type.
+/// \returns true for f64, f32, f16 and bf16.
 constexpr bool dtype_is_float(dtype t) noexcept {
     return t == dtype::f64 || t == dtype::f32 || t == dtype::f16 || t == dtype::bf16;
 }
 
-/// The dtype of a C++ element type (float, double, float16, bfloat16, fixed-width integers).
+/// \brief The dtype of a C++ element type (float, double, float16, bfloat16,
+/// fixed-width integers): `dtype_of<T>::value`. Undefined for other types.
 template <class T>
 struct dtype_of;
 template <> struct dtype_of<double> { static constexpr dtype value = dtype::f64; };
@@ -207,6 +215,10 @@ inline void write_file_bytes(std::filesystem::path const& path, std::span<unsign
 
 /// \brief Number of elements of a shape, prod(shape) (1 for a 0-d array);
 /// shared by the .npy and safetensors containers.
+/// \param[in] shape the extents.
+/// \pre every extent is ≥ 0 and the product fits in int64 (not checked here;
+///      true of every shape the parsers accept).
+/// \returns the product of the extents.
 [[nodiscard]] inline std::int64_t element_count(std::vector<std::int64_t> const& shape) noexcept {
     std::int64_t n = 1;
     for (auto d : shape) n *= d;
@@ -221,13 +233,15 @@ struct npy_array {
     bool fortran_order = false;
     std::vector<unsigned char> data;
 
-    /// Number of elements, prod(shape) (1 for a 0-d array).
+    /// \brief Number of elements, prod(shape) (1 for a 0-d array).
+    /// \returns element_count(shape).
     [[nodiscard]] std::int64_t size() const noexcept { return element_count(shape); }
 };
 
 namespace detail {
 
-/// The element type of a supported descr, or false. Sets `big_endian` for '>' descr.
+/// The element type of a supported descr in `out`, or false (big-endian and
+/// native-order descrs are not supported and give false too).
 inline bool npy_descr_type(std::string_view d, dtype& out) noexcept {
     struct entry {
         std::string_view name;
@@ -389,6 +403,9 @@ private:
 }  // namespace detail
 
 /// \brief The element type of an array's descr.
+/// \param[in] a the array.
+/// \param[in] source file name (or label) used in error messages.
+/// \returns the dtype of `a.descr`.
 /// \throws qkgeom::input_error (field "descr") for an unsupported or big-endian descr.
 inline dtype npy_dtype(npy_array const& a, std::string const& source = "<npy>") {
     dtype t{};
@@ -402,10 +419,17 @@ inline dtype npy_dtype(npy_array const& a, std::string const& source = "<npy>") 
 }
 
 /// \brief Parses a complete .npy file held in memory.
-/// \param source  file name (or label) used in error messages.
-/// \throws qkgeom::input_error for a bad magic or version, malformed header,
-///         unsupported/big-endian descr, bad shape, or a data length that
-///         differs from prod(shape) * itemsize (truncated or trailing bytes).
+/// \param[in] bytes the whole file.
+/// \param[in] source  file name (or label) used in error messages.
+/// \returns the array; its data is a copy of the data bytes, exactly
+///          prod(shape) * itemsize of them.
+/// \throws qkgeom::input_error for a bad magic or version, malformed header
+///         (including a non-ASCII byte in a 1.0/2.0 header, duplicate or
+///         missing keys, rank above 32), unsupported/big-endian descr, bad
+///         shape (an extent beyond int64, a byte count beyond 2^62), or a data
+///         length that differs from prod(shape) * itemsize (truncated or
+///         trailing bytes).
+/// \throws std::bad_alloc if the copy cannot be allocated.
 [[nodiscard]] inline npy_array parse_npy(std::span<unsigned char const> bytes, std::string const& source = "<npy>") {
     using qkgeom::detail::fail_input;
     static constexpr unsigned char magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
@@ -464,7 +488,12 @@ inline dtype npy_dtype(npy_array const& a, std::string const& source = "<npy>") 
     return a;
 }
 
-/// \brief Reads and parses a .npy file. \throws qkgeom::input_error (source = path).
+/// \brief Reads and parses a .npy file.
+/// \param[in] path the file.
+/// \returns the array, as parse_npy.
+/// \throws qkgeom::input_error (source = path) when the file cannot be opened
+///         or read, and for everything parse_npy rejects.
+/// \throws std::bad_alloc if the file does not fit in memory.
 [[nodiscard]] inline npy_array read_npy(std::filesystem::path const& path) {
     auto const bytes = detail::read_file_bytes(path);
     return parse_npy(bytes, path.string());
@@ -472,8 +501,12 @@ inline dtype npy_dtype(npy_array const& a, std::string const& source = "<npy>") 
 
 /// \brief Serialises an array as .npy (version 1.0 when the header fits in
 /// 65535 bytes, else 2.0; header padded so the data starts on a 64-byte boundary).
-/// \throws std::invalid_argument for an unsupported descr or a data size that
-///         does not match the shape.
+/// \param[in] a the array; `a.data` holds prod(shape) * itemsize little-endian bytes.
+/// \returns the complete file contents.
+/// \throws std::invalid_argument for an unsupported descr (big-endian
+///         included), a negative extent, or a data size that does not match
+///         the shape.
+/// \throws std::bad_alloc if the output cannot be allocated.
 [[nodiscard]] inline std::vector<unsigned char> serialize_npy(npy_array const& a) {
     constexpr std::string_view fn = "qkgeom::io::serialize_npy";
     dtype t{};
@@ -509,15 +542,25 @@ inline dtype npy_dtype(npy_array const& a, std::string const& source = "<npy>") 
     return out;
 }
 
-/// \brief Writes an npy_array to a file. \throws std::invalid_argument (bad array or I/O failure).
+/// \brief Writes an npy_array to a file (created or truncated).
+/// \param[in] path the file.
+/// \param[in] a the array, as serialize_npy.
+/// \throws std::invalid_argument for a bad array (as serialize_npy) and, naming
+///         the path, when the file cannot be opened or the write fails.
 inline void write_npy(std::filesystem::path const& path, npy_array const& a) {
     auto const bytes = serialize_npy(a);
     detail::write_file_bytes(path, bytes);
 }
 
 /// \brief Builds an npy_array from typed values (C order unless fortran_order).
-/// T: double, float, float16, bfloat16, int64/32/16/8, uint64/32/16/8.
-/// \throws std::invalid_argument when values.size() != prod(shape).
+/// \tparam T double, float, float16, bfloat16, int64/32/16/8, uint64/32/16/8
+///           (const allowed).
+/// \param[in] values the elements, in the storage order given by `fortran_order`.
+/// \param[in] shape the extents, each ≥ 0.
+/// \param[in] fortran_order whether `values` are in column-major order.
+/// \returns the array, with the descr numpy writes for T (`<V2` for bfloat16).
+/// \throws std::invalid_argument when values.size() != prod(shape) or an
+///         extent is negative.
 template <class T>
 [[nodiscard]] npy_array make_npy(std::span<T const> values, std::vector<std::int64_t> shape, bool fortran_order = false) {
     constexpr dtype t = dtype_of<std::remove_cv_t<T>>::value;
@@ -535,11 +578,17 @@ template <class T>
 }
 
 /// \brief Writes typed values as .npy (see make_npy).
+/// \param[in] path the file (created or truncated).
+/// \param[in] values the elements.
+/// \param[in] shape the extents.
+/// \param[in] fortran_order whether `values` are in column-major order.
+/// \throws std::invalid_argument as make_npy and write_npy(path, npy_array).
 template <class T>
 void write_npy(std::filesystem::path const& path, std::span<T const> values, std::vector<std::int64_t> shape,
                bool fortran_order = false) {
     write_npy(path, make_npy(values, std::move(shape), fortran_order));
 }
+/// \brief Overload of write_npy() for a std::vector of values.
 template <class T>
 void write_npy(std::filesystem::path const& path, std::vector<T> const& values, std::vector<std::int64_t> shape,
                bool fortran_order = false) {
@@ -547,8 +596,14 @@ void write_npy(std::filesystem::path const& path, std::vector<T> const& values, 
 }
 
 /// \brief The elements of an integer array as int64, in C (row-major) order.
-/// \param field  name used in messages (default "data").
-/// \throws qkgeom::input_error for a float dtype or a u64 value above INT64_MAX.
+/// \param[in] a the array.
+/// \param[in] source file name (or label) used in error messages.
+/// \param[in] field  name used in messages (default "data").
+/// \pre `a.data` holds prod(shape) * itemsize bytes (true of parse_npy's
+///      result; not checked here).
+/// \returns the prod(shape) elements, C order (Fortran-order arrays are reordered).
+/// \throws qkgeom::input_error for an unsupported descr (as npy_dtype), a float
+///         dtype, or a u64 value above INT64_MAX.
 [[nodiscard]] inline std::vector<std::int64_t> npy_to_int64(npy_array const& a, std::string const& source = "<npy>",
                                                             std::string_view field = "data") {
     dtype const t = npy_dtype(a, source);
@@ -579,12 +634,20 @@ void write_npy(std::filesystem::path const& path, std::vector<T> const& values, 
     return out;
 }
 
-/// Row-major double matrix (what readers return for vectors).
+/// \brief Row-major double matrix (what readers return for vectors).
 using row_matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 /// \brief A rank-2 array (any supported dtype, C or Fortran order) as a dense
-/// row-major double matrix; values are widened exactly (16-bit floats included).
-/// \throws qkgeom::input_error when the rank is not 2.
+/// row-major double matrix; values are widened exactly (16-bit floats included;
+/// 64-bit integers beyond 2^53 round).
+/// \param[in] a the array.
+/// \param[in] source file name (or label) used in error messages.
+/// \pre `a.data` holds prod(shape) * itemsize bytes (true of parse_npy's
+///      result; not checked here).
+/// \returns the shape[0] × shape[1] matrix.
+/// \throws qkgeom::input_error for an unsupported descr (as npy_dtype) or when
+///         the rank is not 2.
+/// \throws std::bad_alloc if the matrix cannot be allocated.
 [[nodiscard]] inline row_matrix npy_to_matrix(npy_array const& a, std::string const& source = "<npy>") {
     dtype const t = npy_dtype(a, source);
     if (a.shape.size() != 2)
