@@ -79,6 +79,7 @@ enum class npz_compression : std::uint8_t {
 
 /// \brief Whether this build can read and write deflated members
 /// (QKGEOM_HAVE_ZLIB=1 and <zlib.h> found).
+/// \returns true when deflate is compiled in.
 constexpr bool npz_deflate_available() noexcept { return QKGEOM_NPZ_DEFLATE != 0; }
 
 /// \brief Options of serialize_npz / write_npz.
@@ -103,30 +104,40 @@ struct zip_member_info {
 
 /// \brief One array of an .npz: its key (member name without ".npy") and the array.
 struct npz_member {
-    std::string key;
-    npy_array array;
+    std::string key;    ///< member name without ".npy"
+    npy_array array;    ///< the array
 };
 
 /// \brief An .npz archive in memory: arrays in archive order, keys unique.
 struct npz_file {
-    std::vector<npz_member> members;
+    std::vector<npz_member> members;  ///< in archive order; keys unique (add() enforces it)
 
-    /// The array of a key ("vectors" or "vectors.npy"), or nullptr.
+    /// \brief The array of a key.
+    /// \param[in] key the key, with or without the ".npy" suffix.
+    /// \returns a pointer into `members` (invalidated when members change), or
+    ///          nullptr when no member has that key.
     [[nodiscard]] npy_array const* find(std::string_view key) const noexcept {
         if (key.size() >= 4 && key.substr(key.size() - 4) == ".npy") key.remove_suffix(4);
         for (auto const& m : members)
             if (m.key == key) return &m.array;
         return nullptr;
     }
-    /// The array of a key. \throws qkgeom::input_error naming the source and key when absent.
+    /// \brief The array of a key, which must be present.
+    /// \param[in] key the key, with or without the ".npy" suffix.
+    /// \param[in] source file name (or label) used in the error message.
+    /// \returns a reference into `members`.
+    /// \throws qkgeom::input_error naming the source and key when absent.
     [[nodiscard]] npy_array const& at(std::string_view key, std::string const& source = "<npz>") const {
         if (auto const* a = find(key)) return *a;
         std::string k(key);
         if (!k.ends_with(".npy")) k += ".npy";
         qkgeom::detail::fail_input(source, k, "<missing>", "required member is missing from the archive");
     }
-    /// Appends an array. \throws std::invalid_argument for a duplicate key, a
-    /// key containing NUL, or a name longer than 65535 bytes.
+    /// \brief Appends an array.
+    /// \param[in] key the key; a trailing ".npy" is removed.
+    /// \param[in] a the array (not validated here; serialize_npz does).
+    /// \throws std::invalid_argument for a duplicate key, a key containing NUL,
+    ///         or a member name ("<key>.npy") longer than 65535 bytes.
     void add(std::string key, npy_array a) {
         constexpr std::string_view fn = "qkgeom::io::npz_file::add";
         if (key.ends_with(".npy")) key.resize(key.size() - 4);
@@ -160,6 +171,9 @@ inline std::string hex32(std::uint32_t v) {
 
 /// \brief CRC-32 (ISO-HDLC, polynomial 0xEDB88320, as ZIP and zlib) of
 /// `data`, continuing from `crc` (0 to start): crc32(b, crc32(a)) == crc32(a + b).
+/// \param[in] data the bytes.
+/// \param[in] crc the CRC of the bytes before `data`, or 0.
+/// \returns the CRC-32 of everything so far.
 [[nodiscard]] inline std::uint32_t crc32(std::span<unsigned char const> data, std::uint32_t crc = 0) noexcept {
     std::uint32_t c = ~crc;
     for (unsigned char b : data) c = detail::crc32_table[(c ^ b) & 0xFFU] ^ (c >> 8);
@@ -554,7 +568,16 @@ inline std::vector<unsigned char> zip_member_bytes(zip_entry const& e, std::stri
 
 /// \brief The members of a ZIP/.npz archive as its central directory
 /// describes them, after validating the archive structure (no decompression).
-/// \throws qkgeom::input_error naming the source, member, field and value.
+/// Members need not be .npy files here.
+/// \param[in] bytes the whole archive.
+/// \param[in] source file name (or label) used in error messages.
+/// \returns one entry per member, in central-directory order.
+/// \throws qkgeom::input_error naming the source, member, field and value:
+///         bad signatures, truncation, inconsistent ZIP64 records, multi-disk
+///         or encrypted archives, compression other than stored/deflate,
+///         empty, NUL-containing or duplicate names, local headers or data
+///         descriptors that disagree with the central directory, overlapping
+///         members.
 [[nodiscard]] inline std::vector<zip_member_info> list_npz(std::span<unsigned char const> bytes,
                                                            std::string const& source = "<npz>") {
     auto const entries = detail::parse_zip(bytes, source);
@@ -567,10 +590,15 @@ inline std::vector<unsigned char> zip_member_bytes(zip_entry const& e, std::stri
 /// \brief Parses a complete .npz archive held in memory: every member is
 /// located, decompressed, CRC-checked and parsed as .npy; keys are the member
 /// names without ".npy" (as numpy's NpzFile.files).
-/// \param source  file name (or label) used in error messages.
+/// \param[in] bytes the whole archive.
+/// \param[in] source  file name (or label) used in error messages.
+/// \returns the arrays, in archive order.
 /// \throws qkgeom::input_error naming the source, member, field and value for
-///         any structural problem, a non-.npy member name, a deflated member
-///         without zlib, a CRC mismatch or an invalid .npy member.
+///         any structural problem (as list_npz), a non-.npy member name, a
+///         deflated member without zlib, a corrupt deflate stream or a size
+///         mismatch after inflating, a CRC mismatch or an invalid .npy
+///         member (as parse_npy).
+/// \throws std::bad_alloc if the members cannot be held in memory.
 [[nodiscard]] inline npz_file parse_npz(std::span<unsigned char const> bytes, std::string const& source = "<npz>") {
     auto const entries = detail::parse_zip(bytes, source);
     npz_file f;
@@ -585,7 +613,12 @@ inline std::vector<unsigned char> zip_member_bytes(zip_entry const& e, std::stri
     return f;
 }
 
-/// \brief Reads and parses an .npz file. \throws qkgeom::input_error (source = path).
+/// \brief Reads and parses an .npz file.
+/// \param[in] path the file.
+/// \returns the arrays, as parse_npz.
+/// \throws qkgeom::input_error (source = path) when the file cannot be opened
+///         or read, and for everything parse_npz rejects.
+/// \throws std::bad_alloc if the file does not fit in memory.
 [[nodiscard]] inline npz_file read_npz(std::filesystem::path const& path) {
     auto const bytes = detail::read_file_bytes(path);
     return parse_npz(bytes, path.string());
@@ -595,8 +628,13 @@ inline std::vector<unsigned char> zip_member_bytes(zip_entry const& e, std::stri
 /// order, stored or deflated, ZIP64 records wherever a size or offset needs
 /// them (or everywhere with force_zip64), a fixed timestamp (1980-01-01) so
 /// that equal input gives equal bytes.
+/// \param[in] f the arrays; every key must satisfy the npz_file::add rules.
+/// \param[in] opt compression, level, ZIP64 and data-descriptor options.
+/// \returns the complete archive.
 /// \throws std::invalid_argument for an invalid array (serialize_npy), a bad
-///         key (npz_file::add rules), deflate without zlib, or a bad level.
+///         key (npz_file::add rules), an unknown compression, deflate without
+///         zlib, a level outside 1..9, or a zlib failure while deflating.
+/// \throws std::bad_alloc if the archive cannot be held in memory.
 [[nodiscard]] inline std::vector<unsigned char> serialize_npz(npz_file const& f, npz_write_options const& opt = {}) {
     constexpr std::string_view fn = "qkgeom::io::serialize_npz";
     using detail::u32_max;
@@ -740,7 +778,12 @@ inline std::vector<unsigned char> zip_member_bytes(zip_entry const& e, std::stri
     return std::move(o.b);
 }
 
-/// \brief Writes an .npz file (see serialize_npz). \throws std::invalid_argument.
+/// \brief Writes an .npz file (see serialize_npz), created or truncated.
+/// \param[in] path the file.
+/// \param[in] f the arrays.
+/// \param[in] opt the writer options.
+/// \throws std::invalid_argument as serialize_npz and, naming the path, when
+///         the file cannot be opened or the write fails.
 inline void write_npz(std::filesystem::path const& path, npz_file const& f, npz_write_options const& opt = {}) {
     auto const bytes = serialize_npz(f, opt);
     detail::write_file_bytes(path, bytes);
