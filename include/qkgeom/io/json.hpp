@@ -30,7 +30,8 @@ namespace qkgeom::json {
 class value;
 /// JSON array.
 using array = std::vector<value>;
-/// JSON object: members in document order (keys are unique).
+/// JSON object: members in document order. parse() guarantees unique keys;
+/// an object built in code is not checked (dump() writes duplicates as they are).
 using object = std::vector<std::pair<std::string, value>>;
 
 /// \brief A JSON value: null, bool, int64, double, string, array or object.
@@ -38,6 +39,11 @@ class value {
 public:
     using storage = std::variant<std::nullptr_t, bool, std::int64_t, double, std::string, array, object>;
 
+    /// \name Construction
+    /// Implicit from each alternative: null, bool, int / int64 (integer),
+    /// double (number), string (C strings are copied: may throw
+    /// std::bad_alloc), array, object. The default is null.
+    ///@{
     value() noexcept : v_(nullptr) {}
     value(std::nullptr_t) noexcept : v_(nullptr) {}
     value(bool b) noexcept : v_(b) {}
@@ -48,7 +54,11 @@ public:
     value(std::string s) noexcept : v_(std::move(s)) {}
     value(array a) noexcept : v_(std::move(a)) {}
     value(object o) noexcept : v_(std::move(o)) {}
+    ///@}
 
+    /// \name Type tests
+    /// \returns true when the value holds that alternative (is_number: int or double).
+    ///@{
     [[nodiscard]] bool is_null() const noexcept { return std::holds_alternative<std::nullptr_t>(v_); }
     [[nodiscard]] bool is_bool() const noexcept { return std::holds_alternative<bool>(v_); }
     [[nodiscard]] bool is_int() const noexcept { return std::holds_alternative<std::int64_t>(v_); }
@@ -57,11 +67,17 @@ public:
     [[nodiscard]] bool is_string() const noexcept { return std::holds_alternative<std::string>(v_); }
     [[nodiscard]] bool is_array() const noexcept { return std::holds_alternative<array>(v_); }
     [[nodiscard]] bool is_object() const noexcept { return std::holds_alternative<object>(v_); }
+    ///@}
 
-    /// Typed access; std::bad_variant_access when the type differs (check first).
+    /// \name Typed access
+    /// \pre the value holds that alternative (test with is_*() first).
+    /// \returns the held value (a reference for string, array and object).
+    /// \throws std::bad_variant_access when the type differs.
+    ///@{
     [[nodiscard]] bool as_bool() const { return std::get<bool>(v_); }
     [[nodiscard]] std::int64_t as_int() const { return std::get<std::int64_t>(v_); }
-    /// A number as double (an int is converted).
+    /// \brief A number as double (an int is converted, rounding beyond 2^53).
+    /// \throws std::bad_variant_access when the value is not a number.
     [[nodiscard]] double as_double() const {
         return is_int() ? static_cast<double>(std::get<std::int64_t>(v_)) : std::get<double>(v_);
     }
@@ -70,8 +86,12 @@ public:
     [[nodiscard]] object const& as_object() const { return std::get<object>(v_); }
     [[nodiscard]] array& as_array() { return std::get<array>(v_); }
     [[nodiscard]] object& as_object() { return std::get<object>(v_); }
+    ///@}
 
-    /// Member of an object by key, or nullptr (also when this is not an object).
+    /// \brief Member of an object by key (linear search).
+    /// \param[in] key the key.
+    /// \returns the first member with that key, or nullptr (also when this is
+    ///          not an object).
     [[nodiscard]] value const* find(std::string_view key) const noexcept {
         if (auto const* o = std::get_if<object>(&v_))
             for (auto const& [k, v] : *o)
@@ -79,12 +99,14 @@ public:
         return nullptr;
     }
 
-    /// Short name of the type: "null", "bool", "integer", "number", "string", "array", "object".
+    /// \brief Short name of the type, for messages.
+    /// \returns "null", "bool", "integer", "number" (double), "string", "array" or "object".
     [[nodiscard]] std::string_view type_name() const noexcept {
         static constexpr std::string_view names[] = {"null", "bool", "integer", "number", "string", "array", "object"};
         return names[v_.index()];
     }
 
+    /// \returns the underlying variant (for std::visit).
     [[nodiscard]] storage const& get() const noexcept { return v_; }
 
 private:
@@ -451,9 +473,17 @@ inline void dump_into(std::string& out, value const& v, int indent, int level) {
 }  // namespace detail
 
 /// \brief Parses one JSON document (strict RFC 8259).
-/// \param source  label used in error messages (file name).
-/// \param max_depth  maximum nesting of arrays/objects (default 64).
-/// \throws qkgeom::input_error naming the source, field "json" and the byte offset.
+/// \param[in] text the document, UTF-8.
+/// \param[in] source  label used in error messages (file name).
+/// \param[in] max_depth  maximum nesting of arrays/objects (default 64).
+/// \returns the value; numbers without fraction or exponent that fit int64 are
+///          integers (is_int()), every other number a double.
+/// \throws qkgeom::input_error naming the source, field "json" and the byte
+///         offset: any syntax error, trailing content, invalid UTF-8 or
+///         escape, lone surrogate, raw control character, duplicate key,
+///         leading zero, a number beyond the double range, nesting deeper
+///         than max_depth.
+/// \throws std::bad_alloc if the value cannot be held in memory.
 [[nodiscard]] inline value parse(std::string_view text, std::string_view source = "<json>", int max_depth = 64) {
     return detail::parser(text, source, max_depth).run();
 }
@@ -461,6 +491,11 @@ inline void dump_into(std::string& out, value const& v, int indent, int level) {
 /// \brief Serialises a value. `indent < 0`: compact; otherwise pretty-printed
 /// with that many spaces per level. Doubles are written in shortest
 /// round-trip form (always with '.' or an exponent, so they re-read as doubles).
+/// Strings are escaped but not checked for valid UTF-8; object keys are
+/// written as stored (duplicates included).
+/// \param[in] v the value.
+/// \param[in] indent spaces per nesting level, or < 0 for compact output.
+/// \returns the JSON text.
 /// \throws std::invalid_argument for a non-finite double.
 [[nodiscard]] inline std::string dump(value const& v, int indent = -1) {
     std::string out;

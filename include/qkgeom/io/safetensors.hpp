@@ -34,17 +34,18 @@ namespace qkgeom::io {
 
 /// \brief One tensor: dtype, shape (row-major) and little-endian data bytes.
 struct st_tensor {
-    dtype type = dtype::f32;
-    std::vector<std::int64_t> shape;
-    std::vector<unsigned char> data;
+    dtype type = dtype::f32;             ///< element type
+    std::vector<std::int64_t> shape;     ///< extents, row-major
+    std::vector<unsigned char> data;     ///< prod(shape) × dtype_size(type) bytes
 
+    /// \returns the number of elements, prod(shape) (1 for a 0-d tensor).
     [[nodiscard]] std::int64_t size() const noexcept { return element_count(shape); }
 };
 
 /// \brief A safetensors file: tensors by name (sorted) and the string metadata.
 struct safetensors_file {
-    std::map<std::string, st_tensor> tensors;
-    std::map<std::string, std::string> metadata;
+    std::map<std::string, st_tensor> tensors;        ///< by name; "__metadata__" is reserved
+    std::map<std::string, std::string> metadata;     ///< the "__metadata__" object
 };
 
 namespace detail {
@@ -79,12 +80,18 @@ inline bool st_dtype_from_name(std::string_view s, dtype& out) noexcept {
 
 }  // namespace detail
 
-/// Largest accepted header (as the reference implementation).
+/// \brief Largest accepted header, in bytes (as the reference implementation).
 inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
 
 /// \brief Parses a complete safetensors file held in memory.
+/// \param[in] bytes the whole file.
+/// \param[in] source file name (or label) used in error messages.
+/// \returns the tensors (data copied) and the metadata.
 /// \throws qkgeom::input_error naming the source, the field (e.g.
-///         "vectors.data_offsets") and the value for every violation.
+///         "vectors.data_offsets") and the value for every violation listed
+///         in the file comment, including any JSON error in the header (as
+///         json::parse, duplicate names included).
+/// \throws std::bad_alloc if the tensors cannot be held in memory.
 [[nodiscard]] inline safetensors_file parse_safetensors(std::span<unsigned char const> bytes,
                                                         std::string const& source = "<safetensors>") {
     using qkgeom::detail::fail_input;
@@ -185,7 +192,12 @@ inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
     return out;
 }
 
-/// \brief Reads and parses a safetensors file. \throws qkgeom::input_error (source = path).
+/// \brief Reads and parses a safetensors file.
+/// \param[in] path the file.
+/// \returns the file's tensors and metadata, as parse_safetensors.
+/// \throws qkgeom::input_error (source = path) when the file cannot be opened
+///         or read, and for everything parse_safetensors rejects.
+/// \throws std::bad_alloc if the file does not fit in memory.
 [[nodiscard]] inline safetensors_file read_safetensors(std::filesystem::path const& path) {
     auto const bytes = detail::read_file_bytes(path);
     return parse_safetensors(bytes, path.string());
@@ -193,7 +205,11 @@ inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
 
 /// \brief Serialises tensors (in name order, contiguous) and metadata. The
 /// header is padded with spaces to a multiple of 8 bytes.
-/// \throws std::invalid_argument when a tensor's data size does not match its shape.
+/// \param[in] f the tensors and metadata.
+/// \returns the complete file contents.
+/// \throws std::invalid_argument when a tensor is named "__metadata__", an
+///         extent is negative, or a tensor's data size does not match its shape.
+/// \throws std::bad_alloc if the output cannot be allocated.
 [[nodiscard]] inline std::vector<unsigned char> serialize_safetensors(safetensors_file const& f) {
     json::object hdr;
     if (!f.metadata.empty()) {
@@ -234,14 +250,23 @@ inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
     return out;
 }
 
-/// \brief Writes a safetensors file. \throws std::invalid_argument (bad tensor or I/O failure).
+/// \brief Writes a safetensors file (created or truncated).
+/// \param[in] path the file.
+/// \param[in] f the tensors and metadata.
+/// \throws std::invalid_argument as serialize_safetensors and, naming the
+///         path, when the file cannot be opened or the write fails.
 inline void write_safetensors(std::filesystem::path const& path, safetensors_file const& f) {
     auto const bytes = serialize_safetensors(f);
     detail::write_file_bytes(path, bytes);
 }
 
 /// \brief Builds a tensor from typed values (row-major).
-/// \throws std::invalid_argument when values.size() != prod(shape).
+/// \tparam T as make_npy.
+/// \param[in] values the elements, row-major.
+/// \param[in] shape the extents, each ≥ 0.
+/// \returns the tensor.
+/// \throws std::invalid_argument when values.size() != prod(shape) or an
+///         extent is negative (the message names qkgeom::io::make_npy).
 template <class T>
 [[nodiscard]] st_tensor make_tensor(std::span<T const> values, std::vector<std::int64_t> shape) {
     npy_array a = make_npy(values, std::move(shape));
@@ -254,6 +279,9 @@ template <class T>
 
 /// \brief The tensor as an npy_array (C order) — to reuse the npy conversions
 /// (npy_to_matrix, npy_to_int64).
+/// \param[in] t the tensor (copied).
+/// \returns the array, descr as npy writes it for t.type, C order.
+/// \throws std::bad_alloc if the copy cannot be allocated.
 [[nodiscard]] inline npy_array to_npy_array(st_tensor const& t) {
     npy_array a;
     a.descr = std::string(detail::npy_descr_of(t.type));
