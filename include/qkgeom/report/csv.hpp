@@ -53,6 +53,8 @@ inline constexpr std::array<head_class, 6> taxonomy_classes{head_class::position
 
 /// \brief A double as written in every numeric column: shortest round-trip
 /// form (`std::to_chars`), `nan` for any NaN, `inf` / `-inf` for infinities.
+/// \param[in] x the value.
+/// \returns its text (locale-independent).
 inline std::string format_double(double x) {
     if (std::isnan(x)) return "nan";
     if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
@@ -62,6 +64,8 @@ inline std::string format_double(double x) {
 }
 
 /// \brief An integer as written in integer columns.
+/// \param[in] x the value.
+/// \returns its decimal text.
 inline std::string format_int(std::int64_t x) {
     std::array<char, 32> buf{};
     auto const r = std::to_chars(buf.data(), buf.data() + buf.size(), x);
@@ -70,6 +74,8 @@ inline std::string format_int(std::int64_t x) {
 
 /// \brief A free-text field, quoted when needed (comma, double quote, CR, LF,
 /// leading or trailing space/tab): `a,"b` becomes `"a,""b"`.
+/// \param[in] s the text.
+/// \returns `s` unchanged, or quoted with inner quotes doubled.
 inline std::string csv_quote(std::string_view s) {
     bool need = s.find_first_of(",\"\r\n") != std::string_view::npos;
     if (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.back() == ' ' || s.back() == '\t')) need = true;
@@ -91,6 +97,7 @@ inline std::string csv_quote(std::string_view s) {
 
 /// \brief Columns of head_metrics.csv: layer, q_head, k_head, every
 /// `head_metric_names` entry in order, taxonomy.
+/// \returns the column names, in file order (docs/outputs.md).
 inline std::vector<std::string> head_metrics_columns() {
     std::vector<std::string> c{"layer", "q_head", "k_head"};
     for (auto n : head_metric_names) c.emplace_back(n);
@@ -99,16 +106,19 @@ inline std::vector<std::string> head_metrics_columns() {
 }
 
 /// \brief Columns of head_bucket_plasticity.csv.
+/// \returns the column names, in file order (docs/outputs.md).
 inline std::vector<std::string> head_bucket_plasticity_columns() {
     return {"layer", "q_head", "k_head", "q_bucket", "k_bucket", "plasticity", "n_pairs", "std_error", "empirical"};
 }
 
 /// \brief Columns of head_component_weights.csv.
+/// \returns the column names, in file order (docs/outputs.md).
 inline std::vector<std::string> head_component_weights_columns() {
     return {"layer", "q_head", "k_head", "component", "component_r2", "component_weight"};
 }
 
 /// \brief Columns of qk_pca.csv.
+/// \returns the column names, in file order (docs/outputs.md).
 inline std::vector<std::string> qk_pca_columns() {
     return {"layer", "q_head", "k_head", "component", "explained_variance_ratio", "r_q", "r_k"};
 }
@@ -128,9 +138,11 @@ inline std::vector<std::string> summary_columns(std::string_view key) {
 
 /// \brief Columns of model_report.csv: model, n_heads, mean_<metric>…,
 /// ap_quintile_0..4, ap_decile_0..9, n_<class> for the six classes.
+/// \returns the column names, in file order (docs/outputs.md).
 inline std::vector<std::string> model_report_columns() { return detail::summary_columns("model"); }
 
 /// \brief Columns of layer_report.csv: as model_report.csv with `layer` first.
+/// \returns the column names, in file order (docs/outputs.md).
 inline std::vector<std::string> layer_report_columns() { return detail::summary_columns("layer"); }
 
 // ---------------------------------------------------------------------------
@@ -205,6 +217,9 @@ void to_file(std::filesystem::path const& path, std::string_view fn, F&& body) {
 }  // namespace detail
 
 /// \brief head_metrics.csv: one row per head.
+/// \param[out] os the stream; a header row, then the rows, are appended.
+/// \param[in] heads the analysed heads, written in the given order.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
 inline void write_head_metrics(std::ostream& os, std::span<head_analysis const> heads) {
     detail::header(os, head_metrics_columns());
     detail::row_writer w(os);
@@ -224,6 +239,9 @@ inline void write_head_metrics(std::ostream& os, std::span<head_analysis const> 
 
 /// \brief head_bucket_plasticity.csv: one row per plasticity cell of every head
 /// (empty cells included, with plasticity `nan` and n_pairs 0).
+/// \param[out] os the stream; a header row, then the rows, are appended.
+/// \param[in] heads the analysed heads, written in the given order.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
 inline void write_head_bucket_plasticity(std::ostream& os, std::span<head_analysis const> heads) {
     detail::header(os, head_bucket_plasticity_columns());
     detail::row_writer w(os);
@@ -235,7 +253,11 @@ inline void write_head_bucket_plasticity(std::ostream& os, std::span<head_analys
     detail::check_stream(os, "qkgeom::report::write_head_bucket_plasticity");
 }
 
-/// \brief head_component_weights.csv: one row per query coordinate of every head.
+/// \brief head_component_weights.csv: one row per query coordinate of every head
+/// (max of the two vectors' lengths; a missing entry is written `nan`).
+/// \param[out] os the stream; a header row, then the rows, are appended.
+/// \param[in] heads the analysed heads, written in the given order.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
 inline void write_head_component_weights(std::ostream& os, std::span<head_analysis const> heads) {
     detail::header(os, head_component_weights_columns());
     detail::row_writer w(os);
@@ -253,6 +275,9 @@ inline void write_head_component_weights(std::ostream& os, std::span<head_analys
 }
 
 /// \brief qk_pca.csv: one row per reported PCA component of every head.
+/// \param[out] os the stream; a header row, then the rows, are appended.
+/// \param[in] heads the analysed heads, written in the given order.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
 inline void write_qk_pca(std::ostream& os, std::span<head_analysis const> heads) {
     detail::header(os, qk_pca_columns());
     detail::row_writer w(os);
@@ -265,6 +290,9 @@ inline void write_qk_pca(std::ostream& os, std::span<head_analysis const> heads)
 }
 
 /// \brief model_report.csv: one row per model.
+/// \param[out] os the stream; a header row, then the rows, are appended.
+/// \param[in] models the rows, in order.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
 inline void write_model_report(std::ostream& os, std::span<model_entry const> models) {
     detail::header(os, model_report_columns());
     detail::row_writer w(os);
@@ -277,17 +305,28 @@ inline void write_model_report(std::ostream& os, std::span<model_entry const> mo
 }
 
 /// \brief model_report.csv with the one row of `summary`.
+/// \param[out] os the stream.
+/// \param[in] model_name the `model` column (quoted when needed).
+/// \param[in] summary the row's values.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
 inline void write_model_report(std::ostream& os, std::string_view model_name, head_set_summary const& summary) {
     model_entry const e{std::string(model_name), summary};
     write_model_report(os, std::span<model_entry const>(&e, 1));
 }
 
 /// \brief model_report.csv with one row: `summarise_model(heads).all`.
+/// \param[out] os the stream.
+/// \param[in] model_name the `model` column (quoted when needed).
+/// \param[in] heads the analysed heads of the model.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
 inline void write_model_report(std::ostream& os, std::string_view model_name, std::span<head_analysis const> heads) {
     write_model_report(os, model_name, summarise_model(heads).all);
 }
 
 /// \brief layer_report.csv: one row per layer of `m.per_layer`, ascending.
+/// \param[out] os the stream.
+/// \param[in] m the model summary.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
 inline void write_layer_report(std::ostream& os, model_summary const& m) {
     detail::header(os, layer_report_columns());
     detail::row_writer w(os);
@@ -300,6 +339,9 @@ inline void write_layer_report(std::ostream& os, model_summary const& m) {
 }
 
 /// \brief layer_report.csv of `summarise_model(heads)`.
+/// \param[out] os the stream.
+/// \param[in] heads the analysed heads of the model.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
 inline void write_layer_report(std::ostream& os, std::span<head_analysis const> heads) {
     write_layer_report(os, summarise_model(heads));
 }
@@ -307,37 +349,75 @@ inline void write_layer_report(std::ostream& os, std::span<head_analysis const> 
 // --- path overloads: create/truncate the file; std::runtime_error naming the
 // --- path when it cannot be opened or written.
 
+/// \brief head_metrics.csv, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] heads the analysed heads.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline void write_head_metrics(std::filesystem::path const& path, std::span<head_analysis const> heads) {
     detail::to_file(path, "qkgeom::report::write_head_metrics", [&](std::ostream& os) { write_head_metrics(os, heads); });
 }
+/// \brief head_bucket_plasticity.csv, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] heads the analysed heads.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline void write_head_bucket_plasticity(std::filesystem::path const& path, std::span<head_analysis const> heads) {
     detail::to_file(path, "qkgeom::report::write_head_bucket_plasticity",
                     [&](std::ostream& os) { write_head_bucket_plasticity(os, heads); });
 }
+/// \brief head_component_weights.csv, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] heads the analysed heads.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline void write_head_component_weights(std::filesystem::path const& path, std::span<head_analysis const> heads) {
     detail::to_file(path, "qkgeom::report::write_head_component_weights",
                     [&](std::ostream& os) { write_head_component_weights(os, heads); });
 }
+/// \brief qk_pca.csv, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] heads the analysed heads.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline void write_qk_pca(std::filesystem::path const& path, std::span<head_analysis const> heads) {
     detail::to_file(path, "qkgeom::report::write_qk_pca", [&](std::ostream& os) { write_qk_pca(os, heads); });
 }
+/// \brief model_report.csv, one row per model, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] models the rows, in order.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline void write_model_report(std::filesystem::path const& path, std::span<model_entry const> models) {
     detail::to_file(path, "qkgeom::report::write_model_report",
                     [&](std::ostream& os) { write_model_report(os, models); });
 }
+/// \brief model_report.csv with the one row of `summary`, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] model_name the `model` column.
+/// \param[in] summary the row's values.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline void write_model_report(std::filesystem::path const& path, std::string_view model_name,
                                head_set_summary const& summary) {
     detail::to_file(path, "qkgeom::report::write_model_report",
                     [&](std::ostream& os) { write_model_report(os, model_name, summary); });
 }
+/// \brief model_report.csv with one row: `summarise_model(heads).all`, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] model_name the `model` column.
+/// \param[in] heads the analysed heads.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline void write_model_report(std::filesystem::path const& path, std::string_view model_name,
                                std::span<head_analysis const> heads) {
     detail::to_file(path, "qkgeom::report::write_model_report",
                     [&](std::ostream& os) { write_model_report(os, model_name, heads); });
 }
+/// \brief layer_report.csv of `m`, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] m the model summary.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline void write_layer_report(std::filesystem::path const& path, model_summary const& m) {
     detail::to_file(path, "qkgeom::report::write_layer_report", [&](std::ostream& os) { write_layer_report(os, m); });
 }
+/// \brief layer_report.csv of `summarise_model(heads)`, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] heads the analysed heads.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline void write_layer_report(std::filesystem::path const& path, std::span<head_analysis const> heads) {
     detail::to_file(path, "qkgeom::report::write_layer_report",
                     [&](std::ostream& os) { write_layer_report(os, heads); });
@@ -346,9 +426,13 @@ inline void write_layer_report(std::filesystem::path const& path, std::span<head
 /// \brief Create `out_dir` (and its parents) and write every file into it:
 /// head_metrics.csv, head_bucket_plasticity.csv, head_component_weights.csv,
 /// qk_pca.csv, model_report.csv (one row named `model_name`) and
-/// layer_report.csv. Returns the paths written, in that order.
+/// layer_report.csv. Existing files of those names are overwritten.
+/// \param[in] out_dir the output directory.
+/// \param[in] model_name the `model` column of model_report.csv.
+/// \param[in] heads the analysed heads of the model.
+/// \returns the paths written, in that order.
 /// \throws std::runtime_error naming the directory or file that could not be
-/// created or written.
+/// created or written (files written before the failure are left in place).
 inline std::vector<std::filesystem::path> write_reports(std::filesystem::path const& out_dir,
                                                         std::string const& model_name,
                                                         std::span<head_analysis const> heads) {
