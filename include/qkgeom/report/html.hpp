@@ -22,6 +22,7 @@
 
 namespace qkgeom::report {
 
+/// \brief File name of the page.
 inline constexpr std::string_view index_html_file = "index.html";
 
 /// \brief One picture on the page.
@@ -29,7 +30,7 @@ struct html_picture {
     std::string src;      ///< path relative to index.html, '/' separated
     std::string alt;      ///< alt text (also the caption)
     double width = 720;   ///< displayed size in CSS pixels
-    double height = 440;
+    double height = 440;  ///< displayed height in CSS pixels
 };
 
 /// \brief One model: its table row, its pictures and its files.
@@ -41,15 +42,18 @@ struct html_model {
 
 /// \brief The page.
 struct html_page {
-    std::string title = "qkgeom report";
+    std::string title = "qkgeom report";  ///< page title and heading (escaped)
     std::string intro;                   ///< a paragraph of plain text (escaped)
     std::vector<html_picture> overview;  ///< pictures shown above the models (e.g. the model comparison)
-    std::vector<html_model> models;
+    std::vector<html_model> models;      ///< one table row and one section each, in order
     std::vector<std::string> files;      ///< page-level links (e.g. summary.txt)
 };
 
 /// \brief The page entry for a written picture, its src prefixed with `dir`
 /// ("" or e.g. "steady/").
+/// \param[in] p the picture as write_pictures returned it.
+/// \param[in] dir prefix of the src, '/'-terminated or empty.
+/// \returns the entry: src = dir + p.file, alt, width and height from `p`.
 inline html_picture to_html(picture_file const& p, std::string_view dir = {}) {
     return {std::string(dir) + p.file, p.alt, p.width, p.height};
 }
@@ -99,7 +103,10 @@ inline void links_html(std::string& s, std::vector<std::string> const& files) {
 /// \brief The HTML text of the page: title, intro, the model table (one row
 /// per model: n_heads, the means of `detail::table_metrics`, the taxonomy
 /// counts; NaN shown as "n/a"), the overview pictures, then per model its
-/// pictures and file links.
+/// pictures and file links. Text is XML-escaped; picture and link paths are
+/// percent-encoded.
+/// \param[in] page the content.
+/// \returns the complete HTML document.
 inline std::string index_html(html_page const& page) {
     using detail::xml_escape;
     std::string s;
@@ -155,7 +162,9 @@ inline std::string index_html(html_page const& page) {
 }
 
 /// \brief Write index_html(page) to `path`.
-/// \throws std::runtime_error naming the path when it cannot be written.
+/// \param[in] path the file, created or truncated (usually `<dir>/index.html`).
+/// \param[in] page the content.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline void write_index_html(std::filesystem::path const& path, html_page const& page) {
     detail::write_text_file(path, "qkgeom::report::write_index_html", index_html(page));
 }

@@ -51,16 +51,19 @@ namespace qkgeom::report {
 // ---------------------------------------------------------------------------
 // File names (what write_pictures / write_model_comparison write)
 // ---------------------------------------------------------------------------
+/// \name Picture file names
+///@{
 inline constexpr std::string_view profile_svg_file = "plasticity_profile.svg";
 inline constexpr std::string_view heatmap_svg_file = "plasticity_heatmap.svg";
 inline constexpr std::string_view component_weights_svg_file = "component_weights.svg";
 inline constexpr std::string_view taxonomy_svg_file = "taxonomy_scatter.svg";
 inline constexpr std::string_view model_comparison_svg_file = "model_comparison.svg";
+///@}
 
 /// \brief Canvas size and plot margins in pixels (user units of the viewBox).
 struct svg_frame {
-    double width = 720;
-    double height = 440;
+    double width = 720;  ///< canvas width
+    double height = 440; ///< canvas height
     double left = 76;    ///< room for the y tick labels and the y label
     double right = 24;   ///< plots with a legend or colour bar add their own room
     double top = 52;     ///< title and subtitle
@@ -68,8 +71,12 @@ struct svg_frame {
 };
 
 /// \brief Options of every picture. Empty domains are chosen from the data.
+///
+/// \pre a given domain is finite with d0 < d1, and the frame's margins leave a
+///      positive plot area (neither is checked: otherwise coordinates are
+///      non-finite or the plot is inverted; nothing throws).
 struct picture_options {
-    svg_frame frame{};
+    svg_frame frame{};  ///< canvas and margins
     std::optional<std::array<double, 2>> y_domain;  ///< profiles / comparison / weights: fixed y range
     std::optional<std::array<double, 2>> x_domain;  ///< profiles: fixed x (position) range
     taxonomy_thresholds thresholds{};               ///< scatter: the lines at ±low, ±high (method §2)
@@ -81,19 +88,24 @@ struct picture_options {
 
 /// \brief What the pictures need of one head (no rows, no cells).
 struct head_picture {
-    head_id id;
+    head_id id;                            ///< which head
     std::vector<double> tau;               ///< τ_b of each profile bucket (method §4), ascending q_bucket
     std::vector<std::int64_t> q_bucket;    ///< the buckets' indices
     std::vector<double> ap;                ///< AP_b (method §6); NaN = no non-empty cell (a gap)
     std::vector<double> component_weight;  ///< method §4, head_component_weights.csv
     double pc0_r_q = qkgeom::detail::nan;          ///< method §2, PC0
-    double pc0_r_k = qkgeom::detail::nan;
-    head_class taxonomy = head_class::undefined;
+    double pc0_r_k = qkgeom::detail::nan;          ///< method §2, PC0
+    head_class taxonomy = head_class::undefined;   ///< the head's class (method §2)
     std::array<double, 10> ap_decile{};  ///< method §6 decile profile
     std::int64_t context_length = 0;     ///< L of the profile's quantiles
 };
 
 /// \brief Extract the picture data of one head.
+/// \param[in] h the head's analysis.
+/// \returns the compact copy (the profile, weights, PC0 correlations, class,
+///          decile profile and context length; the heatmap is not included:
+///          see heatmap_total::add).
+/// \throws std::bad_alloc if the copies cannot be allocated.
 inline head_picture picture_data(head_analysis const& h) {
     head_picture p;
     p.id = h.id;
@@ -121,14 +133,18 @@ inline head_picture picture_data(head_analysis const& h) {
 /// the pair-weighted mean over heads. Heads whose grid differs from the first
 /// head's are not added; they are counted in `n_heads_other_grid`.
 struct heatmap_total {
-    std::vector<double> distance_edges, offset_edges;
+    std::vector<double> distance_edges, offset_edges;              ///< the grid (of the first head added)
     Eigen::MatrixXd sum;                                           ///< distance bins × offset bins
-    Eigen::Matrix<std::int64_t, Eigen::Dynamic, Eigen::Dynamic> count;
-    std::int64_t n_outside = 0;
+    Eigen::Matrix<std::int64_t, Eigen::Dynamic, Eigen::Dynamic> count;  ///< pair counts, same shape as sum
+    std::int64_t n_outside = 0;           ///< pairs outside the grid, summed over added heads
     std::int64_t n_heads = 0;             ///< heads added
     std::int64_t n_heads_other_grid = 0;  ///< heads left out (another grid)
 
-    /// Add one head's heatmap.
+    /// \brief Add one head's heatmap. A heatmap with fewer than two edges on an
+    /// axis is ignored; one on another grid than the first is only counted in
+    /// n_heads_other_grid.
+    /// \param[in] h the head's heatmap.
+    /// \throws std::bad_alloc when the first grid's matrices cannot be allocated.
     void add(plasticity_heatmap const& h) {
         if (h.distance_edges.size() < 2 || h.offset_edges.size() < 2) return;
         if (n_heads == 0 && n_heads_other_grid == 0) {
@@ -147,7 +163,9 @@ struct heatmap_total {
         n_outside += h.n_outside;
         ++n_heads;
     }
-    /// Mean PP of cell (distance bin i, offset bin j); NaN when empty.
+    /// \brief Mean PP of cell (distance bin i, offset bin j).
+    /// \pre 0 ≤ i < sum.rows(), 0 ≤ j < sum.cols() (not checked).
+    /// \returns Σ sums / Σ counts over heads; NaN when the cell is empty.
     [[nodiscard]] double mean(Eigen::Index i, Eigen::Index j) const {
         return count(i, j) > 0 ? sum(i, j) / static_cast<double>(count(i, j)) : qkgeom::detail::nan;
     }
@@ -155,25 +173,36 @@ struct heatmap_total {
 
 /// \brief The picture data of one model, filled head by head.
 struct model_pictures {
-    std::string model;
-    std::vector<head_picture> heads;
-    heatmap_total heatmap;
+    std::string model;                ///< the model's name (titles, alt texts)
+    std::vector<head_picture> heads;  ///< per head, in the order added
+    heatmap_total heatmap;            ///< the summed heatmap
 
+    /// \brief An empty accumulator with no name.
     model_pictures() = default;
+    /// \brief An empty accumulator.
+    /// \param[in] name the model's name.
     explicit model_pictures(std::string name) : model(std::move(name)) {}
 
-    /// Add one head (its analysis can be dropped afterwards).
+    /// \brief Add one head (its analysis can be dropped afterwards).
+    /// \param[in] h the head's analysis.
+    /// \throws std::bad_alloc if the copy cannot be allocated.
     void add(head_analysis const& h) {
         heads.push_back(picture_data(h));
         heatmap.add(h.plasticity.heatmap);
     }
-    /// Add every head of a span.
+    /// \brief Add every head of a span, in order.
+    /// \param[in] hs the heads' analyses.
+    /// \throws std::bad_alloc if the copies cannot be allocated.
     void add(std::span<head_analysis const> hs) {
         for (auto const& h : hs) add(h);
     }
 };
 
 /// \brief The picture data of a model from its heads.
+/// \param[in] model the model's name.
+/// \param[in] heads the analysed heads.
+/// \returns the accumulator with every head added.
+/// \throws std::bad_alloc if the copies cannot be allocated.
 inline model_pictures collect_pictures(std::string model, std::span<head_analysis const> heads) {
     model_pictures m(std::move(model));
     m.heads.reserve(heads.size());
@@ -470,6 +499,9 @@ inline std::string plural(std::size_t n, std::string_view what) {
 /// position τ_b, a thin line per head (<path class="head">) and the model
 /// mean as a thick line (<path class="mean">: per query bucket, the mean of
 /// the finite AP_b over heads at the mean τ_b). NaN AP_b are gaps.
+/// \param[in] m the model's picture data (may hold no heads: an empty plot).
+/// \param[in] opt frame, domains and thresholds.
+/// \returns the SVG document.
 inline std::string profile_svg(model_pictures const& m, picture_options const& opt = {}) {
     svg_frame const f = opt.frame;
     detail::extent ex, ey;
@@ -530,6 +562,9 @@ inline std::string profile_svg(model_pictures const& m, picture_options const& o
 /// mean PP of the cell = Σ sums / Σ counts over heads. Cells with no pair are
 /// blank; the axes are cropped to the bins that hold data. A colour bar shows
 /// the scale. Each drawn cell is <rect class="cell" data-value="…">.
+/// \param[in] m the model's picture data (may hold no heads: an empty plot).
+/// \param[in] opt frame, domains and thresholds.
+/// \returns the SVG document.
 inline std::string heatmap_svg(model_pictures const& m, picture_options const& opt = {}) {
     svg_frame f = opt.frame;
     double const bar_room = 90;
@@ -634,6 +669,9 @@ inline std::string heatmap_svg(model_pictures const& m, picture_options const& o
 /// coordinate j the mean `component_weight` over heads as a bar
 /// (<rect class="mean">) and the per-head spread as a min–max whisker
 /// (<line class="spread">). A coordinate with no finite weight is left out.
+/// \param[in] m the model's picture data (may hold no heads: an empty plot).
+/// \param[in] opt frame, domains and thresholds.
+/// \returns the SVG document.
 inline std::string component_weights_svg(model_pictures const& m, picture_options const& opt = {}) {
     svg_frame const f = opt.frame;
     std::size_t d = 0;
@@ -689,6 +727,9 @@ inline std::string component_weights_svg(model_pictures const& m, picture_option
 /// (y) per head (<circle class="head">), coloured by class, with dashed lines
 /// at ±low and ±high; a legend with the count per class. A head with a NaN
 /// correlation is not drawn; the legend counts it as "n/a".
+/// \param[in] m the model's picture data (may hold no heads: an empty plot).
+/// \param[in] opt frame, domains and thresholds.
+/// \returns the SVG document.
 inline std::string taxonomy_svg(model_pictures const& m, picture_options const& opt = {}) {
     svg_frame f = opt.frame;
     double const legend_room = 190;
@@ -742,6 +783,9 @@ inline std::string taxonomy_svg(model_pictures const& m, picture_options const& 
 /// averaged over heads, one line per model (<path class="model">) with a
 /// marker per finite decile; x = decile centre as a fraction of the context
 /// length. A NaN decile is a gap. `models` are the model_report.csv rows.
+/// \param[in] models the models, one line (and palette colour) each, in order.
+/// \param[in] opt frame and y domain.
+/// \returns the SVG document.
 inline std::string model_comparison_svg(std::span<model_entry const> models, picture_options const& opt = {}) {
     svg_frame f = opt.frame;
     double const legend_room = 150;
@@ -789,13 +833,18 @@ struct picture_file {
     std::filesystem::path path;  ///< where it was written
     std::string file;            ///< file name, e.g. "plasticity_profile.svg"
     std::string alt;             ///< one-line description
-    double width = 0, height = 0;
+    double width = 0, height = 0;  ///< the canvas size (picture_options::frame)
 };
 
 /// \brief Write the four per-model pictures into `out_dir` (which must
 /// exist): plasticity_profile.svg, plasticity_heatmap.svg,
-/// component_weights.svg, taxonomy_scatter.svg. Returns them in that order.
-/// \throws std::runtime_error naming a file that cannot be written.
+/// component_weights.svg, taxonomy_scatter.svg. Existing files are overwritten.
+/// \param[in] out_dir the directory; it must exist (it is not created).
+/// \param[in] m the model's picture data.
+/// \param[in] opt frame, domains and thresholds, used for all four.
+/// \returns the four files, in that order.
+/// \throws std::runtime_error naming a file that cannot be opened or written
+///         (files written before it are left in place).
 inline std::vector<picture_file> write_pictures(std::filesystem::path const& out_dir, model_pictures const& m,
                                                 picture_options const& opt = {}) {
     std::vector<picture_file> out;
@@ -816,6 +865,12 @@ inline std::vector<picture_file> write_pictures(std::filesystem::path const& out
 }
 
 /// \brief Write model_comparison.svg (one line per model) to `path`.
+/// \param[in] path the file, created or truncated (conventionally named
+///            model_comparison_svg_file).
+/// \param[in] models the models, as model_comparison_svg.
+/// \param[in] opt frame and y domain.
+/// \returns the file's entry (file = path's file name; alt lists the models).
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
 inline picture_file write_model_comparison(std::filesystem::path const& path, std::span<model_entry const> models,
                                            picture_options const& opt = {}) {
     detail::write_text_file(path, "qkgeom::report::write_model_comparison", model_comparison_svg(models, opt));
