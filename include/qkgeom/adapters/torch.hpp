@@ -41,14 +41,16 @@ enum class torch_layout : std::uint8_t {
     bthd = 1,  ///< [batch, tokens, heads, head_dim]: the projection's `view(B, T, H, D)` before the transpose
 };
 
-/// \brief Name of a layout ("bhtd", "bthd").
+/// \brief Name of a layout.
+/// \param[in] l the layout.
+/// \returns "bhtd" or "bthd" (a static string; any value other than bthd gives "bhtd").
 constexpr const char* torch_layout_name(torch_layout l) noexcept {
     return l == torch_layout::bthd ? "bthd" : "bhtd";
 }
 
 /// \brief The sizes of a rank-4 attention tensor, whatever its axis order.
 struct attention_shape {
-    std::int64_t batch = 0, heads = 0, tokens = 0, head_dim = 0;
+    std::int64_t batch = 0, heads = 0, tokens = 0, head_dim = 0;  ///< B, H, T, D
 };
 
 namespace detail {
@@ -113,7 +115,14 @@ inline at::Tensor torch_on_host(at::Tensor const& t) {
 
 /// \brief The sizes (batch, heads, tokens, head_dim) of a rank-4 attention
 /// tensor in the given layout.
-/// \throws std::invalid_argument when `x` is not a rank-4 strided tensor.
+/// \param[in] x the tensor (any device, any floating or other dtype: only the
+///            sizes are read).
+/// \param[in] layout the axis order of `x`.
+/// \param[in] where function name used in error messages.
+/// \param[in] arg argument name used in error messages.
+/// \returns the sizes, named.
+/// \throws std::invalid_argument when `x` is undefined, not strided, quantized
+///         or not of rank 4.
 inline attention_shape attention_shape_of(at::Tensor const& x, torch_layout layout,
                                           std::string_view where = "qkgeom::attention_shape_of",
                                           std::string_view arg = "x") {
@@ -128,8 +137,14 @@ inline attention_shape attention_shape_of(at::Tensor const& x, torch_layout layo
 /// \brief The [tokens, head_dim] rows of one (batch, head) of a rank-4
 /// attention tensor: a strided view of `x` (no copy, whatever the layout or
 /// the strides of `x`), detached from autograd.
-/// \throws std::invalid_argument for a tensor that is not rank 4, or a batch
-///         or head index out of range (naming it).
+/// \param[in] x the rank-4 tensor; the result shares its storage.
+/// \param[in] layout the axis order of `x`.
+/// \param[in] batch the batch index, 0 ≤ batch < B.
+/// \param[in] head the head index, 0 ≤ head < H.
+/// \returns the [T, D] view (same device and dtype as `x`; the dtype is not
+///          checked here but when the view is read).
+/// \throws std::invalid_argument for an undefined, non-strided, quantized or
+///         not rank-4 tensor, or a batch or head index out of range (naming it).
 inline at::Tensor head_rows(at::Tensor const& x, torch_layout layout, std::int64_t batch, std::int64_t head) {
     constexpr std::string_view fn = "qkgeom::head_rows";
     auto const s = attention_shape_of(x, layout, fn, "x");
@@ -145,11 +160,19 @@ inline at::Tensor head_rows(at::Tensor const& x, torch_layout layout, std::int64
 /// the CPU, else its host copy), so the reader stays valid on its own.
 class torch_matrix {
 public:
+    /// \brief An empty 0 × 0 reader.
     torch_matrix() = default;
 
+    /// \brief Makes the reader; a non-CPU tensor is copied to the host here,
+    /// synchronously.
+    /// \param[in] t the rank-2 [tokens, head_dim] tensor.
+    /// \param[in] where function name used in error messages.
+    /// \param[in] arg argument name used in error messages.
     /// \throws std::invalid_argument for an undefined, non-strided or
     ///         quantized tensor, a rank other than 2, or a dtype other than
     ///         f32/f64/f16/bf16 (naming `arg` and the offending value).
+    /// \throws c10::Error (a std::exception) when LibTorch fails to copy the
+    ///         tensor to the host.
     explicit torch_matrix(at::Tensor const& t, std::string_view where = "qkgeom::as_matrix(at::Tensor)",
                           std::string_view arg = "tensor") {
         detail::check_torch_strided(t, where, arg);
@@ -165,13 +188,18 @@ public:
         data_ = host_.data_ptr();
     }
 
+    /// \returns the number of rows (tokens).
     [[nodiscard]] index_t rows() const noexcept { return rows_; }
+    /// \returns the number of columns (head dimension).
     [[nodiscard]] index_t cols() const noexcept { return cols_; }
+    /// \returns "f64", "f32", "f16" or "bf16".
     [[nodiscard]] std::string_view dtype() const noexcept { return detail::torch_elem_name(elem_); }
-    /// The host tensor read (the input itself when it was on the CPU).
+    /// \returns the host tensor read (the input, detached, when it was on the CPU).
     [[nodiscard]] at::Tensor const& host_tensor() const noexcept { return host_; }
 
-    /// Element (i, j) widened to double.
+    /// \brief Element (i, j) widened to double.
+    /// \pre 0 ≤ i < rows(), 0 ≤ j < cols() (not checked).
+    /// \returns the element, exactly widened.
     [[nodiscard]] double operator()(index_t i, index_t j) const noexcept {
         index_t const o = i * rs_ + j * cs_;
         switch (elem_) {
@@ -183,7 +211,9 @@ public:
         return 0.0;
     }
 
-    /// Widen row i into out[0 .. cols()) (exact for every dtype).
+    /// \brief Widen row i into out[0 .. cols()) (exact for every dtype).
+    /// \param[in] i the row, 0 ≤ i < rows() (not checked).
+    /// \param[out] out buffer of at least cols() doubles.
     void read_row(index_t i, double* out) const noexcept {
         switch (elem_) {
             case detail::torch_elem::f64: view<double>().read_row(i, out); return;
@@ -219,9 +249,19 @@ static_assert(sizeof(c10::Half) == sizeof(float16) && sizeof(c10::BFloat16) == s
 /// their stride; tensors on other devices are copied to the host once.
 class torch_indices {
 public:
+    /// \brief An empty reader.
     torch_indices() = default;
 
-    /// \throws std::invalid_argument for a rank other than 1 or a non-integer dtype.
+    /// \brief Makes the reader; a non-CPU tensor is copied to the host here,
+    /// synchronously.
+    /// \param[in] t the rank-1 integer tensor.
+    /// \param[in] where function name used in error messages.
+    /// \param[in] arg argument name used in error messages.
+    /// \throws std::invalid_argument for an undefined, non-strided or quantized
+    ///         tensor, a rank other than 1, or a dtype other than int64, int32,
+    ///         int16, int8 or uint8.
+    /// \throws c10::Error (a std::exception) when LibTorch fails to copy the
+    ///         tensor to the host.
     explicit torch_indices(at::Tensor const& t, std::string_view where = "qkgeom::as_indices(at::Tensor)",
                            std::string_view arg = "tensor") {
         detail::check_torch_strided(t, where, arg);
@@ -241,7 +281,10 @@ public:
         data_ = host_.data_ptr();
     }
 
+    /// \returns the number of elements.
     [[nodiscard]] index_t size() const noexcept { return size_; }
+    /// \pre 0 ≤ i < size() (not checked).
+    /// \returns element i as int64.
     [[nodiscard]] std::int64_t operator[](index_t i) const noexcept {
         index_t const o = i * stride_;
         switch (type_) {
@@ -265,7 +308,9 @@ private:
 /// rank and dtype are checked at run time, when the reader is made).
 template <>
 struct tensor_traits<at::Tensor> {
+    /// \returns `torch_matrix(t)`. \throws as the torch_matrix constructor.
     static torch_matrix as_matrix(at::Tensor const& t) { return torch_matrix(t); }
+    /// \returns `torch_indices(t)`. \throws as the torch_indices constructor.
     static torch_indices as_indices(at::Tensor const& t) { return torch_indices(t); }
 };
 
