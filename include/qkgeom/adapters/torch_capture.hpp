@@ -58,7 +58,16 @@ namespace qkgeom {
 /// manifest.json) from the model's layout, its RoPE, the token sampler and the
 /// head sampling: everything the analysis depends on. Per-layer sliding
 /// windows come from the layout (recorded, none = full attention).
-/// \throws std::invalid_argument for an invalid layout or sampler.
+/// \param[in] model the model's name.
+/// \param[in] layout per-layer head counts, sliding windows and head_dim.
+/// \param[in] rope the RoPE the captured rows went through (recorded as given,
+///            not validated here).
+/// \param[in] sampler the method §0.1 token sampler (buckets and seed).
+/// \param[in] heads the head sampling (recorded as given, not validated here).
+/// \param[in] context_length the largest position + 1 the capture accepts, ≥ 1.
+/// \returns the manifest, with rope and heads recorded (as torch_capture requires).
+/// \throws std::invalid_argument for an invalid layout (check_layout), an
+///         invalid bucket spec, or context_length < 1.
 inline io::manifest make_capture_manifest(std::string model, model_layout const& layout, rope_spec rope,
                                           capture_sampler sampler, io::head_sampling heads,
                                           std::int64_t context_length) {
@@ -86,13 +95,18 @@ inline io::manifest make_capture_manifest(std::string model, model_layout const&
 /// \brief The moments of every analysed head of a capture, with the manifest
 /// they depend on: the unit that shards reduce to and merge.
 struct capture_moments {
-    io::manifest manifest;
+    io::manifest manifest;            ///< what the moments depend on
     std::vector<head_moments> heads;  ///< one per analysed head (io::sampled_heads order)
 
     /// \brief Merge another shard: the manifests must be compatible
     /// (io::check_compatible names the first differing field), then every
     /// head merges (Chan, method §1).
-    /// \throws std::invalid_argument naming the field.
+    /// \param[in] o the other shard, with its heads in the same order.
+    /// \returns `*this`.
+    /// \throws std::invalid_argument naming the first differing manifest field,
+    ///         or when the head counts differ; also what head_moments::operator+=
+    ///         throws (e.g. differing head ids). On a throw during the head
+    ///         loop, the heads before the failing one are already merged.
     capture_moments& operator+=(capture_moments const& o) {
         io::check_compatible(manifest, o.manifest);
         if (o.heads.size() != heads.size())
@@ -133,7 +147,7 @@ enum class torch_capture_mode : std::uint8_t {
 /// \brief Options of `torch_capture`.
 struct torch_capture_options {
     torch_layout layout = torch_layout::bhtd;        ///< axis order of queries and keys
-    torch_capture_mode mode = torch_capture_mode::rows;
+    torch_capture_mode mode = torch_capture_mode::rows;  ///< where the kept rows go
     bool pinned = true;  ///< stage device → host copies in pinned memory (CUDA only; ignored elsewhere)
 };
 
@@ -177,6 +191,11 @@ inline std::string torch_shape_text(at::Tensor const& t) {
 /// `Scalar` is the element type of the host row store (float by default:
 /// f32, f16 and bf16 rows are stored exactly; use double for f64 rows).
 /// Not thread-safe: one capture per thread or stream, merged with `+=`.
+///
+/// \tparam Scalar float or double.
+///
+/// Errors from LibTorch itself (device copies, gathers, event waits) leave
+/// as c10::Error (a std::exception) from every member that touches tensors.
 template <class Scalar = float>
 class torch_capture {
 public:
@@ -184,6 +203,8 @@ public:
     /// The manifest must record the RoPE (`rope`) and the head sampling
     /// (`heads`); per-layer sliding windows not recorded are recorded as
     /// full attention.
+    /// \param[in] manifest the capture's manifest (make_capture_manifest).
+    /// \param[in] opt layout, mode and pinned staging.
     /// \throws std::invalid_argument for a manifest without RoPE or head
     ///         sampling, or an invalid one (layout, bucket scheme).
     explicit torch_capture(io::manifest manifest, torch_capture_options opt = {})
@@ -209,14 +230,15 @@ public:
     torch_capture& operator=(torch_capture&&) = default;
     ~torch_capture() = default;
 
-    /// The manifest (write it with io::write_manifest, or `write_dataset`).
+    /// \returns the manifest (write it with io::write_manifest, or `write_dataset`).
     [[nodiscard]] io::manifest const& manifest() const noexcept { return manifest_; }
-    /// The model layout (io::layout_of(manifest())).
+    /// \returns the model layout (io::layout_of(manifest())).
     [[nodiscard]] model_layout const& layout() const noexcept { return layout_; }
-    /// The analysed heads, ascending (io::sampled_heads(manifest())).
+    /// \returns the analysed heads, ascending (io::sampled_heads(manifest())).
     [[nodiscard]] std::vector<head_pair> const& heads() const noexcept { return heads_; }
-    /// The method §0.1 token sampler (the manifest's buckets and seed).
+    /// \returns the method §0.1 token sampler (the manifest's buckets and seed).
     [[nodiscard]] capture_sampler const& sampler() const noexcept { return sampler_; }
+    /// \returns the options given at construction.
     [[nodiscard]] torch_capture_options const& options() const noexcept { return opt_; }
 
     /// \brief One step of one layer: the post-RoPE queries [B, Hq, T, D] and
@@ -228,12 +250,26 @@ public:
     /// Positions are never assumed: padding, KV-cache offsets and chunked
     /// batches shift them. Positions and example ids may live on any device;
     /// CPU tensors avoid a device synchronisation.
-    /// \throws std::invalid_argument naming the argument and the value: rank,
-    ///         layout sizes, Hq not a multiple of Hkv, head counts or head_dim
-    ///         differing from the manifest, batch/token mismatch, positions or
-    ///         example ids of the wrong shape, positions < 0 or >= the
-    ///         manifest's context_length, dtype, device. Nothing is captured
-    ///         by a call that throws.
+    /// \param[in] layer the layer index, 0 ≤ layer < n_layers.
+    /// \param[in] queries post-RoPE queries, f32/f64/f16/bf16, rank 4.
+    /// \param[in] keys post-RoPE keys, same dtype, device, batch, tokens and
+    ///            head_dim as the queries.
+    /// \param[in] positions integer tensor [B, T] or [T]; 0 ≤ position < context_length.
+    /// \param[in] example_ids integer tensor [B] or [B, T].
+    /// \param[in] sliding_window the layer's window, equal to the manifest's.
+    /// \pre the tensors are not written to until the step's copy has been read
+    ///      (the next call or synchronize()); gathers are taken at call time.
+    /// \throws std::invalid_argument naming the argument and the value: layer
+    ///         out of range, rank, layout sizes, Hq not a multiple of Hkv, head
+    ///         counts or head_dim differing from the manifest, batch/token
+    ///         mismatch, sliding window, positions or example ids of the wrong
+    ///         shape or dtype, positions < 0 or >= the manifest's
+    ///         context_length, dtype, device. Nothing is captured by a call that
+    ///         throws for one of these.
+    /// \throws std::invalid_argument (modes rows and moments) for a non-finite
+    ///         value in rows read during the call: those of an earlier step, or
+    ///         of this one when the tensors are on the CPU. That error comes
+    ///         after this step has been recorded.
     void operator()(std::int64_t layer, at::Tensor const& queries, at::Tensor const& keys,
                     at::Tensor const& positions, at::Tensor const& example_ids,
                     std::optional<std::int64_t> sliding_window) {
@@ -383,14 +419,17 @@ public:
     /// \brief Wait for every pending copy and absorb it (rows, host moments);
     /// fold the device moments into the host moments.
     /// \throws std::invalid_argument when a captured value is not finite
-    ///         (naming the layer, kind and head).
+    ///         (in host modes naming the row and column; in device_moments
+    ///         naming the layer and kind).
     void synchronize() {
         while (!pending_.empty()) consume_front();
         fold_device();
     }
 
     /// \brief The host row store (mode `rows`), after `synchronize()`.
-    /// \throws std::logic_error in the other modes.
+    /// \returns a reference to the capture's store (its contents change with
+    ///          later steps and merges).
+    /// \throws std::logic_error in the other modes; as synchronize().
     [[nodiscard]] capture_store<Scalar> const& store() {
         if (opt_.mode != torch_capture_mode::rows)
             throw std::logic_error("qkgeom::torch_capture::store: rows are kept only in mode `rows`");
@@ -402,8 +441,14 @@ public:
     /// DIR/manifest.json and one entry per stored (layer, kind, head), the
     /// vectors stored as `vector_dtype` ("f32", "f64", "f16", "bf16"; rows
     /// captured in bf16/f16 round-trip exactly in their own dtype or wider).
-    /// \throws as io::write_manifest / io::write_head; std::logic_error in
-    ///         the other modes.
+    /// \param[in] dir the dataset directory.
+    /// \param[in] format the per-head file format.
+    /// \param[in] vector_dtype "f32", "f64", "f16" or "bf16".
+    /// \throws as io::write_manifest / io::write_head (qkgeom::input_error for
+    ///         an entry the manifest rejects, std::invalid_argument for a bad
+    ///         vector_dtype or an I/O failure); std::logic_error in the other
+    ///         modes; as synchronize(). Files written before a failure are left
+    ///         in place.
     void write_dataset(std::filesystem::path const& dir, io::storage_format format = io::storage_format::npy,
                        std::string_view vector_dtype = "f32") {
         auto const& st = store();
@@ -428,8 +473,10 @@ public:
     /// \brief The moments of one analysed head (modes `moments` and
     /// `device_moments`), after `synchronize()`: its query head's rows and
     /// the rows of the key head it reads (method §0 GQA mapping).
-    /// \throws std::invalid_argument when the head is not in the manifest;
-    ///         std::logic_error in mode `rows`.
+    /// \param[in] h the head (layer, q_head, k_head), one of heads().
+    /// \returns its moments; a kind with no captured row has no buckets.
+    /// \throws std::invalid_argument when the head is not an analysed head;
+    ///         std::logic_error in mode `rows`; as synchronize().
     [[nodiscard]] head_moments moments(head_pair const& h) {
         if (opt_.mode == torch_capture_mode::rows)
             throw std::logic_error("qkgeom::torch_capture::moments: mode `rows` keeps rows; use store()");
@@ -448,6 +495,8 @@ public:
 
     /// \brief Every analysed head's moments with the manifest (modes
     /// `moments`, `device_moments`).
+    /// \returns one head_moments per heads() entry, in that order, and the manifest.
+    /// \throws std::logic_error in mode `rows`; as synchronize().
     [[nodiscard]] capture_moments result() {
         capture_moments out;
         out.manifest = manifest_;
@@ -457,8 +506,12 @@ public:
 
     /// \brief Merge another capture of the same manifest and mode (shards,
     /// threads, devices): rows are appended, moments merged (Chan, method §1).
+    /// \param[in,out] o the other capture; it is synchronised (its pending
+    ///            copies are absorbed) but otherwise left as it was.
+    /// \pre `o` is not `*this`.
+    /// \returns `*this`.
     /// \throws std::invalid_argument naming the manifest field that differs,
-    ///         or the mode.
+    ///         or the mode; as synchronize() (of either capture).
     torch_capture& operator+=(torch_capture& o) {
         constexpr std::string_view fn = "qkgeom::torch_capture::operator+=";
         io::check_compatible(manifest_, o.manifest_);
@@ -479,11 +532,12 @@ public:
         return *this;
     }
 
-    /// Steps seen (calls, all layers).
+    /// \returns the steps seen (calls, all layers).
     [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
-    /// Rows gathered (kept tokens × selected heads, queries and keys).
+    /// \returns the rows gathered (kept tokens × selected heads, queries and keys).
     [[nodiscard]] std::int64_t rows_captured() const noexcept { return rows_captured_; }
-    /// Bytes copied from a device to the host for rows (0 for CPU tensors and in device_moments mode).
+    /// \returns the bytes copied from a device to the host for rows (0 for CPU
+    /// tensors and in device_moments mode).
     [[nodiscard]] std::int64_t bytes_to_host() const noexcept { return bytes_to_host_; }
 
 private:
