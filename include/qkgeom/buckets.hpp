@@ -61,6 +61,7 @@ struct bucket_spec {
     bucket_scheme scheme = bucket_scheme::uniform;  ///< the scheme
     std::int64_t width = 128;                       ///< B (uniform, all) or B_min (log); >= 1
     double rate = 1.0;                              ///< keep rate (uniform, log); finite, > 0
+    /// \returns true when scheme, width and rate are all equal.
     friend bool operator==(bucket_spec const&, bucket_spec const&) = default;
 };
 
@@ -209,7 +210,11 @@ constexpr std::uint64_t keep_hash(std::uint64_t seed, std::int64_t example_id, s
 }
 
 /// \brief The uniform variate of one token: u = (keep_hash >> 11) · 2^-53 ∈ [0, 1).
-/// \param[in] seed, example_id, layer, k, position as keep_hash.
+/// \param[in] seed the capture seed.
+/// \param[in] example_id the example (sequence) id.
+/// \param[in] layer the layer index.
+/// \param[in] k query or key.
+/// \param[in] position the token position (not checked).
 /// \returns u, exact (53 bits).
 /// \sa keep_hash, keep_token
 constexpr double keep_uniform(std::uint64_t seed, std::int64_t example_id, std::int64_t layer, kind k,

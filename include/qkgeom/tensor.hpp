@@ -52,6 +52,9 @@ namespace qkgeom {
 /// \brief Customisation point for element types: `name` (the dtype string used
 /// in messages and files) and an exact widening `to_double`. The primary
 /// template is undefined on purpose: only listed types are elements.
+/// Each specialisation below (double, float, qkgeom's bfloat16 / float16,
+/// Eigen::half, Eigen::bfloat16) has `static double to_double(T v) noexcept`,
+/// returning `v` exactly widened.
 template <class T>
 struct element_traits;
 
