@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   g++ clang                     # g++ 12 (default build), clang++ 14 (sanitizer build)
   libeigen3-dev                 # Eigen 3.4 (core)
-  libboost-dev libboost-math-dev  # Boost.Math 1.74 (core)
+  libboost-dev                  # Boost 1.74 headers, tests only: Boost.Multiprecision references (the library needs no Boost)
   librange-v3-dev               # range-v3 0.12 (adapter tests)
   libxtensor-dev libxtensor-blas-dev  # xtensor 0.24 + xtensor-blas (adapter)
   catch2                        # Catch2 2.13 (tests)

@@ -6,9 +6,16 @@
 #      built and run against the prefix, and must have found the *installed*
 #      qkgeomConfig.cmake (not the build tree, not a system copy);
 #   2. through pkg-config -- test_package.cpp compiled with the flags of the
-#      installed qkgeom.pc, and run.
+#      installed qkgeom.pc, and run;
+#   3. with the program (EXPECT_PROGRAM, i.e. the build has QKGEOM_BUILD_PROGRAM):
+#      <prefix>/bin/qkgeom exists and runs, find_package(qkgeom) gives the
+#      imported executable qkgeom::program located under the prefix, and
+#      test_package's program tests (`qkgeom --help`, a one-layer demo that
+#      writes summary.txt) pass under CTest. Without it, no bin/qkgeom and no
+#      qkgeom::program.
 #
-# Inputs (-D): QKGEOM_BUILD_DIR, QKGEOM_SOURCE_DIR, WORK_DIR, CXX.
+# Inputs (-D): QKGEOM_BUILD_DIR, QKGEOM_SOURCE_DIR, WORK_DIR, CXX;
+# EXPECT_PROGRAM (0 or 1, default 0).
 cmake_minimum_required(VERSION 3.25)
 
 foreach(_var QKGEOM_BUILD_DIR QKGEOM_SOURCE_DIR WORK_DIR CXX)
@@ -16,6 +23,9 @@ foreach(_var QKGEOM_BUILD_DIR QKGEOM_SOURCE_DIR WORK_DIR CXX)
     message(FATAL_ERROR "run_consumer.cmake: -D${_var}=... is required")
   endif()
 endforeach()
+if(NOT DEFINED EXPECT_PROGRAM OR "${EXPECT_PROGRAM}" STREQUAL "")
+  set(EXPECT_PROGRAM 0)
+endif()
 
 set(_prefix "${WORK_DIR}/prefix")
 set(_build "${WORK_DIR}/build")
@@ -57,9 +67,30 @@ foreach(_f include/qkgeom/plasticity.hpp share/qkgeom/qkgeomConfig.cmake
   endif()
 endforeach()
 
+# --- the program: installed as bin/qkgeom with the package ----------------------
+set(_program "${_prefix}/bin/qkgeom${CMAKE_EXECUTABLE_SUFFIX}")
+if(CMAKE_HOST_WIN32)
+  set(_program "${_prefix}/bin/qkgeom.exe")
+endif()
+if(EXPECT_PROGRAM)
+  foreach(_f "${_program}" "${_prefix}/share/qkgeom/qkgeomProgramTargets.cmake")
+    if(NOT EXISTS "${_f}")
+      message(FATAL_ERROR "consumer: the build has the program (QKGEOM_BUILD_PROGRAM) but the install step "
+                          "did not produce ${_f}")
+    endif()
+  endforeach()
+  run("run installed qkgeom --help" "${_program}" --help)
+  if(NOT _out MATCHES "Usage:")
+    message(FATAL_ERROR "consumer: '${_program} --help' printed no usage:\n${_out}")
+  endif()
+elseif(EXISTS "${_program}")
+  message(FATAL_ERROR "consumer: ${_program} was installed although the build has no program")
+endif()
+
 # --- find_package(qkgeom CONFIG) ------------------------------------------------
 run("configure test_package" "${CMAKE_COMMAND}" -S "${_tp}" -B "${_build}"
     "-DCMAKE_PREFIX_PATH=${_prefix}"
+    "-DQKGEOM_REQUIRE_PROGRAM=${EXPECT_PROGRAM}"
     "-DCMAKE_CXX_COMPILER=${CXX}"
     -DCMAKE_BUILD_TYPE=Release
     -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
@@ -79,6 +110,11 @@ if(NOT _under_prefix)
   message(FATAL_ERROR "consumer: find_package(qkgeom) used ${_qkgeom_dir}, not the installed config under ${_prefix}")
 endif()
 message(STATUS "consumer: qkgeom_DIR = ${_qkgeom_dir} (installed prefix)")
+if(EXPECT_PROGRAM AND NOT _out MATCHES "qkgeom::program found")
+  message(FATAL_ERROR "consumer: find_package(qkgeom) gave no qkgeom::program:\n${_out}")
+elseif(NOT EXPECT_PROGRAM AND _out MATCHES "qkgeom::program found")
+  message(FATAL_ERROR "consumer: find_package(qkgeom) gave qkgeom::program although the build has no program")
+endif()
 
 # ... and must compile against the installed headers, not the source tree.
 if(EXISTS "${_build}/compile_commands.json")
@@ -103,6 +139,36 @@ if(_exe STREQUAL "")
 endif()
 run("run test_package (find_package)" "${_exe}")
 message(STATUS "consumer: ${_out}")
+
+# test_package's CTest tests: test_package itself and, with the program, the
+# runs of qkgeom::program. The program they ran must be the installed one.
+if(DEFINED CMAKE_CTEST_COMMAND)
+  set(_ctest "${CMAKE_CTEST_COMMAND}")
+else()
+  get_filename_component(_cmake_bin "${CMAKE_COMMAND}" DIRECTORY)
+  set(_ctest "${_cmake_bin}/ctest")
+endif()
+run("ctest test_package" "${_ctest}" --test-dir "${_build}" -C Release -V --output-on-failure)
+set(_expected_tests test_package)
+if(EXPECT_PROGRAM)
+  list(APPEND _expected_tests program.help program.demo)
+endif()
+foreach(_t IN LISTS _expected_tests)
+  if(NOT _out MATCHES "Test +#[0-9]+: ${_t} [.]+ +Passed")
+    message(FATAL_ERROR "consumer: test_package's test '${_t}' did not pass:\n${_out}")
+  endif()
+endforeach()
+if(EXPECT_PROGRAM)
+  if(NOT _out MATCHES "check_program: ([^\n]+) demo wrote")
+    message(FATAL_ERROR "consumer: program.demo did not report the program it ran:\n${_out}")
+  endif()
+  file(REAL_PATH "${CMAKE_MATCH_1}" _ran)
+  file(REAL_PATH "${_program}" _real_program)
+  if(NOT _ran STREQUAL _real_program)
+    message(FATAL_ERROR "consumer: qkgeom::program is ${CMAKE_MATCH_1}, not the installed ${_program}")
+  endif()
+  message(STATUS "consumer: qkgeom::program = ${_ran} (installed prefix)")
+endif()
 
 # --- pkg-config -----------------------------------------------------------------
 find_program(_pkg_config NAMES pkg-config pkgconf)
