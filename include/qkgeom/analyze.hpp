@@ -3,6 +3,7 @@
 #pragma once
 
 #include <qkgeom/attention_plasticity.hpp>
+#include <qkgeom/head.hpp>
 #include <qkgeom/householder.hpp>
 #include <qkgeom/moments.hpp>
 #include <qkgeom/pca.hpp>
@@ -44,8 +45,10 @@ struct head_analysis {
 
 namespace detail {
 
-/// The closed forms over a head's moments (method §2–4), shared by both entry points.
-inline head_analysis closed_forms(head_moments const& hm, analysis_options const& opt) {
+/// The closed forms over a head's moments (method §2–4), shared by both
+/// entry points (a function template: instantiated on use).
+template <class = void>
+head_analysis closed_forms(head_moments const& hm, analysis_options const& opt) {
     head_analysis out;
     out.id = hm.id;
     out.n_q_tokens = hm.q.count();
@@ -59,42 +62,70 @@ inline head_analysis closed_forms(head_moments const& hm, analysis_options const
 
 }  // namespace detail
 
-/// \brief Analyse one head from its rows (any adapted tensor types): queries
-/// with positions and buckets, keys with positions, buckets and example ids.
-/// The moments are reduced once and shared by PCA, rotation and Householder;
-/// the rows serve the diagnostics, the key pairs and the empirical check.
-template <RowMatrix XQ, IndexVector PQ, IndexVector BQ, RowMatrix XK, IndexVector PK, IndexVector BK,
-          IndexVector EK>
-head_analysis analyze_head(XQ const& queries, PQ const& q_position, BQ const& q_bucket, XK const& keys,
-                           PK const& k_position, BK const& k_bucket, EK const& k_example,
-                           analysis_options const& opt = {}, head_id id = {}) {
-    auto const qr = as_matrix(queries);
-    auto const kr = as_matrix(keys);
+/// \brief Analyse one head (method §2–6): PCA, planar rotation, Householder
+/// decomposition, normality diagnostics and attention plasticity with its
+/// empirical cross-check, from the head's rows. The moments are reduced once
+/// and shared by PCA, rotation and Householder; the rows serve the
+/// diagnostics, the key pairs and the empirical check.
+///
+/// \param[in] head  the head: identity (copied to the result), capture facts
+///                  (bucket scheme, sliding window, context length) and the
+///                  query and key rows (any RowMatrix types). Keys need
+///                  example ids; query example ids are optional.
+/// \param[in] opt   options of every analysis (thesis defaults)
+/// \returns every metric of the head (the columns of head_metrics.csv and
+///          the per-bucket, per-component and per-cell tables)
+/// \pre queries and keys have the same head dimension, at least one row each
+/// \throws std::invalid_argument when queries and keys differ in head
+///         dimension, a kind has no rows, a length differs from the rows, a
+///         row holds NaN/Inf, a position or bucket is negative, a bucket does
+///         not match its position under the facts' scheme (both arrays named),
+///         the facts are inconsistent, or an option is out of range.
+///         Numerical outcomes (degenerate axes, failed decompositions) are
+///         flags, statuses and NaN in the result, never exceptions.
+template <RowMatrix QM, RowMatrix KM>
+head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options const& opt = {}) {
+    constexpr std::string_view fn = "qkgeom::analyze_head";
+    auto const qr = as_matrix(head.queries.vectors);
+    auto const kr = as_matrix(head.keys.vectors);
     if (qr.cols() != kr.cols())
-        detail::fail_arg("qkgeom::analyze_head", "queries and keys differ in head dimension: queries have " +
-                                                     std::to_string(qr.cols()) + " columns, keys have",
+        detail::fail_arg(fn, "queries and keys differ in head dimension: queries have " + std::to_string(qr.cols()) +
+                                 " columns, keys have",
                          kr.cols());
-    head_moments hm(qr.cols(), id);
-    hm.add(kind::query, queries, q_position, q_bucket);
-    hm.add(kind::key, keys, k_position, k_bucket);
+    detail::check_facts(fn, head.facts);
+    detail::check_annotations(fn, "queries", qr.rows(), head.queries.position, head.queries.bucket,
+                              head.queries.example_id, false, head.facts);
+    detail::check_annotations(fn, "keys", kr.rows(), head.keys.position, head.keys.bucket, head.keys.example_id,
+                              true, head.facts);
+    head_moments hm(qr.cols(), head.id);
+    hm.add(kind::query, head.queries);
+    hm.add(kind::key, head.keys);
     head_analysis out = detail::closed_forms(hm, opt);
     // The rows were validated by the moments pass (hm.add): the later passes
     // check shapes and integers only.
     if (opt.diagnostics)
-        out.diagnostics = detail::diagnostics_of(out.householder, queries, q_position, opt.ks_alpha, true);
-    out.plasticity = detail::plasticity_of(out.householder, keys, k_position, k_bucket, k_example, &queries,
-                                           &q_position, &q_bucket, opt.plasticity, true);
+        out.diagnostics = detail::diagnostics_of(out.householder, head.queries.vectors, head.queries.position,
+                                                 opt.ks_alpha, true);
+    out.plasticity = detail::plasticity_of(out.householder, head, opt.plasticity, false);
     return out;
 }
 
 /// \brief Analyse one head from its (merged) moments and its key rows: every
 /// closed form; no normality diagnostics and no empirical cross-check (those
 /// need query rows), so those fields stay NaN.
-template <RowMatrix XK, IndexVector PK, IndexVector BK, IndexVector EK>
-head_analysis analyze_head(head_moments const& hm, XK const& keys, PK const& k_position, BK const& k_bucket,
-                           EK const& k_example, analysis_options const& opt = {}) {
+///
+/// \param[in] hm     the head's moments (identity copied to the result)
+/// \param[in] keys   the key rows with positions, buckets and example ids
+/// \param[in] facts  the capture facts
+/// \param[in] opt    options (the diagnostics flag is ignored)
+/// \returns the head's metrics without diagnostics and empirical values
+/// \throws std::invalid_argument as `analyze_head(head)` for the keys, and
+///         when the moments hold no query rows
+template <RowMatrix KM>
+head_analysis analyze_head(head_moments const& hm, token_rows<KM> const& keys, capture_facts const& facts,
+                           analysis_options const& opt = {}) {
     head_analysis out = detail::closed_forms(hm, opt);
-    out.plasticity = attention_plasticity(out.householder, keys, k_position, k_bucket, k_example, opt.plasticity);
+    out.plasticity = attention_plasticity(out.householder, keys, facts, opt.plasticity);
     return out;
 }
 
@@ -207,7 +238,8 @@ std::array<double, N> finish_mean(std::array<double, N> const& sum, std::array<s
     return out;
 }
 
-inline head_set_summary summarise(std::vector<head_analysis const*> const& heads) {
+template <class = void>
+head_set_summary summarise(std::vector<head_analysis const*> const& heads) {
     head_set_summary s;
     s.n_heads = static_cast<std::int64_t>(heads.size());
     std::array<double, head_metric_names.size()> sum{};
@@ -232,7 +264,8 @@ inline head_set_summary summarise(std::vector<head_analysis const*> const& heads
 /// \brief Aggregate the heads of one model: every head metric averaged over
 /// heads (finite values only), overall and per layer, plus the averaged
 /// quintile/decile profiles and the taxonomy counts.
-inline model_summary summarise_model(std::span<head_analysis const> heads) {
+template <class = void>
+model_summary summarise_model(std::span<head_analysis const> heads) {
     model_summary m;
     std::vector<head_analysis const*> all;
     std::map<std::int64_t, std::vector<head_analysis const*>> by_layer;

@@ -18,6 +18,7 @@
 
 #include <qkgeom/buckets.hpp>
 #include <qkgeom/config.hpp>
+#include <qkgeom/head.hpp>
 #include <qkgeom/errors.hpp>
 #include <qkgeom/tensor.hpp>
 
@@ -146,22 +147,13 @@ enum class layer_eligibility : std::uint8_t {
     all_layers = 1,           ///< every layer
 };
 
-/// \brief One analysed head pair: a query head and the key head it reads.
-struct head_pair {
-    std::int64_t layer = 0;   ///< layer index
-    std::int64_t q_head = 0;  ///< query head
-    std::int64_t k_head = 0;  ///< key/value head, key_head_of(q_head)
-    friend bool operator==(head_pair const&, head_pair const&) = default;
-    friend auto operator<=>(head_pair const&, head_pair const&) = default;
-};
-
 /// \brief Every eligible (layer, q_head), ascending by (layer, q_head), with
 /// its key head.
 /// \throws std::invalid_argument for an invalid layout.
-inline std::vector<head_pair> eligible_heads(model_layout const& m,
+inline std::vector<head_id> eligible_heads(model_layout const& m,
                                              layer_eligibility e = layer_eligibility::full_attention_only) {
     check_layout(m, "qkgeom::eligible_heads");
-    std::vector<head_pair> out;
+    std::vector<head_id> out;
     for (std::size_t l = 0; l < m.layers.size(); ++l) {
         auto const& L = m.layers[l];
         if (e == layer_eligibility::full_attention_only && L.sliding_window) continue;
@@ -196,7 +188,7 @@ inline std::uint64_t bounded_draw(std::uint64_t& state, std::uint64_t m) noexcep
 /// where draw(s, m) repeats s = splitmix64(s) until s >= (2^64 mod m) and
 /// returns s mod m; the first `count` entries, sorted, are the sample.
 /// \throws std::invalid_argument for an invalid layout or count < 0.
-inline std::vector<head_pair> sample_heads(model_layout const& m, std::int64_t count, std::uint64_t seed,
+inline std::vector<head_id> sample_heads(model_layout const& m, std::int64_t count, std::uint64_t seed,
                                            layer_eligibility e = layer_eligibility::full_attention_only) {
     if (count < 0) detail::fail_arg("qkgeom::sample_heads", "count must be >= 0", count);
     auto pool = eligible_heads(m, e);
@@ -213,7 +205,7 @@ inline std::vector<head_pair> sample_heads(model_layout const& m, std::int64_t c
 }
 
 /// \brief The distinct (layer, k_head) a set of head pairs reads, ascending.
-inline std::vector<std::pair<std::int64_t, std::int64_t>> key_heads_of(std::vector<head_pair> const& heads) {
+inline std::vector<std::pair<std::int64_t, std::int64_t>> key_heads_of(std::vector<head_id> const& heads) {
     std::vector<std::pair<std::int64_t, std::int64_t>> out;
     out.reserve(heads.size());
     for (auto const& h : heads) out.emplace_back(h.layer, h.k_head);
@@ -280,13 +272,20 @@ struct captured_rows {
     std::int64_t layer = 0, head = 0;
     kind k = kind::query;
     std::int64_t dim = 0;
-    std::vector<Scalar> values;                  ///< n × dim, row-major
-    std::vector<std::int64_t> position, bucket, example_id;
+    std::vector<Scalar> values;  ///< n × dim, row-major
+    token_positions position;    ///< per row
+    token_buckets bucket;        ///< per row, bucket_of(sampler buckets, position)
+    example_ids example_id;      ///< per row
     std::optional<std::int64_t> sliding_window;  ///< the layer's, none = full attention
 
     [[nodiscard]] std::int64_t rows() const noexcept { return static_cast<std::int64_t>(position.size()); }
     /// The rows as a bounds-checked view satisfying RowMatrix.
     [[nodiscard]] auto matrix() const { return make_matrix_view(std::span<Scalar const>(values), rows(), dim); }
+    /// \brief The rows with their annotations as the analyses take them (a
+    /// view of the values; the annotations are copied).
+    [[nodiscard]] auto token_view() const {
+        return token_rows<decltype(matrix())>{matrix(), position, bucket, example_id};
+    }
 };
 
 /// \brief Collects the kept rows of a chosen set of heads from a capture loop.
@@ -301,7 +300,7 @@ template <class Scalar = float>
 class capture_store {
 public:
     capture_store() = default;
-    capture_store(model_layout layout, std::vector<head_pair> heads, capture_sampler sampler)
+    capture_store(model_layout layout, std::vector<head_id> heads, capture_sampler sampler)
         : layout_(std::move(layout)), heads_(std::move(heads)), sampler_(sampler) {
         constexpr std::string_view fn = "qkgeom::capture_store";
         check_layout(layout_, fn);
@@ -321,7 +320,7 @@ public:
     }
 
     [[nodiscard]] model_layout const& layout() const noexcept { return layout_; }
-    [[nodiscard]] std::vector<head_pair> const& heads() const noexcept { return heads_; }
+    [[nodiscard]] std::vector<head_id> const& heads() const noexcept { return heads_; }
     [[nodiscard]] capture_sampler const& sampler() const noexcept { return sampler_; }
 
     /// Whether rows of (layer, kind, head) are stored.
@@ -388,9 +387,9 @@ public:
         }
         for (std::int64_t i : kept) {
             auto const t = positions[static_cast<std::size_t>(i)];
-            dst.position.push_back(t);
-            dst.bucket.push_back(detail::bucket_of_unchecked(sampler_.buckets, t));
-            dst.example_id.push_back(example_ids[static_cast<std::size_t>(i)]);
+            dst.position.values().push_back(t);
+            dst.bucket.values().push_back(detail::bucket_of_unchecked(sampler_.buckets, t));
+            dst.example_id.values().push_back(example_ids[static_cast<std::size_t>(i)]);
         }
         return static_cast<std::int64_t>(kept.size());
     }
@@ -405,6 +404,29 @@ public:
                                  ") head is not in the capture plan; head",
                              head);
         return it->second;
+    }
+
+    /// \brief One planned head as one value (method §0): its identity, the
+    /// capture facts (the sampler's bucket scheme, the layer's sliding
+    /// window) and views of its query rows and of the rows of the key head
+    /// it reads, ready for analyze_head / attention_plasticity.
+    /// \param[in] id  a head of the plan (`heads()`)
+    /// \returns the head; its row views stay valid while the store is alive
+    ///          and not appended to
+    /// \throws std::invalid_argument when the head is not in the plan
+    [[nodiscard]] auto head(head_id const& id) const {
+        if (std::find(heads_.begin(), heads_.end(), id) == heads_.end())
+            detail::fail_arg("qkgeom::capture_store::head",
+                             "(layer " + std::to_string(id.layer) + ", k_head " + std::to_string(id.k_head) +
+                                 ") is not a planned head; q_head",
+                             id.q_head);
+        auto const& q = rows(id.layer, kind::query, id.q_head);
+        auto const& k = rows(id.layer, kind::key, id.k_head);
+        using view = decltype(q.matrix());
+        head_capture<view, view> out{id, {}, q.token_view(), k.token_view()};
+        out.facts.buckets = sampler_.buckets;
+        out.facts.sliding_window = q.sliding_window.value_or(0);
+        return out;
     }
 
     /// Every stored entry, ordered by (layer, kind, head).
@@ -425,9 +447,9 @@ public:
         for (auto const& [key, v] : o.store_) {
             auto& dst = store_.at(key);
             dst.values.insert(dst.values.end(), v.values.begin(), v.values.end());
-            dst.position.insert(dst.position.end(), v.position.begin(), v.position.end());
-            dst.bucket.insert(dst.bucket.end(), v.bucket.begin(), v.bucket.end());
-            dst.example_id.insert(dst.example_id.end(), v.example_id.begin(), v.example_id.end());
+            dst.position.values().insert(dst.position.values().end(), v.position.begin(), v.position.end());
+            dst.bucket.values().insert(dst.bucket.values().end(), v.bucket.begin(), v.bucket.end());
+            dst.example_id.values().insert(dst.example_id.values().end(), v.example_id.begin(), v.example_id.end());
         }
         return *this;
     }
@@ -445,7 +467,7 @@ private:
     }
 
     model_layout layout_{};
-    std::vector<head_pair> heads_;
+    std::vector<head_id> heads_;
     capture_sampler sampler_{};
     std::map<std::tuple<std::int64_t, int, std::int64_t>, captured_rows<Scalar>> store_;
 };

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #define QKGEOM_VERSION_MAJOR 0
 #define QKGEOM_VERSION_MINOR 1
@@ -22,5 +23,10 @@ enum class kind : std::uint8_t { query = 0, key = 1 };
 /// \param[in] k the kind.
 /// \returns `"q"` for kind::query, `"k"` for kind::key (a static string).
 constexpr const char* kind_name(kind k) noexcept { return k == kind::query ? "q" : "k"; }
+
+namespace detail {
+/// Quiet NaN: the value of an undefined statistic (documented per field).
+inline constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+}  // namespace detail
 
 }  // namespace qkgeom

@@ -30,6 +30,7 @@ struct householder_reflector {
 
     /// \brief u = β̂ − e1 with the cancellation-free first entry of method §9.6;
     /// H = I when β = 0 or ‖u‖ < 1e-12.
+    template <class = void>
     static householder_reflector from_direction(Eigen::VectorXd const& beta) {
         householder_reflector h;
         double const nb = beta.norm();
@@ -49,6 +50,7 @@ struct householder_reflector {
     }
 
     /// Hx = x − γ u (u·x), O(d).
+    template <class = void>
     [[nodiscard]] Eigen::VectorXd apply(Eigen::VectorXd const& x) const {
         if (is_identity()) return x;
         return x - (gamma * u.dot(x)) * u;
@@ -63,6 +65,7 @@ struct householder_reflector {
     }
 
     /// H S H for symmetric S without forming H: S − γ(u wᵀ + w uᵀ) + γ²(uᵀw) u uᵀ, w = S u.
+    template <class = void>
     [[nodiscard]] Eigen::MatrixXd apply_sym(Eigen::MatrixXd const& S) const {
         if (is_identity()) return S;
         Eigen::VectorXd const w = S * u;
@@ -73,6 +76,7 @@ struct householder_reflector {
     }
 
     /// diag(H S H) in O(d²) (one S·u product).
+    template <class = void>
     [[nodiscard]] Eigen::VectorXd apply_sym_diag(Eigen::MatrixXd const& S) const {
         if (is_identity()) return S.diagonal();
         Eigen::VectorXd const w = S * u;
@@ -81,6 +85,7 @@ struct householder_reflector {
     }
 
     /// The dense matrix (tests and small-d inspection only).
+    template <class = void>
     [[nodiscard]] Eigen::MatrixXd dense(index_t d) const {
         Eigen::MatrixXd H = Eigen::MatrixXd::Identity(d, d);
         if (!is_identity()) H.noalias() -= gamma * u * u.transpose();
@@ -138,7 +143,8 @@ struct householder_result {
 /// \brief Householder positional–semantic decomposition from a head's moments
 /// (queries only; method §4).
 /// \throws std::invalid_argument when there are no query rows.
-inline householder_result householder(bucketed_moments const& queries, householder_options const& opt = {}) {
+template <class = void>
+householder_result householder(bucketed_moments const& queries, householder_options const& opt = {}) {
     constexpr std::string_view fn = "qkgeom::householder";
     if (queries.count() == 0) detail::fail_arg(fn, "no query rows; query rows", 0);
     index_t const d = queries.d;
@@ -220,7 +226,8 @@ inline householder_result householder(bucketed_moments const& queries, household
 }
 
 /// \brief Householder decomposition from a head's moments (uses the queries).
-inline householder_result householder(head_moments const& hm, householder_options const& opt = {}) {
+template <class = void>
+householder_result householder(head_moments const& hm, householder_options const& opt = {}) {
     return householder(hm.q, opt);
 }
 
@@ -256,7 +263,8 @@ struct shape_stats {
 };
 
 /// Skewness, excess kurtosis and KS p of values already standardised to mean 0, sd 1.
-inline shape_stats shape_of(std::span<double const> z) {
+template <class = void>
+shape_stats shape_of(std::span<double const> z) {
     shape_stats s;
     double const n = static_cast<double>(z.size());
     double mean = 0;

@@ -20,6 +20,7 @@
 
 #include <qkgeom/config.hpp>
 #include <qkgeom/errors.hpp>
+#include <qkgeom/head.hpp>
 #include <qkgeom/tensor.hpp>
 
 #include <Eigen/Core>
@@ -66,6 +67,7 @@ struct moments {
     [[nodiscard]] double sum_t2() const noexcept { return m2_t + static_cast<double>(n) * mean_t * mean_t; }
     [[nodiscard]] Eigen::VectorXd sum_x() const { return static_cast<double>(n) * mean_x; }
     [[nodiscard]] Eigen::VectorXd sum_xt() const { return c_xt + static_cast<double>(n) * mean_t * mean_x; }
+    template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::MatrixXd sum_xx() const {
         return c_xx + static_cast<double>(n) * mean_x * mean_x.transpose();
     }
@@ -78,6 +80,7 @@ struct moments {
         return n < 2 ? Eigen::VectorXd::Constant(dim(), std::numeric_limits<double>::quiet_NaN())
                      : Eigen::VectorXd(c_xt / static_cast<double>(n - 1));
     }
+    template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::MatrixXd cov_x() const {
         return n < 2 ? Eigen::MatrixXd::Constant(dim(), dim(), std::numeric_limits<double>::quiet_NaN())
                      : Eigen::MatrixXd(c_xx / static_cast<double>(n - 1));
@@ -86,6 +89,7 @@ struct moments {
     /// \brief Chan et al. pairwise merge: `*this` becomes the statistics of the
     /// union of both row sets. Merging in any order agrees to rounding.
     /// \throws std::invalid_argument when the dimensions differ.
+    template <class = void>
     moments& operator+=(moments const& o) {
         if (dim() != 0 && o.dim() != 0 && dim() != o.dim())
             detail::fail_arg("qkgeom::moments::operator+=",
@@ -123,6 +127,7 @@ struct moments {
     /// \brief Absorb one block of rows: `x` is nb × d row-major, `t` holds nb
     /// positions. Only the lower triangle of `c_xx` is updated; callers finish
     /// with `symmetrize()`. The building block of every `add`.
+    template <class = void>  // instantiated on use
     void add_block(double const* x, double const* t, index_t nb, Eigen::MatrixXd& scratch) {
         if (nb <= 0) return;
         index_t const d = dim();
@@ -161,6 +166,7 @@ struct moments {
     }
 
     /// Copy the lower triangle of `c_xx` onto the upper one.
+    template <class = void>  // instantiated on use
     void symmetrize() { c_xx.triangularView<Eigen::StrictlyUpper>() = c_xx.transpose(); }
 };
 
@@ -319,14 +325,6 @@ struct bucketed_moments {
     }
 };
 
-/// \brief Identity of a head pair (method §0); -1 = not recorded.
-struct head_id {
-    std::int64_t layer = -1;
-    std::int64_t q_head = -1;
-    std::int64_t k_head = -1;
-    friend bool operator==(head_id const&, head_id const&) = default;
-};
-
 /// \brief Sufficient statistics of one head: queries and keys per bucket.
 /// The unit that shards are reduced to, merged and serialised (moments_io.hpp).
 struct head_moments {
@@ -347,6 +345,14 @@ struct head_moments {
     template <RowMatrix X, IndexVector P, IndexVector B>
     void add(kind w, X const& rows, P const& positions, B const& bucket_ids) {
         (*this)[w].add(rows, positions, bucket_ids);
+    }
+
+    /// \brief Add the rows of one kind of a head (`head_capture::queries` or
+    /// `::keys`): their vectors, positions and buckets.
+    /// \throws std::invalid_argument as bucketed_moments::add.
+    template <RowMatrix X>
+    void add(kind w, token_rows<X> const& rows) {
+        (*this)[w].add(rows.vectors, rows.position, rows.bucket);
     }
 
     /// Pooled Q+K statistics about the pooled mean (method §2, §9.3).

@@ -121,7 +121,8 @@ private:
 ///         std::runtime_error when the stream is in a failed state after
 ///         writing; std::ios_base::failure if `os` has exceptions enabled.
 /// \sa read_moments, save_moments
-inline void write_moments(std::ostream& os, head_moments const& hm) {
+template <class = void>
+void write_moments(std::ostream& os, head_moments const& hm) {
     if (hm.d < 1 || static_cast<std::uint64_t>(hm.d) > moments_max_dim)
         detail::fail_arg("qkgeom::write_moments",
                          "head dimension must be in [1, " + std::to_string(moments_max_dim) + "]; d", hm.d);
@@ -168,7 +169,8 @@ inline void write_moments(std::ostream& os, head_moments const& hm) {
 ///         tolerance), a negative co-moment diagonal, or a checksum mismatch.
 /// \throws std::bad_alloc if memory for the buckets cannot be allocated.
 /// \sa write_moments, load_moments
-inline head_moments read_moments(std::istream& is, std::string const& source = "<stream>") {
+template <class = void>
+head_moments read_moments(std::istream& is, std::string const& source = "<stream>") {
     detail::le_reader r(is, source);
     std::array<char, 8> magic{};
     r.bytes(magic.data(), magic.size(), "magic");
@@ -242,7 +244,8 @@ inline head_moments read_moments(std::istream& is, std::string const& source = "
 /// \throws std::invalid_argument as write_moments (the file is then left
 ///         created and empty).
 /// \sa load_moments
-inline void save_moments(std::filesystem::path const& path, head_moments const& hm) {
+template <class = void>
+void save_moments(std::filesystem::path const& path, head_moments const& hm) {
     std::ofstream os(path, std::ios::binary | std::ios::trunc);
     if (!os) throw std::runtime_error("qkgeom::save_moments: cannot open '" + path.string() + "' for writing");
     write_moments(os, hm);
@@ -257,7 +260,8 @@ inline void save_moments(std::filesystem::path const& path, head_moments const& 
 ///         read_moments rejects, or when bytes follow the checksum.
 /// \throws std::bad_alloc as read_moments.
 /// \sa save_moments
-inline head_moments load_moments(std::filesystem::path const& path) {
+template <class = void>
+head_moments load_moments(std::filesystem::path const& path) {
     std::ifstream is(path, std::ios::binary);
     if (!is) throw input_error(path.string(), "", "", "qkgeom::load_moments: cannot open '" + path.string() + "'");
     head_moments hm = read_moments(is, path.string());

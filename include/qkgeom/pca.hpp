@@ -10,6 +10,7 @@
 #include <qkgeom/detail/stats.hpp>
 #include <qkgeom/errors.hpp>
 #include <qkgeom/moments.hpp>
+#include <qkgeom/status.hpp>
 #include <qkgeom/tensor.hpp>
 
 #include <Eigen/Core>
@@ -91,12 +92,15 @@ struct pca_result {
     double q_pos_var_frac = detail::nan;  ///< ‖Cov(Q,t)‖² / (Var t_q · trace Σ_Q)
     double k_pos_var_frac = detail::nan;  ///< same for keys
     bool degenerate = false;        ///< pooled variance is zero or fewer than 2 rows: NaN ratios
+    /// The eigendecomposition of Σ_pool; not `success`: every component field NaN.
+    decomposition_status status = decomposition_status::success;
 };
 
 namespace detail {
 
 /// Orient v per method §2/§9.4 given its correlations; flips r_q, r_k with it.
-inline void canonicalise_sign(Eigen::VectorXd& v, double& r_q, double& r_k, sign_policy policy) {
+template <class = void>
+void canonicalise_sign(Eigen::VectorXd& v, double& r_q, double& r_k, sign_policy policy) {
     double decide = nan;
     if (policy == sign_policy::dominant) {
         bool const fq = std::isfinite(r_q), fk = std::isfinite(r_k);
@@ -121,7 +125,8 @@ inline void canonicalise_sign(Eigen::VectorXd& v, double& r_q, double& r_k, sign
 }
 
 /// ‖C_xt‖² / (M2_t · trace C_xx): share of the variance linear in position.
-inline double positional_variance_fraction(moments const& m) {
+template <class = void>
+double positional_variance_fraction(moments const& m) {
     double const tr = m.c_xx.trace();
     double const den = m.m2_t * tr;
     if (m.n < 2 || !(den > 0)) return nan;
@@ -131,8 +136,16 @@ inline double positional_variance_fraction(moments const& m) {
 }  // namespace detail
 
 /// \brief Combined Q+K PCA from a head's moments (method §2).
-/// \throws std::invalid_argument when a kind has no rows.
-inline pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
+/// \param[in] hm   the head's moments (queries and keys)
+/// \param[in] opt  number of components, sign policy, taxonomy thresholds
+/// \returns the components (descending eigenvalue), their r_q/r_k, the full
+///          basis, the taxonomy of component 0 and the positional variance
+///          fractions; `degenerate` when the pooled variance is zero,
+///          `status` when the eigensolver failed (then NaN)
+/// \pre both kinds have rows
+/// \throws std::invalid_argument when a kind has no rows or n_components < 1.
+template <class = void>
+pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
     detail::check_head("qkgeom::pca", hm);
     if (opt.n_components < 1) detail::fail_arg("qkgeom::pca", "n_components must be >= 1", opt.n_components);
     moments const mq = hm.q.pooled(), mk = hm.k.pooled();
@@ -146,6 +159,20 @@ inline pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
 
     // Eigen-decomposition of the pooled co-moment (scaled by 1/(n−1) for λ).
     Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(pool.c_xx);
+    r.status = detail::status_of(es.info());
+    if (r.status != decomposition_status::success) {
+        r.basis = Eigen::MatrixXd::Constant(d, d, detail::nan);
+        r.eigenvalues = Eigen::VectorXd::Constant(d, detail::nan);
+        r.degenerate = true;
+        for (index_t j = 0; j < std::min(opt.n_components, d); ++j) {
+            pca_component c;
+            c.component = j;
+            c.loading = Eigen::VectorXd::Constant(d, detail::nan);
+            r.components.push_back(std::move(c));
+        }
+        r.taxonomy = head_class::undefined;
+        return r;
+    }
     double const scale = pool.n >= 2 ? 1.0 / static_cast<double>(pool.n - 1) : detail::nan;
     // Eigen's eigenvalues are ascending: reverse for method §2's descending order.
     r.basis = es.eigenvectors().rowwise().reverse();

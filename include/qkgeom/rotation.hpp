@@ -6,6 +6,7 @@
 #include <qkgeom/detail/stats.hpp>
 #include <qkgeom/errors.hpp>
 #include <qkgeom/moments.hpp>
+#include <qkgeom/status.hpp>
 #include <qkgeom/tensor.hpp>
 
 #include <Eigen/Core>
@@ -47,10 +48,15 @@ struct rotation_result {
     bool degenerate_a = false;  ///< ‖c‖ ≤ 1e-12·sqrt(Var t · trace Σ_pool)
     bool degenerate_b = false;  ///< b undefined (Δ ∥ a, Δ = 0, d = 1, a degenerate; max_separation:
                                 ///< a kind with < 2 rows or top eigenvalue of PMP ≤ 1e-12·trace M)
+    /// max_separation: the eigendecomposition of PMP; not `success`: b degenerate (NaN b-metrics).
+    decomposition_status status = decomposition_status::success;
 
     /// An orthonormal basis [a, b, complement] as columns (requires both axes):
     /// the rotation that preserves q·k (thesis §4.3). Built with a Householder
     /// QR of [a b], so it is orthogonal to rounding.
+    /// \returns the d × d orthogonal basis
+    /// \throws std::invalid_argument when a or b is degenerate
+    template <class = void>
     [[nodiscard]] Eigen::MatrixXd basis() const {
         index_t const d = a.size();
         if (degenerate_a || degenerate_b)
@@ -67,8 +73,15 @@ struct rotation_result {
 };
 
 /// \brief The planar rotation model from a head's moments (method §3).
+/// \param[in] hm   the head's moments (queries and keys)
+/// \param[in] opt  the separation policy of axis b
+/// \returns the axes a and b and every rotation metric; `degenerate_a` /
+///          `degenerate_b` flag undefined axes (their metrics NaN), `status`
+///          a failed eigendecomposition (max_separation)
+/// \pre both kinds have rows
 /// \throws std::invalid_argument when a kind has no rows.
-inline rotation_result planar_rotation(head_moments const& hm, rotation_options const& opt = {}) {
+template <class = void>
+rotation_result planar_rotation(head_moments const& hm, rotation_options const& opt = {}) {
     detail::check_head("qkgeom::planar_rotation", hm);
     index_t const d = hm.d;
     moments const mq = hm.q.pooled(), mk = hm.k.pooled();
@@ -124,7 +137,8 @@ inline rotation_result planar_rotation(head_moments const& hm, rotation_options 
         Eigen::MatrixXd PMP = PM - (PM * a) * a.transpose();
         PMP = 0.5 * (PMP + PMP.transpose()).eval();
         Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(PMP);
-        double const top = d >= 2 ? es.eigenvalues()(d - 1) : 0.0;
+        r.status = detail::status_of(es.info());
+        double const top = d >= 2 && r.status == decomposition_status::success ? es.eigenvalues()(d - 1) : 0.0;
         r.degenerate_b = d < 2 || !(top > 1e-12 * M.trace());
         if (!r.degenerate_b) {
             b = es.eigenvectors().col(d - 1);

@@ -31,6 +31,7 @@
 #include <qkgeom/capture.hpp>
 #include <qkgeom/config.hpp>
 #include <qkgeom/errors.hpp>
+#include <qkgeom/head.hpp>
 
 #include <Eigen/Core>
 #include <Eigen/QR>
@@ -206,16 +207,15 @@ struct head_truth {
     Eigen::VectorXd sigma_k;            ///< s_k(b) per bucket
 };
 
-/// \brief Rows of one (query head, kv head) pair, with the ground truth.
+/// \brief Rows of one (query head, kv head) pair, with the ground truth: a
+/// qkgeom::head_capture (identity, capture facts, query and key rows) plus
+/// `truth`, so every analysis takes it as it is.
 ///
-/// `q` and `k` are Eigen::MatrixXd (column-major storage), one row per token
+/// The vectors are Eigen::MatrixXd (column-major storage), one row per token
 /// (n × d). Rows are ordered by example, then position. Query heads of one GQA
-/// group hold identical `k` rows and key metadata.
-struct head_capture {
-    std::int64_t layer = 0, q_head = 0, k_head = 0;
-    Eigen::MatrixXd q, k;
-    std::vector<std::int64_t> q_position, q_bucket, q_example;
-    std::vector<std::int64_t> k_position, k_bucket, k_example;
+/// group hold identical key rows and key metadata. The facts carry the
+/// capture's bucket scheme and context length (no sliding window).
+struct head_capture : qkgeom::head_capture<Eigen::MatrixXd> {
     head_truth truth;
 };
 
@@ -779,18 +779,13 @@ inline std::vector<head_capture> generate(std::string_view fn, layer_spec const&
                                         stream_tag::query_means, stream_tag::query_tokens, h);
 
         head_capture hc;
-        hc.layer = L.layer;
-        hc.q_head = h;
-        hc.k_head = g;
+        hc.id = {L.layer, h, g};
+        hc.facts.buckets = cap.buckets;
+        hc.facts.context_length = cap.context_length;
         hc.truth = make_truth(L, tb, mixing[gi], kv.drift, qb, keys[gi], kq, kk);
-        hc.q = std::move(qb.rows);
-        hc.k = keys[gi].rows;
-        hc.q_position = kq.position;
-        hc.q_bucket = kq.bucket;
-        hc.q_example = kq.example;
-        hc.k_position = kk.position;
-        hc.k_bucket = kk.bucket;
-        hc.k_example = kk.example;
+        hc.queries = {std::move(qb.rows), token_positions(kq.position), token_buckets(kq.bucket),
+                      example_ids(kq.example)};
+        hc.keys = {keys[gi].rows, token_positions(kk.position), token_buckets(kk.bucket), example_ids(kk.example)};
         out.push_back(std::move(hc));
     }
     return out;

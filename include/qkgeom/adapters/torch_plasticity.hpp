@@ -144,63 +144,55 @@ inline void torch_group_pairs(at::Tensor const& K, at::Tensor const& Krot, torch
 }  // namespace detail
 
 /// \brief The plasticity cells of one head (method §5–6) with every pair's
-/// Gram entries computed on the keys' device. Same inputs and options as
-/// `attention_plasticity` without queries; the enumeration is always exact.
+/// Gram entries computed on the keys' device. The same pair plan
+/// (`detail::plan_pairs`: key groups, admissible cells, window) and the same
+/// validation of the key annotations as `attention_plasticity`; the
+/// enumeration is always exact.
 ///
-/// \param model  householder(...) of the head's queries
-/// \param keys   [n_k, d] floating tensor (f32/f64/f16/bf16) on any device
-/// \param k_position, k_bucket, k_example  per key row (any IndexVector,
-///        LibTorch integer tensors included)
+/// \param[in] model  householder(...) of the head's queries
+/// \param[in] keys   the key rows: vectors a [n_k, d] floating tensor
+///                   (f32/f64/f16/bf16) on any device, with positions,
+///                   buckets and example ids
+/// \param[in] facts  the capture facts (bucket scheme, sliding window)
+/// \param[in] opt    pair policy (the enumeration must not be `sampled`)
+/// \param[in] topt   GEMM dtype, tile size, fallback threshold
+/// \returns the cells, in the order of `attention_plasticity(...).cells`
 /// \throws std::invalid_argument on mismatched shapes or lengths, NaN/Inf in a
 ///         key, negative positions or buckets, buckets that do not match the
-///         positions (when `opt.buckets` is given), `enumeration_policy::sampled`,
+///         positions (when `facts.buckets` is given), `enumeration_policy::sampled`,
 ///         or bad options.
-template <IndexVector PK, IndexVector BK, IndexVector EK>
-torch_plasticity_result torch_attention_plasticity(householder_result const& model, at::Tensor const& keys,
-                                                   PK const& k_position, BK const& k_bucket, EK const& k_example,
-                                                   plasticity_options const& opt = {},
-                                                   torch_plasticity_options const& topt = {}) {
+inline torch_plasticity_result torch_attention_plasticity(householder_result const& model,
+                                                          token_rows<at::Tensor> const& keys,
+                                                          capture_facts const& facts,
+                                                          plasticity_options const& opt = {},
+                                                          torch_plasticity_options const& topt = {}) {
     constexpr std::string_view fn = "qkgeom::torch_attention_plasticity";
     index_t const d = model.beta.size();
     if (d < 1) detail::fail_arg(fn, "the Householder model is empty (d)", d);
     if (opt.enumeration == enumeration_policy::sampled)
         detail::fail_arg(fn, "the device path enumerates every pair; enumeration must be exact or automatic, is",
                          "sampled");
-    if (opt.sliding_window < 0) detail::fail_arg(fn, "sliding_window must be >= 0 tokens", opt.sliding_window);
-    if (opt.sliding_window > 0 && !opt.buckets)
-        detail::fail_arg(fn, "a sliding window needs the bucket scheme (options.buckets); sliding_window",
-                         opt.sliding_window);
-    if (opt.buckets) detail::check_bucket_spec(fn, *opt.buckets);
+    detail::check_facts(fn, facts);
     if (topt.tile_keys < 1) detail::fail_arg(fn, "tile_keys must be >= 1", topt.tile_keys);
-    detail::check_torch_strided(keys, fn, "keys");
-    detail::check_torch_rank(keys, 2, fn, "keys", " [n_keys, head_dim]");
-    (void)detail::torch_element_of(keys, fn, "keys");
-    if (keys.size(1) != d)
+    at::Tensor const& kt = keys.vectors;
+    detail::check_torch_strided(kt, fn, "keys");
+    detail::check_torch_rank(kt, 2, fn, "keys", " [n_keys, head_dim]");
+    (void)detail::torch_element_of(kt, fn, "keys");
+    if (kt.size(1) != d)
         detail::fail_arg(fn, "keys: head dimension differs from the queries' model: model has d = " +
                                  std::to_string(d) + ", keys have",
-                         keys.size(1));
+                         kt.size(1));
     at::ScalarType const gemm =
-        topt.gemm_dtype.value_or(keys.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+        topt.gemm_dtype.value_or(kt.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
     if (gemm != at::kDouble && gemm != at::kFloat)
         detail::fail_arg(fn, "gemm_dtype must be Double or Float; dtype", detail::torch_dtype_name(gemm));
     double const rel = topt.fallback_rel >= 0 ? topt.fallback_rel : (gemm == at::kDouble ? 1e-12 : 1e-3);
 
-    index_t const nk = keys.size(0);
-    auto const pos = detail::read_ids("keys: positions", k_position, nk);
-    auto const bucket = detail::read_ids("keys: buckets", k_bucket, nk);
-    auto const example = detail::read_ids("keys: example ids", k_example, nk);
-    for (index_t i = 0; i < nk; ++i) {
-        if (pos[static_cast<std::size_t>(i)] < 0)
-            detail::fail_arg(fn, "keys: positions: negative position at row " + std::to_string(i),
-                             pos[static_cast<std::size_t>(i)]);
-        if (bucket[static_cast<std::size_t>(i)] < 0)
-            detail::fail_arg(fn, "keys: buckets: negative bucket at row " + std::to_string(i),
-                             bucket[static_cast<std::size_t>(i)]);
-    }
-    detail::check_buckets("keys", pos, bucket, opt.buckets);
+    index_t const nk = kt.size(0);
+    detail::check_annotations(fn, "keys", nk, keys.position, keys.bucket, keys.example_id, true, facts);
 
-    at::Device const dev = keys.device();
-    at::Tensor const K = keys.detach().to(at::kDouble);
+    at::Device const dev = kt.device();
+    at::Tensor const K = kt.detach().to(at::kDouble);
     if (!at::isfinite(K).all().item<bool>()) detail::fail_arg(fn, "keys: a key value is not finite; finite", 0);
     at::Tensor Krot = K;
     if (!model.H.is_identity()) {  // k̃ = k − γ u (u·k), never forming H
@@ -208,18 +200,19 @@ torch_plasticity_result torch_attention_plasticity(householder_result const& mod
         Krot = K - at::mv(K, u).unsqueeze(1) * u.unsqueeze(0) * model.H.gamma;
     }
 
-    // (key bucket, example) -> key rows, ascending — as attention_plasticity.
-    std::map<std::int64_t, std::map<std::int64_t, std::vector<index_t>>> groups;
-    for (index_t i = 0; i < nk; ++i)
-        groups[bucket[static_cast<std::size_t>(i)]][example[static_cast<std::size_t>(i)]].push_back(i);
+    // The pair plan shared with attention_plasticity (same groups, cells, order).
+    std::vector<std::pair<std::int64_t, bool>> models;
+    for (auto const& sb : model.buckets) models.emplace_back(sb.bucket, sb.used);
+    plasticity_options popt = opt;
+    popt.enumeration = enumeration_policy::exact;
+    detail::pair_plan const plan = detail::plan_pairs(keys.bucket.values(), keys.example_id.values(), models, facts, popt);
 
     torch_plasticity_result res;
     std::vector<detail::torch_cell_acc> accs;
-    for (auto const& sb : model.buckets) {
-        std::vector<std::int64_t> cs;
-        for (auto const& [c, g] : groups)
-            if (c < sb.bucket && detail::in_window(opt, sb.bucket, c)) cs.push_back(c);
-        if (cs.empty() || !sb.used) {  // method §6: no earlier key bucket; §9.8: no bucket model
+    for (std::size_t bi = 0; bi < model.buckets.size(); ++bi) {
+        auto const& sb = model.buckets[bi];
+        auto const& qp = plan.queries[bi];
+        if (!qp.evaluated) {  // method §6: no earlier key bucket; §9.8: no bucket model
             ++res.n_query_buckets_skipped;
             continue;
         }
@@ -233,10 +226,10 @@ torch_plasticity_result torch_attention_plasticity(householder_result const& mod
         } else {
             e.var = detail::torch_vector(sb.var, dev);
         }
-        auto run = [&](std::vector<std::vector<index_t> const*> const& gs, std::int64_t c) {
+        auto run = [&](std::vector<detail::key_group> const& gs, std::int64_t c) {
             detail::torch_cell_acc acc;
-            for (auto const* g : gs)
-                detail::torch_group_pairs(K, Krot, e, *g, gemm, topt.tile_keys, rel, acc, res.n_pairs_skipped);
+            for (auto const& g : gs)
+                detail::torch_group_pairs(K, Krot, e, g.keys, gemm, topt.tile_keys, rel, acc, res.n_pairs_skipped);
             plasticity_cell cell;
             cell.q_bucket = sb.bucket;
             cell.k_bucket = c;
@@ -246,22 +239,9 @@ torch_plasticity_result torch_attention_plasticity(householder_result const& mod
             accs.push_back(std::move(acc));
         };
         if (opt.pairs == pair_policy::same_bucket) {
-            for (auto c : cs) {
-                std::vector<std::vector<index_t> const*> gs;
-                for (auto const& [ex, idx] : groups[c]) gs.push_back(&idx);
-                run(gs, c);
-            }
+            for (auto c : qp.cells) run(plan.groups_of(c), c);
         } else {
-            std::map<std::int64_t, std::vector<index_t>> per_example;
-            for (auto c : cs)
-                for (auto const& [ex, idx] : groups[c])
-                    per_example[ex].insert(per_example[ex].end(), idx.begin(), idx.end());
-            std::vector<std::vector<index_t> const*> gs;
-            for (auto& [ex, idx] : per_example) {
-                std::sort(idx.begin(), idx.end());
-                gs.push_back(&idx);
-            }
-            run(gs, -1);
+            run(plan.prefix_groups(qp.cells), -1);
         }
     }
     // One device → host copy of every cell's sum.

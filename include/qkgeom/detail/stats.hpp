@@ -16,7 +16,6 @@
 
 namespace qkgeom::detail {
 
-inline constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 
 /// Pearson correlation from co-moments (ddof-free, method §9.1): cxy / sqrt(cxx·cyy),
 /// clamped to [-1, 1]; NaN when either variance is zero or not finite.
@@ -27,20 +26,23 @@ inline double corr_from_comoments(double cxy, double cxx, double cyy) noexcept {
 }
 
 /// corr(v·x, t) for one group of rows: v·C_xt / sqrt(vᵀ C_xx v · M2_t).
-inline double projection_corr(moments const& m, Eigen::VectorXd const& v) {
+template <class = void>
+double projection_corr(moments const& m, Eigen::VectorXd const& v) {
     if (m.n < 2) return nan;
     return corr_from_comoments(v.dot(m.c_xt), v.dot(m.c_xx * v), m.m2_t);
 }
 
 /// OLS slope of v·x on t for one group: v·C_xt / M2_t (NaN when Var t = 0).
-inline double projection_slope(moments const& m, Eigen::VectorXd const& v) {
+template <class = void>
+double projection_slope(moments const& m, Eigen::VectorXd const& v) {
     if (m.n < 2 || !(m.m2_t > 0)) return nan;
     return v.dot(m.c_xt) / m.m2_t;
 }
 
 /// method §9.4 sign fallback: flip v so that its largest-magnitude entry is
 /// positive (first index on ties). Returns true when v was flipped.
-inline bool orient_by_largest_entry(Eigen::VectorXd& v) {
+template <class = void>
+bool orient_by_largest_entry(Eigen::VectorXd& v) {
     if (v.size() == 0) return false;
     index_t best = 0;
     for (index_t i = 1; i < v.size(); ++i)
@@ -53,7 +55,8 @@ inline bool orient_by_largest_entry(Eigen::VectorXd& v) {
 }
 
 /// The two kinds of a head, with at least one row each.
-inline void check_head(std::string_view where, head_moments const& hm) {
+template <class = void>
+void check_head(std::string_view where, head_moments const& hm) {
     if (hm.d <= 0) fail_arg(where, "head_moments has no dimension (d)", hm.d);
     if (hm.q.count() == 0) fail_arg(where, "no query rows in the head's moments; query rows", 0);
     if (hm.k.count() == 0) fail_arg(where, "no key rows in the head's moments; key rows", 0);

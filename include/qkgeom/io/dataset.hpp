@@ -14,6 +14,7 @@
 #include <qkgeom/capture.hpp>
 #include <qkgeom/config.hpp>
 #include <qkgeom/errors.hpp>
+#include <qkgeom/head.hpp>
 #include <qkgeom/io/json.hpp>
 #include <qkgeom/io/npy.hpp>
 #include <qkgeom/io/npz.hpp>
@@ -89,22 +90,24 @@ constexpr const char* storage_format_name(storage_format f) noexcept {
     return "unknown";
 }
 
-/// \brief One head and kind, read back: rows widened to double.
-struct head_entry {
+/// \brief One entry of a dataset (one layer, head and kind), read back:
+/// its rows (vectors widened to double, positions, buckets, example ids;
+/// `token_rows`, the per-kind part of a `head_capture`) and what the file
+/// says about them.
+struct head_entry : token_rows<row_matrix> {
     std::int64_t layer = 0, head = 0;
     kind k = kind::query;
-    row_matrix vectors;  ///< n × head_dim
-    std::string dtype;   ///< storage dtype of vectors: "f32", "f16", "bf16", "f64"
-    std::vector<std::int64_t> position, bucket, example_id;
+    std::string dtype;                           ///< storage dtype of vectors: "f32", "f16", "bf16", "f64"
     std::optional<std::int64_t> sliding_window;  ///< none = full attention
 };
 
-/// \brief Identifies an entry in a dataset directory.
-struct head_id {
+/// \brief Names an entry file of a dataset directory (not a head pair: that
+/// is qkgeom::head_id).
+struct entry_id {
     std::int64_t layer = 0, head = 0;
     kind k = kind::query;
     storage_format format = storage_format::npy;
-    friend bool operator==(head_id const&, head_id const&) = default;
+    friend bool operator==(entry_id const&, entry_id const&) = default;
 };
 
 /// \brief "lLLhHHq" / "lLLhHHk" (two-digit zero-padded layer and head).
@@ -383,7 +386,7 @@ inline void write_manifest(std::filesystem::path const& dir, manifest const& m) 
 /// sample_heads(layout_of(m), count, seed, eligibility), or every eligible
 /// head when count is none.
 /// \throws std::invalid_argument when the manifest records no head sampling.
-[[nodiscard]] inline std::vector<head_pair> sampled_heads(manifest const& m) {
+[[nodiscard]] inline std::vector<head_id> sampled_heads(manifest const& m) {
     if (!m.heads)
         qkgeom::detail::fail_arg("qkgeom::io::sampled_heads", "the manifest records no head sampling (capture.head_count)",
                                  m.model);
@@ -513,8 +516,8 @@ void validate_head(head_entry const& e, manifest const& m, Src const& src) {
         fail_input(src("vectors"), "vectors.shape[1]", e.vectors.cols(),
                    std::string(kind_name(e.k)) + " head dimension differs from manifest head_dim = " +
                        std::to_string(m.head_dim));
-    auto len = [&](std::vector<std::int64_t> const& v, char const* f) {
-        if (v.size() != n)
+    auto len = [&](auto const& v, char const* f) {
+        if (static_cast<std::size_t>(v.size()) != n)
             fail_input(src(f), std::string(f) + ".length", v.size(),
                        "length differs from the " + std::to_string(n) + " rows of vectors");
     };
@@ -527,14 +530,14 @@ void validate_head(head_entry const& e, manifest const& m, Src const& src) {
                 fail_input(src("vectors"), "vectors[row " + std::to_string(i) + ", col " + std::to_string(j) + "]",
                            e.vectors(i, j), "non-finite value");
     for (std::size_t i = 0; i < n; ++i) {
-        std::int64_t const t = e.position[i];
+        std::int64_t const t = e.position[static_cast<index_t>(i)];
         if (t < 0) fail_input(src("position"), "position[" + std::to_string(i) + "]", t, "position must be >= 0");
         if (t >= m.context_length)
             fail_input(src("position"), "position[" + std::to_string(i) + "]", t,
                        "position beyond manifest context_length = " + std::to_string(m.context_length));
         std::int64_t const b = bucket_of(m.buckets, t);
-        if (e.bucket[i] != b)
-            fail_input(src("bucket"), "bucket[" + std::to_string(i) + "]", e.bucket[i],
+        if (e.bucket[static_cast<index_t>(i)] != b)
+            fail_input(src("bucket"), "bucket[" + std::to_string(i) + "]", e.bucket[static_cast<index_t>(i)],
                        "bucket inconsistent with position " + std::to_string(t) + " under the " +
                            bucket_scheme_name(m.buckets.scheme) + " scheme (expected " + std::to_string(b) + ")");
     }
@@ -573,9 +576,9 @@ inline void write_head(std::filesystem::path const& dir, manifest const& m, head
         v.shape = vshape;
         v.data = detail::encode_vectors(e.vectors, t);
         write_npy(sub / "vectors.npy", v);
-        write_npy(sub / "position.npy", detail::int_array(e.position));
-        write_npy(sub / "bucket.npy", detail::int_array(e.bucket));
-        write_npy(sub / "example_id.npy", detail::int_array(e.example_id));
+        write_npy(sub / "position.npy", detail::int_array(e.position.values()));
+        write_npy(sub / "bucket.npy", detail::int_array(e.bucket.values()));
+        write_npy(sub / "example_id.npy", detail::int_array(e.example_id.values()));
         std::error_code ec;
         std::filesystem::remove(sub / "sliding_window.npy", ec);
         if (e.sliding_window) {
@@ -589,9 +592,9 @@ inline void write_head(std::filesystem::path const& dir, manifest const& m, head
         v.shape = vshape;
         v.data = detail::encode_vectors(e.vectors, t);
         f.add("vectors", std::move(v));
-        f.add("position", detail::int_array(e.position));
-        f.add("bucket", detail::int_array(e.bucket));
-        f.add("example_id", detail::int_array(e.example_id));
+        f.add("position", detail::int_array(e.position.values()));
+        f.add("bucket", detail::int_array(e.bucket.values()));
+        f.add("example_id", detail::int_array(e.example_id.values()));
         if (e.sliding_window) {
             std::int64_t const w = *e.sliding_window;
             f.add("sliding_window", make_npy(std::span<std::int64_t const>(&w, 1), {}));
@@ -609,9 +612,9 @@ inline void write_head(std::filesystem::path const& dir, manifest const& m, head
         auto ints = [](std::vector<std::int64_t> const& x) {
             return make_tensor(std::span<std::int64_t const>(x), {static_cast<std::int64_t>(x.size())});
         };
-        f.tensors.emplace("position", ints(e.position));
-        f.tensors.emplace("bucket", ints(e.bucket));
-        f.tensors.emplace("example_id", ints(e.example_id));
+        f.tensors.emplace("position", ints(e.position.values()));
+        f.tensors.emplace("bucket", ints(e.bucket.values()));
+        f.tensors.emplace("example_id", ints(e.example_id.values()));
         if (e.sliding_window) {
             std::int64_t const w = *e.sliding_window;
             f.tensors.emplace("sliding_window", make_tensor(std::span<std::int64_t const>(&w, 1), {}));
@@ -696,9 +699,9 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
         auto const& v = f.at("vectors", s);
         detail::check_vector_dtype(v, msrc("vectors"), e);
         e.vectors = npy_to_matrix(v, msrc("vectors"));
-        e.position = detail::int_vector(f.at("position", s), msrc("position"), "position");
-        e.bucket = detail::int_vector(f.at("bucket", s), msrc("bucket"), "bucket");
-        e.example_id = detail::int_vector(f.at("example_id", s), msrc("example_id"), "example_id");
+        e.position = token_positions(detail::int_vector(f.at("position", s), msrc("position"), "position"));
+        e.bucket = token_buckets(detail::int_vector(f.at("bucket", s), msrc("bucket"), "bucket"));
+        e.example_id = example_ids(detail::int_vector(f.at("example_id", s), msrc("example_id"), "example_id"));
         if (auto const* w = f.find("sliding_window"))
             e.sliding_window = detail::int_scalar(*w, msrc("sliding_window"), "sliding_window");
         detail::validate_head(e, m, msrc);
@@ -707,9 +710,9 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
         auto const v = read_npy(sub / "vectors.npy");
         detail::check_vector_dtype(v, src("vectors"), e);
         e.vectors = npy_to_matrix(v, src("vectors"));
-        e.position = detail::int_vector(read_npy(sub / "position.npy"), src("position"), "position");
-        e.bucket = detail::int_vector(read_npy(sub / "bucket.npy"), src("bucket"), "bucket");
-        e.example_id = detail::int_vector(read_npy(sub / "example_id.npy"), src("example_id"), "example_id");
+        e.position = token_positions(detail::int_vector(read_npy(sub / "position.npy"), src("position"), "position"));
+        e.bucket = token_buckets(detail::int_vector(read_npy(sub / "bucket.npy"), src("bucket"), "bucket"));
+        e.example_id = example_ids(detail::int_vector(read_npy(sub / "example_id.npy"), src("example_id"), "example_id"));
         if (std::filesystem::exists(sub / "sliding_window.npy"))
             e.sliding_window =
                 detail::int_scalar(read_npy(sub / "sliding_window.npy"), src("sliding_window"), "sliding_window");
@@ -725,9 +728,9 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
         auto const v = get("vectors");
         detail::check_vector_dtype(v, s, e);
         e.vectors = npy_to_matrix(v, s);
-        e.position = detail::int_vector(get("position"), s, "position");
-        e.bucket = detail::int_vector(get("bucket"), s, "bucket");
-        e.example_id = detail::int_vector(get("example_id"), s, "example_id");
+        e.position = token_positions(detail::int_vector(get("position"), s, "position"));
+        e.bucket = token_buckets(detail::int_vector(get("bucket"), s, "bucket"));
+        e.example_id = example_ids(detail::int_vector(get("example_id"), s, "example_id"));
         if (f.tensors.count("sliding_window"))
             e.sliding_window = detail::int_scalar(get("sliding_window"), s, "sliding_window");
         detail::validate_head(e, m, [&](std::string_view) { return s; });
@@ -741,15 +744,70 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
     return read_head(dir, read_manifest(dir), layer, head, k);
 }
 
+/// \brief The heads a capture holds: the manifest's head sample when it
+/// records one (method §0.1, capture.head_count), else every query head of
+/// every layer, each with the key head it reads (GQA, method §0).
+[[nodiscard]] inline std::vector<head_id> planned_heads(manifest const& m) {
+    return m.heads ? sampled_heads(m) : eligible_heads(layout_of(m), layer_eligibility::all_layers);
+}
+
+/// \brief The capture facts of a manifest for one layer: bucket scheme,
+/// context length, and the layer's sliding window (0 = full attention).
+[[nodiscard]] inline capture_facts facts_of(manifest const& m, std::int64_t layer) {
+    capture_facts f;
+    f.buckets = m.buckets;
+    f.context_length = m.context_length;
+    if (layer >= 0 && layer < static_cast<std::int64_t>(m.sliding_window.size()))
+        f.sliding_window = m.sliding_window[static_cast<std::size_t>(layer)].value_or(0);
+    return f;
+}
+
+/// \brief Reads one head as one value (method §0): the query entry of
+/// (layer, q_head), the key entry of (layer, k_head), and the capture facts
+/// (the manifest's bucket scheme and context length, the entries' sliding
+/// window).
+/// \param[in] dir  the dataset directory
+/// \param[in] m    its manifest (`read_manifest(dir)`)
+/// \param[in] id   the head: layer, q_head and the k_head it reads
+/// \returns the head, rows widened to double
+/// \throws qkgeom::input_error naming the file, field and value for a
+///         missing or invalid entry, or when the two entries' sliding windows
+///         differ; std::invalid_argument when k_head is not the key head of
+///         q_head under the manifest's GQA layout
+[[nodiscard]] inline head_capture<row_matrix> read_capture(std::filesystem::path const& dir, manifest const& m,
+                                                           head_id const& id) {
+    if (id.layer >= 0 && id.layer < m.n_layers) {
+        auto const L = static_cast<std::size_t>(id.layer);
+        if (key_head_of(id.q_head, m.n_q_heads[L], m.n_kv_heads[L]) != id.k_head)
+            qkgeom::detail::fail_arg("qkgeom::io::read_capture",
+                                     "k_head does not follow the GQA mapping of layer " + std::to_string(id.layer) +
+                                         " q_head " + std::to_string(id.q_head) + "; k_head",
+                                     id.k_head);
+    }
+    head_entry q = read_head(dir, m, id.layer, id.q_head, kind::query);
+    head_entry k = read_head(dir, m, id.layer, id.k_head, kind::key);
+    if (q.sliding_window != k.sliding_window)
+        qkgeom::detail::fail_input((dir / head_entry_name(id.layer, id.k_head, kind::key)).string(), "sliding_window",
+                                   k.sliding_window ? std::to_string(*k.sliding_window) : std::string("none"),
+                                   "differs from the query entry's sliding window");
+    head_capture<row_matrix> out;
+    out.id = id;
+    out.facts = facts_of(m, id.layer);
+    out.facts.sliding_window = q.sliding_window.value_or(0);
+    out.queries = std::move(static_cast<token_rows<row_matrix>&>(q));
+    out.keys = std::move(static_cast<token_rows<row_matrix>&>(k));
+    return out;
+}
+
 /// \brief The head entries present in DIR (names lLLhHH[qk] as directory,
 /// .safetensors or .npz file), sorted by layer, head, kind. Other names are
 /// ignored. An entry present in two forms is listed twice (read_head rejects it).
-[[nodiscard]] inline std::vector<head_id> list_heads(std::filesystem::path const& dir) {
-    std::vector<head_id> out;
+[[nodiscard]] inline std::vector<entry_id> list_heads(std::filesystem::path const& dir) {
+    std::vector<entry_id> out;
     std::error_code ec;
     for (auto const& de : std::filesystem::directory_iterator(dir, ec)) {
         std::string name = de.path().filename().string();
-        head_id id;
+        entry_id id;
         if (de.is_directory()) {
             id.format = storage_format::npy;
         } else if (de.is_regular_file() && name.size() > 12 && name.ends_with(".safetensors")) {
@@ -784,7 +842,7 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
         out.push_back(id);
     }
     if (ec) qkgeom::detail::fail_input(dir.string(), "directory", dir.string(), "cannot list directory: " + ec.message());
-    std::sort(out.begin(), out.end(), [](head_id const& a, head_id const& b) {
+    std::sort(out.begin(), out.end(), [](entry_id const& a, entry_id const& b) {
         if (a.layer != b.layer) return a.layer < b.layer;
         if (a.head != b.head) return a.head < b.head;
         if (a.k != b.k) return a.k < b.k;

@@ -1,5 +1,6 @@
 // qkgeom — the empirical cross-check's kernels (internal), method §6 / §9.14.
 // IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// (SIMD kernels live in include/qkgeom/simd/; the dispatch is qkgeom/simd.hpp.)
 //
 // For one query bucket the check needs the scores q_r·k_c of the bucket's
 // queries against every key that takes part in a pair, then, per evaluated
@@ -26,7 +27,7 @@
 //                    queries returned as bit masks.
 //
 // The generic level is not here: it keeps Eigen's f32 GEMM on unpacked
-// matrices (attention_plasticity.hpp).
+// matrices (plasticity/empirical.hpp).
 #pragma once
 
 #include <qkgeom/config.hpp>

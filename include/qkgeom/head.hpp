@@ -1,0 +1,188 @@
+// qkgeom — a head as one value: its identity, its capture facts and its rows
+// (method §0). Every analysis that needs rows takes a `head_capture`; every
+// producer (io::read_capture, synthetic::generate_head, capture_store, the
+// LibTorch capture) makes one.
+//
+// The three integer annotations of a row are distinct types
+// (`token_positions`, `token_buckets`, `example_ids`), so a position array
+// cannot be passed, assigned or aggregate-initialised where a bucket array
+// belongs: the mistake does not compile (tests/compile_fail). A mislabelled
+// array (positions wrapped as buckets) is caught at run time when the capture
+// facts name the bucket scheme: every bucket must equal bucket_of(position).
+#pragma once
+
+#include <qkgeom/buckets.hpp>
+#include <qkgeom/config.hpp>
+#include <qkgeom/errors.hpp>
+#include <qkgeom/tensor.hpp>
+
+#include <Eigen/Core>
+
+#include <compare>
+#include <concepts>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace qkgeom {
+
+/// \brief Identity of a head pair (method §0): layer, query head and the key
+/// head it reads (GQA: k_head = ⌊q_head / (n_q / n_kv)⌋). −1 = not recorded.
+/// The one spelling of the triple in the library, the program and the files.
+struct head_id {
+    std::int64_t layer = -1;   ///< layer index
+    std::int64_t q_head = -1;  ///< query head
+    std::int64_t k_head = -1;  ///< key/value head
+    friend bool operator==(head_id const&, head_id const&) = default;
+    friend auto operator<=>(head_id const&, head_id const&) = default;
+};
+
+/// \brief What the capture knows about a head beyond its rows (method §0, §6).
+struct capture_facts {
+    /// The capture's bucket scheme and width. When set, every bucket is
+    /// checked against its position (a mislabelled array fails with both
+    /// named) and a sliding window is converted to buckets (method §6).
+    std::optional<bucket_spec> buckets;
+    std::int64_t sliding_window = 0;  ///< the layer's attention span in tokens; 0 = full attention
+    std::int64_t context_length = 0;  ///< L; 0 = max position over queries and keys + 1 (method §9.12)
+    friend bool operator==(capture_facts const&, capture_facts const&) = default;
+};
+
+namespace detail {
+struct position_tag {
+    static constexpr std::string_view name = "positions";
+};
+struct bucket_tag {
+    static constexpr std::string_view name = "buckets";
+};
+struct example_tag {
+    static constexpr std::string_view name = "example ids";
+};
+}  // namespace detail
+
+/// \brief One integer per row, of one meaning (`Tag`): an owning array that
+/// converts from any IndexVector only explicitly, and never from another
+/// meaning. It is itself an IndexVector (a contiguous range of int64).
+template <class Tag>
+class token_indices {
+public:
+    using value_type = std::int64_t;
+    static constexpr std::string_view name = Tag::name;
+
+    token_indices() = default;
+    /// \brief Takes the values (no copy).
+    explicit token_indices(std::vector<std::int64_t> v) noexcept : v_(std::move(v)) {}
+    /// \brief From a list of values.
+    token_indices(std::initializer_list<std::int64_t> v) : v_(v) {}
+    /// \brief Copies any IndexVector (Eigen integer vectors, spans, ranges,
+    /// LibTorch integer tensors ...), widened to int64.
+    /// \throws whatever `as_indices(v)` throws for an unreadable input.
+    template <IndexVector V>
+        requires(!std::same_as<std::remove_cvref_t<V>, std::vector<std::int64_t>> &&
+                 !requires { std::remove_cvref_t<V>::name; })
+    explicit token_indices(V const& v) {
+        auto const r = as_indices(v);
+        v_.resize(static_cast<std::size_t>(r.size()));
+        for (index_t i = 0; i < r.size(); ++i) v_[static_cast<std::size_t>(i)] = r[i];
+    }
+
+    [[nodiscard]] index_t size() const noexcept { return static_cast<index_t>(v_.size()); }
+    [[nodiscard]] bool empty() const noexcept { return v_.empty(); }
+    [[nodiscard]] std::int64_t const* data() const noexcept { return v_.data(); }
+    [[nodiscard]] auto begin() const noexcept { return v_.begin(); }
+    [[nodiscard]] auto end() const noexcept { return v_.end(); }
+    [[nodiscard]] std::int64_t operator[](index_t i) const noexcept { return v_[static_cast<std::size_t>(i)]; }
+    /// \brief The values.
+    [[nodiscard]] std::vector<std::int64_t> const& values() const noexcept { return v_; }
+    /// \brief The values, for appending while capturing.
+    [[nodiscard]] std::vector<std::int64_t>& values() noexcept { return v_; }
+    friend bool operator==(token_indices const&, token_indices const&) = default;
+
+private:
+    std::vector<std::int64_t> v_;
+};
+
+using token_positions = token_indices<detail::position_tag>;  ///< token index in its sequence (≥ 0)
+using token_buckets = token_indices<detail::bucket_tag>;      ///< position bucket (≥ 0, method §0.1)
+using example_ids = token_indices<detail::example_tag>;       ///< input sequence of the token
+
+/// \brief The rows of one kind (queries or keys) of a head: vectors and, per
+/// row, position, bucket and example id. `Matrix` is any RowMatrix (Eigen,
+/// xtensor, `matrix_view`, spans with extents, LibTorch tensors ...).
+/// Query example ids may be left empty (no analysis needs them).
+template <class Matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>
+struct token_rows {
+    Matrix vectors;              ///< n × d
+    token_positions position;    ///< n positions
+    token_buckets bucket;        ///< n buckets
+    example_ids example_id;      ///< n example ids (keys), or empty (queries)
+};
+
+/// \brief The owning row type of the readers and the program: row-major
+/// doubles (f16/bf16/f32 captures widen exactly).
+using row_matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// \brief One head as one value (method §0): identity, capture facts, and the
+/// query and key rows. The input of `analyze_head` and `attention_plasticity`.
+template <class QMatrix = row_matrix, class KMatrix = QMatrix>
+struct head_capture {
+    head_id id;
+    capture_facts facts;
+    token_rows<QMatrix> queries;
+    token_rows<KMatrix> keys;
+};
+
+namespace detail {
+
+/// Checks the annotations of `rows` (n vectors): lengths, non-negative
+/// positions and buckets, example ids (when `need_examples` or present),
+/// and, when the facts name the bucket scheme, bucket = bucket_of(position).
+/// The message names the function, the kind and both arrays.
+inline void check_annotations(std::string_view fn, std::string_view kind_name, index_t n,
+                              token_positions const& pos, token_buckets const& bucket, example_ids const& example,
+                              bool need_examples, capture_facts const& facts) {
+    auto const where = std::string(kind_name) + ": ";
+    auto length = [&](std::string_view field, index_t len) {
+        if (len != n)
+            fail_arg(fn, where + std::string(field) + ": length differs from the " + std::to_string(n) +
+                             " rows; length",
+                     len);
+    };
+    length(token_positions::name, pos.size());
+    length(token_buckets::name, bucket.size());
+    if (need_examples || !example.empty()) length(example_ids::name, example.size());
+    for (index_t i = 0; i < n; ++i) {
+        if (pos[i] < 0) fail_arg(fn, where + "positions: negative position at row " + std::to_string(i), pos[i]);
+        if (bucket[i] < 0) fail_arg(fn, where + "buckets: negative bucket at row " + std::to_string(i), bucket[i]);
+    }
+    if (!facts.buckets) return;
+    bucket_spec const& s = *facts.buckets;
+    for (index_t i = 0; i < n; ++i) {
+        std::int64_t const expect = bucket_of(s, pos[i]);
+        if (bucket[i] != expect)
+            fail_arg(fn, where + "bucket does not match position " + std::to_string(pos[i]) + " at row " +
+                             std::to_string(i) + " (scheme " + std::string(bucket_scheme_name(s.scheme)) +
+                             ", width " + std::to_string(s.width) + " gives " + std::to_string(expect) +
+                             "): are the positions and buckets arrays swapped or mislabelled? bucket",
+                     bucket[i]);
+    }
+}
+
+/// Checks the capture facts (window ≥ 0, a window needs the bucket scheme,
+/// a valid scheme, context length ≥ 0).
+inline void check_facts(std::string_view fn, capture_facts const& f) {
+    if (f.sliding_window < 0) fail_arg(fn, "facts.sliding_window must be >= 0 tokens", f.sliding_window);
+    if (f.sliding_window > 0 && !f.buckets)
+        fail_arg(fn, "a sliding window needs the bucket scheme (facts.buckets); sliding_window", f.sliding_window);
+    if (f.context_length < 0) fail_arg(fn, "facts.context_length must be >= 0 (0 = from the rows)", f.context_length);
+    if (f.buckets) check_bucket_spec(fn, *f.buckets);
+}
+
+}  // namespace detail
+
+}  // namespace qkgeom

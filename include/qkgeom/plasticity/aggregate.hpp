@@ -1,0 +1,207 @@
+// qkgeom — the aggregation of attention plasticity (method §6, §9.10–9.13):
+// cells → AP_b → AP_overall, the quantile profiles and AP_drop, the
+// gaussian_gap, and the heatmap grid (one grid for every head of a capture,
+// so that the model picture sums them all).
+// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+#pragma once
+
+#include <qkgeom/buckets.hpp>
+#include <qkgeom/config.hpp>
+#include <qkgeom/errors.hpp>
+#include <qkgeom/head.hpp>
+#include <qkgeom/plasticity/closed_form.hpp>
+#include <qkgeom/plasticity/options.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qkgeom {
+
+namespace detail {
+
+/// n + 1 equally spaced edges over [lo, hi].
+inline std::vector<double> default_edges(double lo, double hi, int bins) {
+    std::vector<double> e(static_cast<std::size_t>(bins) + 1);
+    for (int i = 0; i <= bins; ++i) e[static_cast<std::size_t>(i)] = lo + (hi - lo) * i / bins;
+    return e;
+}
+
+inline void check_edges(std::vector<double> const& e, std::string_view name) {
+    if (e.size() < 2) fail_arg("qkgeom::attention_plasticity", std::string(name) + ": need at least 2 edges; edges", e.size());
+    for (std::size_t i = 0; i < e.size(); ++i)
+        if (!std::isfinite(e[i]) || (i > 0 && !(e[i] > e[i - 1])))
+            fail_arg("qkgeom::attention_plasticity",
+                     std::string(name) + ": edges must be finite and strictly increasing; edge " + std::to_string(i),
+                     e[i]);
+}
+
+}  // namespace detail
+
+/// \brief The default heatmap grid of a head (method §6, §9.13), the same for
+/// every head of a capture whose facts carry the context length:
+/// offsets τ_b − (t_i + t_j)/2 in 32 equal bins over [−L, L]; inter-key
+/// distances |t_i − t_j| in 16 equal bins over [0, min(L, B)] for
+/// `same_bucket` pairs of uniform (or `all`) buckets of width B (a pair never
+/// spans more), else over [0, L].
+/// \param facts    the capture facts (bucket scheme and width)
+/// \param L        context length, ≥ 1 (facts.context_length when set)
+/// \param pairs    the pair policy
+/// \returns the grid (17 distance edges, 33 offset edges)
+/// \throws std::invalid_argument when L < 1
+[[nodiscard]] inline heatmap_grid model_heatmap_grid(capture_facts const& facts, std::int64_t L, pair_policy pairs) {
+    if (L < 1) detail::fail_arg("qkgeom::model_heatmap_grid", "context length must be >= 1", L);
+    auto const Ld = static_cast<double>(L);
+    double span = Ld;
+    if (pairs == pair_policy::same_bucket && facts.buckets && facts.buckets->scheme != bucket_scheme::log)
+        span = std::min(Ld, static_cast<double>(facts.buckets->width));
+    return {detail::default_edges(0, span, 16), detail::default_edges(-Ld, Ld, 32)};
+}
+
+namespace detail {
+
+/// ⌊k·τ_b/L⌋ in integer arithmetic (method §9.12): τ_b = S/n with S integer.
+inline int quantile_of(double tau, std::int64_t n, std::int64_t L, int k) {
+    auto const S = static_cast<std::int64_t>(std::llround(tau * static_cast<double>(n)));
+    long double const q = static_cast<long double>(k) * static_cast<long double>(S) /
+                          (static_cast<long double>(n) * static_cast<long double>(L));
+    std::int64_t num = 0;
+    bool const exact = S <= std::numeric_limits<std::int64_t>::max() / k && n <= std::numeric_limits<std::int64_t>::max() / L;
+    if (exact) {
+        num = (static_cast<std::int64_t>(k) * S) / (n * L);
+    } else {
+        num = static_cast<std::int64_t>(std::floor(q));
+    }
+    return static_cast<int>(std::clamp<std::int64_t>(num, 0, k - 1));
+}
+
+/// The empty heatmap of `grid` (the model grid for L when `grid` is empty).
+template <class = void>
+plasticity_heatmap make_heatmap(heatmap_grid const& grid, capture_facts const& facts, std::int64_t L,
+                                       pair_policy pairs) {
+    plasticity_heatmap hm;
+    heatmap_grid const g = (grid.distance_edges.empty() || grid.offset_edges.empty())
+                               ? model_heatmap_grid(facts, L, pairs)
+                               : heatmap_grid{};
+    hm.distance_edges = grid.distance_edges.empty() ? g.distance_edges : grid.distance_edges;
+    hm.offset_edges = grid.offset_edges.empty() ? g.offset_edges : grid.offset_edges;
+    check_edges(hm.distance_edges, "heatmap.distance_edges");
+    check_edges(hm.offset_edges, "heatmap.offset_edges");
+    hm.sum = Eigen::MatrixXd::Zero(index_t(hm.distance_edges.size()) - 1, index_t(hm.offset_edges.size()) - 1);
+    hm.count.setZero(hm.sum.rows(), hm.sum.cols());
+    return hm;
+}
+
+/// A finished cell (method §9.10, §9.16).
+inline plasticity_cell finish_cell(cell_acc const& acc, std::int64_t b, std::int64_t c, bool sampled) {
+    plasticity_cell cell;
+    cell.q_bucket = b;
+    cell.k_bucket = c;
+    cell.n_pairs = acc.n;
+    if (acc.n > 0) {
+        cell.plasticity = acc.sum / double(acc.n);
+        if (sampled && acc.n > 1) {
+            double const var = std::max(0.0, (acc.sumsq - acc.sum * acc.sum / double(acc.n)) / double(acc.n - 1));
+            cell.std_error = std::sqrt(var / double(acc.n));
+        }
+        if (acc.emp_n > 0) cell.empirical = acc.emp_sum / double(acc.emp_n);
+    }
+    return cell;
+}
+
+/// `same_bucket`: AP_b = the unweighted mean of the bucket's non-empty cells
+/// (method §9.10–9.11); the empirical AP_b only when every non-empty cell has one.
+inline void same_bucket_profile(std::span<plasticity_cell const> cells, plasticity_bucket& pb) {
+    double sum = 0, emp_sum = 0, se2 = 0;
+    std::int64_t n_emp = 0;
+    for (auto const& cell : cells) {
+        if (cell.n_pairs == 0) continue;  // method §9.10: empty cells excluded
+        ++pb.n_cells;
+        pb.n_pairs += cell.n_pairs;
+        sum += cell.plasticity;
+        se2 += cell.std_error * cell.std_error;
+        if (std::isfinite(cell.empirical)) {
+            emp_sum += cell.empirical;
+            ++n_emp;
+        }
+    }
+    if (pb.n_cells > 0) {
+        pb.ap = sum / double(pb.n_cells);
+        pb.std_error = std::sqrt(se2) / double(pb.n_cells);
+        if (n_emp == pb.n_cells) pb.ap_empirical = emp_sum / double(n_emp);
+    }
+}
+
+/// `prefix`: AP_b = the mean over its pairs (one cell, method §9.11).
+inline void prefix_profile(plasticity_cell const& cell, plasticity_bucket& pb) {
+    if (cell.n_pairs == 0) return;
+    pb.n_cells = 1;
+    pb.n_pairs = cell.n_pairs;
+    pb.ap = cell.plasticity;
+    pb.std_error = cell.std_error;
+    pb.ap_empirical = cell.empirical;
+}
+
+/// The w_b-weighted profile over k quantiles of the buckets with a finite AP_b.
+template <class Member>
+std::vector<double> quantile_profile(std::vector<plasticity_bucket> const& profile, int k, Member member) {
+    std::vector<double> num(static_cast<std::size_t>(k), 0.0), den(static_cast<std::size_t>(k), 0.0);
+    for (auto const& pb : profile)
+        if (std::isfinite(pb.ap)) {
+            auto const q = static_cast<std::size_t>(pb.*member);
+            num[q] += double(pb.n_queries) * pb.ap;
+            den[q] += double(pb.n_queries);
+        }
+    std::vector<double> out(static_cast<std::size_t>(k), nan);
+    for (std::size_t q = 0; q < out.size(); ++q)
+        if (den[q] > 0) out[q] = num[q] / den[q];
+    return out;
+}
+
+/// AP_overall, the quantile profiles, AP_drop and gaussian_gap of a head
+/// whose cells and profile are complete (method §6, §9.10–9.14).
+inline void aggregate(plasticity_result& res, ap_weighting weighting) {
+    double wsum = 0, wap = 0;
+    for (auto const& pb : res.profile)
+        if (std::isfinite(pb.ap)) {
+            wsum += double(pb.n_queries);
+            wap += double(pb.n_queries) * pb.ap;
+        }
+    if (weighting == ap_weighting::query_count) {
+        if (wsum > 0) res.ap_overall = wap / wsum;
+    } else {
+        double cs = 0;
+        std::int64_t cn = 0;
+        for (auto const& c : res.cells)
+            if (c.n_pairs > 0) {
+                cs += c.plasticity;
+                ++cn;
+            }
+        if (cn > 0) res.ap_overall = cs / double(cn);
+    }
+    auto const qp = quantile_profile(res.profile, 5, &plasticity_bucket::quintile);
+    auto const dp = quantile_profile(res.profile, 10, &plasticity_bucket::decile);
+    std::copy(qp.begin(), qp.end(), res.ap_quintile.begin());
+    std::copy(dp.begin(), dp.end(), res.ap_decile.begin());
+    res.ap_first_20pct = res.ap_quintile[0];
+    res.ap_last_20pct = res.ap_quintile[4];
+    res.ap_drop = res.ap_first_20pct - res.ap_last_20pct;
+    double gap = 0;
+    std::int64_t ng = 0;
+    for (auto const& pb : res.profile)
+        if (std::isfinite(pb.ap) && std::isfinite(pb.ap_empirical)) {
+            gap += std::abs(pb.ap - pb.ap_empirical);
+            ++ng;
+        }
+    if (ng > 0) res.gaussian_gap = gap / double(ng);
+}
+
+}  // namespace detail
+
+}  // namespace qkgeom

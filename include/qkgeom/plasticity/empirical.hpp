@@ -1,0 +1,394 @@
+// qkgeom — the empirical cross-check of attention plasticity (method §6,
+// §9.14): for an evaluated pair (i, j) and query bucket b, p̂ = the fraction of
+// the bucket's real queries with q·k_i > q·k_j (original basis, strict), and
+// the unbiased 4p̂(1−p̂)·n/(n−1).
+//
+// Counts are those of double-precision scores. They are computed in single
+// precision at the widest instruction set available (simd/score_kernels.hpp)
+// and certified: a query whose f32 score difference does not exceed the
+// rigorous rounding bound is recounted in double from the original rows. Two
+// forms give the same counts (`empirical_columns`): the key form scores every
+// key that takes part in a pair and compares pairs of scores; the
+// pair-difference form scores one column kᵢ − kⱼ per pair and decides the sign
+// in registers (docs/plasticity.md, "How the counts are computed").
+// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+#pragma once
+
+#include <qkgeom/config.hpp>
+#include <qkgeom/plasticity/options.hpp>
+#include <qkgeom/plasticity/pair_plan.hpp>
+#include <qkgeom/plasticity/rows.hpp>
+#include <qkgeom/simd.hpp>
+#include <qkgeom/simd/score_kernels.hpp>
+
+#include <Eigen/Core>
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace qkgeom::detail {
+
+/// Certified error factor of a single-precision dot product of length d whose
+/// operands were rounded from double: each operand carries a relative
+/// rounding u = 2⁻²⁴, the products and the sum (any order, FMA or not) at
+/// most γ_d; so |fl32(q·k) − q·k| <= γ_{d+3} Σ|q_l k_l| <= γ_{d+3} ‖q‖‖k‖,
+/// γ_n = n u/(1 − n u), plus the absolute term `f32_dot_abs_error` when a
+/// product or partial sum is subnormal. Valid while every operand is zero or
+/// a normal float and nothing overflows (`f32_certifiable`). The factor
+/// 1 + 2⁻³⁰ covers the double rounding of the norms and of the bound itself
+/// (relative ≈ d·2⁻⁵³).
+inline double f32_dot_error_factor(index_t d) {
+    double const u = 0x1p-24, nu = double(d + 3) * u;
+    return nu / (1.0 - nu) * (1.0 + 0x1p-30);
+}
+
+/// Absolute part of the bound: each of the d multiply–adds may round a
+/// subnormal result by at most 2⁻¹⁵⁰ (half the smallest subnormal).
+inline double f32_dot_abs_error(index_t d) { return double(d + 3) * 0x1p-149; }
+
+/// Error factor of a double-precision dot product of length d (any order,
+/// FMA or not): |fl64(q·k) − q·k| <= γ_{d+3}‖q‖‖k‖ with u = 2⁻⁵³. The
+/// pair-difference form adds it so that a decided query is also decided the
+/// same way by the double-precision scores of the fallback.
+inline double f64_dot_error_factor(index_t d) {
+    double const nu = double(d + 3) * 0x1p-53;
+    return nu / (1.0 - nu) * (1.0 + 0x1p-30);
+}
+
+/// Absolute term of the pair-difference form's threshold: (d + 3)·2⁻¹²⁵, a
+/// normal float that covers a subnormal product or partial sum even when
+/// the FPU flushes them to zero (FTZ/DAZ, e.g. -ffast-math).
+inline float f32_pair_abs_error(index_t d) { return static_cast<float>(double(d + 3) * 0x1p-125); }
+
+/// The smallest float ≥ x, at least the smallest normal float (so the value
+/// is never flushed by DAZ); +inf for NaN and x beyond the float range.
+inline float float_up(double x) {
+    if (!(x <= double(std::numeric_limits<float>::max()))) return std::numeric_limits<float>::infinity();
+    auto f = static_cast<float>(x);
+    if (double(f) < x) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+    return std::max(f, std::numeric_limits<float>::min());
+}
+
+/// The empirical side of one query bucket: its queries and, per form, the
+/// single-precision scores (key form) or the counted wins per pair
+/// (pair-difference form).
+struct empirical_bucket {
+    query_rows const* queries = nullptr;  ///< original-basis queries of the bucket (≥ 2 rows) or null
+    double emp_scale = 1.0;               ///< n/(n−1)
+    /// Key form: scores q·k of the bucket's queries (rows 0 … nq−1; more rows
+    /// may be padding) against every key that takes part in a pair (columns);
+    /// `column[i]` is key i's column (−1: not scored).
+    Eigen::MatrixXf scores;
+    index_t nq = 0;                        ///< the bucket's query count
+    simd::isa level = simd::isa::generic;  ///< kernels' instruction set
+    Eigen::VectorXd q_norm;                ///< ‖q_r‖ (original basis), per query row
+    Eigen::VectorXd k_norm;                ///< ‖k‖ per score column
+    double score_err = 0.0;  ///< certified bound: |fl32(q·k) − q·k| <= score_err·‖q‖‖k‖ + score_abs
+    double score_abs = 0.0;  ///< absolute part of the bound (underflow), see f32_dot_abs_error
+    /// Original-basis key rows (double): score column c is row (*scored)[c] (exact fallback).
+    row_block const* k_orig = nullptr;
+    std::vector<index_t> const* scored = nullptr;
+    std::vector<index_t> const* column = nullptr;
+    /// Pair-difference form: the bucket's pairs in evaluation order (padding
+    /// {−1, −1}) and their counted wins.
+    std::vector<std::array<index_t, 2>> const* pair_keys = nullptr;
+    std::vector<std::int32_t> const* pair_wins = nullptr;
+
+    [[nodiscard]] bool active() const noexcept { return queries != nullptr; }
+};
+
+/// Key form, method §9.14: the number of the bucket's queries r with
+/// q_r·k_i > q_r·k_j for score columns ci, cj. The single-precision scores
+/// decide every query whose score difference exceeds the certified error
+/// bound of both scores; the (rare) undecided ones are recomputed in double
+/// from the original rows, so the count is that of double-precision scores
+/// (ties within double rounding aside).
+inline std::int64_t empirical_wins(empirical_bucket const& e, index_t ci, index_t cj) {
+    index_t const nq = e.nq;
+    float const* si = e.scores.col(ci).data();
+    float const* sj = e.scores.col(cj).data();
+    double const* qn = e.q_norm.data();
+    double const kk = e.score_err * (e.k_norm(ci) + e.k_norm(cj));
+    double const ka = 2.0 * e.score_abs;
+    auto const [wins0, undecided] = scores::count_wins(e.level, si, sj, qn, kk, ka, nq);
+    if (undecided == 0) return wins0;
+    // Recount every query with one decision function here (the dispatched
+    // kernel may round its bound differently, e.g. with an FMA: each is
+    // certified, but a query must not be counted by both).
+    auto const& sc = *e.scored;
+    auto const ki = e.k_orig->row(sc[static_cast<std::size_t>(ci)]), kj = e.k_orig->row(sc[static_cast<std::size_t>(cj)]);
+    std::int64_t wins = 0;
+    for (index_t r = 0; r < nq; ++r) {
+        if (scores::decided(si[r], sj[r], kk * qn[r] + ka)) {
+            wins += si[r] > sj[r] ? 1 : 0;
+        } else {
+            auto const q = e.queries->row(r);
+            wins += q.dot(ki) > q.dot(kj) ? 1 : 0;
+        }
+    }
+    return wins;
+}
+
+/// The per-head state of the cross-check: key segments packed once per key
+/// bucket and reused by every later query bucket, and the buffers of the
+/// current query bucket. `prepare` fills an `empirical_bucket`; `wins` reads
+/// the count of one evaluated pair. (A class template, instantiated on use.)
+template <class = void>
+class empirical_check_t {
+public:
+    empirical_check_t(key_store const& ks, query_store const& qs, pair_plan const& plan,
+                      plasticity_options const& opt)
+        : ks_(ks), qs_(qs), plan_(plan), opt_(opt), level_(simd::active()), blk_(scores::blocking_of(level_)),
+          column_(static_cast<std::size_t>(ks.orig.rows()), -1) {
+        if (qs.by_bucket.empty()) return;
+        certifiable_ = f32_certifiable(qs.range, k_range(), ks.d);
+        q_max_abs_ = qs.range.max_abs;
+        k_norm_all_ = ks.orig.rowwise().norm();
+    }
+
+    /// Sets `e` up for query bucket `b` with admissible key buckets `cells`
+    /// (nothing when the bucket has fewer than 2 query rows).
+    void prepare(std::int64_t b, std::vector<std::int64_t> const& cells, bool sampled, empirical_bucket& e) {
+        auto const qit = qs_.by_bucket.find(b);
+        if (qit == qs_.by_bucket.end() || qit->second.rows() < 2) return;
+        auto const& q = qit->second;
+        e.queries = &q;
+        e.emp_scale = double(q.rows()) / double(q.rows() - 1);
+        e.nq = q.rows();
+        e.level = level_;
+        cursor_ = 0;
+        if (use_pair_form(cells, sampled)) prepare_pairs(q, cells, e);
+        else prepare_keys(q, cells, e);
+    }
+
+    /// The counted wins of evaluated pair (i, j) (row indices of the keys).
+    /// In the pair-difference form pairs are recorded in the order they were
+    /// listed (pairs of identical keys are listed but never recorded, so they
+    /// are passed over).
+    std::int64_t wins(empirical_bucket const& e, index_t i, index_t j) {
+        if (e.pair_wins == nullptr)
+            return empirical_wins(e, column_[static_cast<std::size_t>(i)], column_[static_cast<std::size_t>(j)]);
+        auto const& keys = *e.pair_keys;
+        while (cursor_ < keys.size() && !(keys[cursor_][0] == i && keys[cursor_][1] == j)) ++cursor_;
+        if (cursor_ == keys.size())
+            throw std::logic_error("qkgeom::attention_plasticity: internal error: pair " + std::to_string(i) + ", " +
+                                   std::to_string(j) + " is not in the empirical check's pair list");
+        return (*e.pair_wins)[cursor_++];
+    }
+
+private:
+    /// The scored keys of one key bucket c (those of examples with ≥ 2 keys in
+    /// c for same_bucket, all for prefix), padded with −1 to whole key
+    /// blocks, and packed once (dispatched levels).
+    struct key_segment {
+        std::vector<index_t> keys;
+        std::vector<float> packed;
+    };
+    /// Pair-difference form, per key bucket c: its pairs in evaluation order
+    /// (groups ascending by example, (a, b) with a < b, as the exact path
+    /// records them), the packed f32 columns kᵢ − kⱼ (difference in double,
+    /// rounded once) and per column the bound factor
+    /// kk = (γ32‖kᵢ − kⱼ‖ + γ64(‖kᵢ‖ + ‖kⱼ‖))(1 + 2⁻²⁰) rounded up to float:
+    /// with the query's ‖q‖ rounded up and one FMA, the threshold qn·kk + ka
+    /// is ≥ the certified error of the f32 score q·(kᵢ − kⱼ) plus the rounding
+    /// of the double scores (scores::pair_counts). Columns with a
+    /// subnormal-range component or beyond the float range get kk = +inf
+    /// (all their queries go to the double fallback).
+    struct pair_segment {
+        std::vector<std::array<index_t, 2>> keys;  // padded with {−1, −1} to whole blocks
+        index_t n = 0;                             // pairs (unpadded)
+        std::vector<float> packed, kk;
+    };
+
+    [[nodiscard]] f32_range k_range() const {
+        f32_range r;
+        for (index_t i = 0; i < ks_.orig.rows(); ++i) r.add(ks_.orig.row(i).data(), ks_.d);
+        return r;
+    }
+
+    /// The pair-difference form applies to same_bucket, exact enumeration,
+    /// groups below dense_min_keys and a dispatched level; `automatic` takes
+    /// it when the bucket has no more pairs than scored keys.
+    [[nodiscard]] bool use_pair_form(std::vector<std::int64_t> const& cells, bool sampled) const {
+        if (level_ == simd::isa::generic || opt_.pairs != pair_policy::same_bucket || sampled ||
+            opt_.empirical == empirical_columns::keys)
+            return false;
+        cell_size const total = plan_.total_size(cells);
+        return static_cast<index_t>(total.largest) < opt_.dense_min_keys &&
+               (opt_.empirical == empirical_columns::pairs || total.pairs <= total.keys);
+    }
+
+    key_segment const& segment_of(std::int64_t c) {
+        auto [it, fresh] = segments_.try_emplace(c);
+        if (!fresh) return it->second;
+        auto& seg = it->second;
+        for (auto const& g : plan_.groups_of(c))
+            if (opt_.pairs == pair_policy::prefix || g.keys.size() >= 2)
+                seg.keys.insert(seg.keys.end(), g.keys.begin(), g.keys.end());
+        auto const n = static_cast<index_t>(seg.keys.size());
+        if (level_ != simd::isa::generic)
+            scores::pack_transposed([&](index_t a, index_t l) { return ks_.orig(seg.keys[static_cast<std::size_t>(a)], l); },
+                                    n, ks_.d, blk_.block, seg.packed);
+        seg.keys.resize(static_cast<std::size_t>(scores::round_up(n, blk_.block)), -1);
+        return seg;
+    }
+
+    pair_segment const& pair_segment_of(std::int64_t c) {
+        auto [it, fresh] = pair_segments_.try_emplace(c);
+        if (!fresh) return it->second;
+        auto& seg = it->second;
+        index_t const d = ks_.d;
+        for (auto const& g : plan_.groups_of(c))
+            for (std::size_t a = 0; a < g.keys.size(); ++a)
+                for (std::size_t b = a + 1; b < g.keys.size(); ++b) seg.keys.push_back({g.keys[a], g.keys[b]});
+        seg.n = static_cast<index_t>(seg.keys.size());
+        scores::pack_transposed(
+            [&](index_t a, index_t l) {
+                auto const& pk = seg.keys[static_cast<std::size_t>(a)];
+                return ks_.orig(pk[0], l) - ks_.orig(pk[1], l);
+            },
+            seg.n, d, blk_.block, seg.packed);
+        auto const padded = scores::round_up(seg.n, blk_.block);
+        double const gamma32 = f32_dot_error_factor(d), gamma64 = f64_dot_error_factor(d);
+        seg.kk.assign(static_cast<std::size_t>(padded), 0.0f);
+        for (index_t a = 0; a < seg.n; ++a) {
+            auto const [i, j] = seg.keys[static_cast<std::size_t>(a)];
+            double norm2 = 0.0, big = 0.0;
+            bool tiny = false;
+            for (index_t l = 0; l < d; ++l) {
+                double const x = ks_.orig(i, l) - ks_.orig(j, l);
+                norm2 += x * x;
+                big = std::max(big, std::abs(x));
+                tiny = tiny || (x != 0.0 && std::abs(x) < 0x1p-126);
+            }
+            bool const ok = certifiable_ && !tiny && big <= 0x1p126 && double(d) * q_max_abs_ * big <= 0x1p126;
+            seg.kk[static_cast<std::size_t>(a)] =
+                ok ? float_up((gamma32 * std::sqrt(norm2) + gamma64 * (k_norm_all_(i) + k_norm_all_(j))) * (1.0 + 0x1p-20))
+                   : std::numeric_limits<float>::infinity();
+        }
+        seg.keys.resize(static_cast<std::size_t>(padded), {-1, -1});
+        return seg;
+    }
+
+    /// method §9.14, pair-difference form (see pair_segment).
+    void prepare_pairs(query_rows const& q, std::vector<std::int64_t> const& cells, empirical_bucket& e) {
+        index_t const d = ks_.d;
+        pair_keys_.clear();
+        for (auto c : cells) {
+            auto const& seg = pair_segment_of(c);
+            pair_keys_.insert(pair_keys_.end(), seg.keys.begin(), seg.keys.end());
+        }
+        auto const nc = static_cast<index_t>(pair_keys_.size());
+        index_t const nq_pad = scores::round_up(e.nq, blk_.panel);
+        scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, e.nq, d, blk_.panel, qpack_);
+        q_norm_up_.assign(static_cast<std::size_t>(nq_pad), 0.0f);
+        for (index_t r = 0; r < e.nq; ++r) q_norm_up_[static_cast<std::size_t>(r)] = float_up(q.row(r).norm());
+        pair_wins_.assign(static_cast<std::size_t>(nc), 0);
+        index_t const np = nq_pad / blk_.panel;
+        undecided_.assign(static_cast<std::size_t>(np * nc), 0u);
+        float const ka = f32_pair_abs_error(d);
+        index_t offset = 0;
+        for (auto c : cells) {
+            auto const& seg = pair_segment_of(c);
+            scores::pair_counts(level_, qpack_, q_norm_up_.data(), e.nq, nq_pad, seg.packed.data(), seg.kk.data(), ka,
+                                seg.n, d, pair_wins_.data() + offset, undecided_.data() + offset, nc);
+            offset += static_cast<index_t>(seg.keys.size());
+        }
+        // The undecided queries (≈ 1 in 10⁴ on real heads; all of a column
+        // with kk = +inf), in double from the original rows.
+        for (index_t p = 0; p < np; ++p)
+            for (index_t c = 0; c < nc; ++c) {
+                std::uint32_t m = undecided_[static_cast<std::size_t>(p * nc + c)];
+                if (m == 0) continue;
+                auto const [i, j] = pair_keys_[static_cast<std::size_t>(c)];
+                auto const ki = ks_.orig.row(i), kj = ks_.orig.row(j);
+                std::int32_t w = 0;
+                for (; m != 0; m &= m - 1u) {
+                    auto const qrow = q.row(p * blk_.panel + std::countr_zero(m));
+                    w += qrow.dot(ki) > qrow.dot(kj) ? 1 : 0;
+                }
+                pair_wins_[static_cast<std::size_t>(c)] += w;
+            }
+        e.pair_keys = &pair_keys_;
+        e.pair_wins = &pair_wins_;
+    }
+
+    /// method §9.14, key form: one product of the bucket's queries against
+    /// every key of the admissible buckets that belongs to an example with at
+    /// least two such keys, in single precision (twice the double rate, and
+    /// AVX2/AVX-512 kernels where the CPU has them), certified by
+    /// empirical_wins.
+    void prepare_keys(query_rows const& q, std::vector<std::int64_t> const& cells, empirical_bucket& e) {
+        index_t const d = ks_.d;
+        scored_.clear();
+        for (auto c : cells) {
+            auto const& seg = segment_of(c);
+            scored_.insert(scored_.end(), seg.keys.begin(), seg.keys.end());
+        }
+        auto const nks = static_cast<index_t>(scored_.size());
+        e.k_norm.resize(nks);
+        for (index_t a = 0; a < nks; ++a) {
+            auto const key = scored_[static_cast<std::size_t>(a)];
+            if (key < 0) {  // padding: never a pair's column
+                e.k_norm(a) = 0.0;
+                continue;
+            }
+            column_[static_cast<std::size_t>(key)] = a;
+            e.k_norm(a) = k_norm_all_(key);
+        }
+        if (level_ == simd::isa::generic) {  // blocks of one key: no padding
+            Eigen::MatrixXf kf(nks, d);
+            for (index_t a = 0; a < nks; ++a)
+                kf.row(a) = ks_.orig.row(scored_[static_cast<std::size_t>(a)]).template cast<float>();
+            e.scores.noalias() = q.template cast<float>() * kf.transpose();
+        } else {
+            index_t const nq_pad = scores::round_up(e.nq, blk_.panel);
+            scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, e.nq, d, blk_.panel, qpack_);
+            e.scores.resize(nq_pad, nks);
+            index_t offset = 0;
+            for (auto c : cells) {
+                auto const& seg = segment_of(c);
+                auto const n = static_cast<index_t>(seg.keys.size());
+                scores::score_product(level_, qpack_, nq_pad, seg.packed, n, d, e.scores.data() + offset * nq_pad);
+                offset += n;
+            }
+        }
+        e.q_norm = q.rowwise().norm();
+        // not certifiable (subnormal or huge values): every comparison in double
+        e.score_err = certifiable_ ? f32_dot_error_factor(d) : std::numeric_limits<double>::infinity();
+        e.score_abs = f32_dot_abs_error(d);
+        e.k_orig = &ks_.orig;
+        e.scored = &scored_;
+        e.column = &column_;
+    }
+
+    key_store const& ks_;
+    query_store const& qs_;
+    pair_plan const& plan_;
+    plasticity_options const& opt_;
+    simd::isa level_;
+    scores::blocking blk_;
+    bool certifiable_ = false;
+    double q_max_abs_ = 0.0;
+    Eigen::VectorXd k_norm_all_;  ///< ‖k‖ of every key (original basis)
+    std::vector<index_t> column_;  ///< key → score column (per query bucket)
+    std::vector<index_t> scored_;  ///< the scored keys of the current query bucket, one per score column
+    std::vector<float> qpack_;     ///< the query bucket's packed f32 panels
+    std::map<std::int64_t, key_segment> segments_;
+    std::map<std::int64_t, pair_segment> pair_segments_;
+    std::vector<std::array<index_t, 2>> pair_keys_;  ///< the current query bucket's pairs (pair form)
+    std::vector<std::int32_t> pair_wins_;
+    std::vector<std::uint32_t> undecided_;  ///< per (query panel, pair column): undecided queries
+    std::vector<float> q_norm_up_;          ///< ‖q‖ rounded up to float, per padded query row
+    std::size_t cursor_ = 0;                ///< pair form: next listed pair
+};
+
+using empirical_check = empirical_check_t<>;
+
+}  // namespace qkgeom::detail

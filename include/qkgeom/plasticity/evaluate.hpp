@@ -1,0 +1,127 @@
+// qkgeom — attention plasticity of one head from validated rows (method §5–6):
+// the pair plan, then per query bucket its cells (exact or sampled, with the
+// empirical cross-check when the bucket has query rows), then the
+// aggregates. The public entry points (<qkgeom/attention_plasticity.hpp>)
+// read and validate the rows and call `evaluate_plasticity`.
+// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+#pragma once
+
+#include <qkgeom/config.hpp>
+#include <qkgeom/head.hpp>
+#include <qkgeom/householder.hpp>
+#include <qkgeom/plasticity/aggregate.hpp>
+#include <qkgeom/plasticity/closed_form.hpp>
+#include <qkgeom/plasticity/empirical.hpp>
+#include <qkgeom/plasticity/options.hpp>
+#include <qkgeom/plasticity/pair_plan.hpp>
+#include <qkgeom/plasticity/rows.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace qkgeom::detail {
+
+/// The Gaussian model of one query bucket in the rotated basis (method §4–5).
+template <class = void>
+bucket_eval bucket_eval_of(bucket_semantics const& s, index_t d) {
+    bucket_eval e;
+    e.w = s.mean;
+    e.tau = s.tau;
+    if (s.cov.size() != 0) {
+        e.V = Eigen::MatrixXd::Zero(d, d);
+        e.V(0, 0) = s.var(0);
+        e.V.bottomRightCorner(d - 1, d - 1) = s.cov;
+    } else {
+        e.var = s.var;
+    }
+    return e;
+}
+
+/// The groups of ≥ 2 keys among `groups` (sampling draws from them).
+inline std::vector<std::vector<index_t> const*> sampling_groups(std::vector<key_group> const& groups) {
+    std::vector<std::vector<index_t> const*> gs;
+    for (auto const& g : groups)
+        if (g.keys.size() >= 2) gs.push_back(&g.keys);
+    return gs;
+}
+
+/// One cell: every pair (exact) or the drawn pairs (sampled) of `groups`.
+template <class Evaluator>
+plasticity_cell evaluate_cell(Evaluator& ev, key_store const& ks, bucket_eval const& e,
+                              std::vector<key_group> const& groups, bool sampled, plasticity_options const& opt,
+                              std::int64_t b, std::int64_t c) {
+    cell_acc acc;
+    if (sampled) {
+        evaluate_cell_sampled(ev, e, sampling_groups(groups), acc, opt, b, c);
+    } else {
+        for (auto const& g : groups) evaluate_group_exact(ev, ks, e, g.keys, acc, opt);
+    }
+    return finish_cell(acc, b, c, sampled);
+}
+
+/// One query bucket: its cells appended to `res.cells`, its profile entry to
+/// `res.profile` (method §6, §9.10–9.11).
+template <class Evaluator>
+void evaluate_query_bucket(Evaluator& ev, empirical_check& emp, bucket_semantics const& s, query_plan const& qp,
+                           pair_plan const& plan, key_store const& ks, plasticity_options const& opt,
+                           plasticity_result& res) {
+    plasticity_bucket pb;
+    pb.q_bucket = s.bucket;
+    pb.n_queries = s.n_queries;
+    pb.tau = s.tau;
+    pb.quintile = quantile_of(s.tau, s.n_queries, res.context_length, 5);
+    pb.decile = quantile_of(s.tau, s.n_queries, res.context_length, 10);
+    if (!qp.evaluated) {  // method §6: no earlier key bucket; §9.8: no bucket model
+        ++res.n_query_buckets_skipped;
+        res.profile.push_back(pb);
+        return;
+    }
+    bucket_eval e = bucket_eval_of(s, ks.d);
+    emp.prepare(s.bucket, qp.cells, res.sampled, e.emp);
+    if (opt.pairs == pair_policy::same_bucket) {
+        auto const first = res.cells.size();
+        for (auto c : qp.cells)
+            res.cells.push_back(evaluate_cell(ev, ks, e, plan.groups_of(c), res.sampled, opt, s.bucket, c));
+        same_bucket_profile(std::span<plasticity_cell const>(res.cells).subspan(first), pb);
+    } else {  // prefix: per example, its keys in all admissible buckets
+        res.cells.push_back(
+            evaluate_cell(ev, ks, e, plan.prefix_groups(qp.cells), res.sampled, opt, s.bucket, -1));
+        prefix_profile(res.cells.back(), pb);
+    }
+    res.n_pairs += pb.n_pairs;
+    res.profile.push_back(pb);
+}
+
+/// Attention plasticity of one head (method §5–6) from its Householder model,
+/// its validated keys and (possibly no) query rows. A function template,
+/// instantiated on use.
+template <class = void>
+plasticity_result evaluate_plasticity(householder_result const& model, key_store const& ks, query_store const& qs,
+                                      capture_facts const& facts, plasticity_options const& opt) {
+    std::int64_t max_pos = std::max(qs.max_position, model.max_position);  // queries: rows and moments
+    for (auto t : ks.position) max_pos = std::max(max_pos, t);
+    plasticity_result res;
+    res.context_length = facts.context_length > 0 ? facts.context_length : max_pos + 1;  // method §9.12
+    res.ap_decile.fill(nan);
+    res.heatmap = make_heatmap(opt.heatmap, facts, res.context_length, opt.pairs);
+
+    std::vector<std::pair<std::int64_t, bool>> models;
+    models.reserve(model.buckets.size());
+    for (auto const& s : model.buckets) models.emplace_back(s.bucket, s.used);
+    pair_plan const plan = plan_pairs(ks.bucket, ks.example, models, facts, opt);
+    res.sampled = plan.sampled;
+
+    empirical_check emp(ks, qs, plan, opt);
+    pair_evaluator ev(ks, res.heatmap, res.n_pairs_skipped, emp);
+    for (std::size_t i = 0; i < model.buckets.size(); ++i)
+        evaluate_query_bucket(ev, emp, model.buckets[i], plan.queries[i], plan, ks, opt, res);
+    aggregate(res, opt.weighting);
+    return res;
+}
+
+}  // namespace qkgeom::detail

@@ -1,0 +1,107 @@
+// qkgeom — the plasticity's SSE2 loops (internal): absolute-value range of a
+// row, the diagonal closed form m = w·δ, v = Σ σ²_l δ_l² of one key pair, and
+// the z column of a Gram tile (method §5). Each has one scalar tail (and a
+// scalar body where SSE2 is unavailable); the arithmetic order of the vector
+// body is part of the contract: the direct and Gram paths, and every caller,
+// see the same sums in the same order (bit-identical results, tested).
+// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+#pragma once
+
+#include <qkgeom/config.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define QKGEOM_DETAIL_SSE2 1
+#endif
+
+namespace qkgeom::detail::sse2 {
+
+/// Folds n values into (lo, hi): lo = min over nonzero |x| (+inf when none),
+/// hi = max |x|. The values are finite (validated by the caller).
+inline void abs_range(double const* p, index_t count, double& lo_io, double& hi_io) noexcept {
+    constexpr double inf = std::numeric_limits<double>::infinity();
+    double lo = lo_io, hi = hi_io;
+    auto const n = static_cast<std::size_t>(count);
+    std::size_t i = 0;
+#ifdef QKGEOM_DETAIL_SSE2
+    __m128d const absmask = _mm_castsi128_pd(_mm_set1_epi64x(0x7fffffffffffffffLL));
+    __m128d const vinf = _mm_set1_pd(inf), zero = _mm_setzero_pd();
+    __m128d vlo = _mm_set1_pd(lo), vhi = _mm_set1_pd(hi);
+    for (; i + 2 <= n; i += 2) {
+        __m128d const a = _mm_and_pd(_mm_loadu_pd(p + i), absmask);
+        __m128d const z = _mm_cmpeq_pd(a, zero);
+        vhi = _mm_max_pd(vhi, a);
+        vlo = _mm_min_pd(vlo, _mm_or_pd(_mm_and_pd(z, vinf), _mm_andnot_pd(z, a)));
+    }
+    alignas(16) double l2[2], h2[2];
+    _mm_store_pd(l2, vlo);
+    _mm_store_pd(h2, vhi);
+    lo = std::min(l2[0], l2[1]);
+    hi = std::max(h2[0], h2[1]);
+#endif
+    for (; i < n; ++i) {
+        double const a = std::abs(p[i]);
+        lo = std::min(lo, a > 0.0 ? a : inf);
+        hi = std::max(hi, a);
+    }
+    lo_io = lo;
+    hi_io = hi;
+}
+
+/// m = Σ w_l (a_l − b_l) and v = Σ s2_l (a_l − b_l)² over l < d in one pass,
+/// the difference never stored (four partial sums of two lanes each, then
+/// the scalar tail).
+inline void diag_pair_moments(double const* a, double const* b, double const* w, double const* s2, index_t d,
+                              double& m_out, double& v_out) noexcept {
+    double m = 0, v = 0;
+    index_t l = 0;
+#ifdef QKGEOM_DETAIL_SSE2
+    __m128d m0 = _mm_setzero_pd(), m1 = m0, v0 = m0, v1 = m0;
+    for (; l + 4 <= d; l += 4) {
+        __m128d const d0 = _mm_sub_pd(_mm_loadu_pd(a + l), _mm_loadu_pd(b + l));
+        __m128d const d1 = _mm_sub_pd(_mm_loadu_pd(a + l + 2), _mm_loadu_pd(b + l + 2));
+        m0 = _mm_add_pd(m0, _mm_mul_pd(_mm_loadu_pd(w + l), d0));
+        m1 = _mm_add_pd(m1, _mm_mul_pd(_mm_loadu_pd(w + l + 2), d1));
+        v0 = _mm_add_pd(v0, _mm_mul_pd(_mm_loadu_pd(s2 + l), _mm_mul_pd(d0, d0)));
+        v1 = _mm_add_pd(v1, _mm_mul_pd(_mm_loadu_pd(s2 + l + 2), _mm_mul_pd(d1, d1)));
+    }
+    alignas(16) double mm[2], vv[2];
+    _mm_store_pd(mm, _mm_add_pd(m0, m1));
+    _mm_store_pd(vv, _mm_add_pd(v0, v1));
+    m = mm[0] + mm[1];
+    v = vv[0] + vv[1];
+#endif
+    for (; l < d; ++l) {
+        double const dl = a[l] - b[l];
+        m += w[l] * dl;
+        v += s2[l] * (dl * dl);
+    }
+    m_out = m;
+    v_out = v;
+}
+
+/// One Gram-tile column: z[a] = (s[a] − sb)/√max(v, 0), v = nrm[a] + nb − 2 col[a],
+/// a < n (v ≤ 0 gives ±inf or NaN; the caller sends such pairs to the direct path).
+inline void z_column(double const* nrm, double nb, double const* s, double sb, double const* col, index_t n,
+                     double* z) noexcept {
+    index_t a = 0;
+#ifdef QKGEOM_DETAIL_SSE2
+    __m128d const nbv = _mm_set1_pd(nb), sbv = _mm_set1_pd(sb), two = _mm_set1_pd(2.0);
+    for (; a + 2 <= n; a += 2) {
+        __m128d const v = _mm_sub_pd(_mm_add_pd(_mm_loadu_pd(nrm + a), nbv), _mm_mul_pd(two, _mm_loadu_pd(col + a)));
+        __m128d const d = _mm_sqrt_pd(_mm_max_pd(v, _mm_setzero_pd()));
+        _mm_storeu_pd(z + a, _mm_div_pd(_mm_sub_pd(_mm_loadu_pd(s + a), sbv), d));
+    }
+#endif
+    for (; a < n; ++a) {
+        double const v = nrm[a] + nb - 2.0 * col[a];
+        z[a] = (s[a] - sb) / std::sqrt(v > 0.0 ? v : 0.0);
+    }
+}
+
+}  // namespace qkgeom::detail::sse2
