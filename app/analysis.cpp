@@ -1,0 +1,20 @@
+// qkgeom program — analyze_head for the program's two row types: heads read
+// from a capture (row-major double) and synthetic heads (Eigen::MatrixXd).
+// The engines themselves are instantiated once, in instantiate_*.cpp
+// (qkgeom/extern_templates.hpp).
+#include "program.hpp"
+
+#include <qkgeom/extern_templates.hpp>
+#include <qkgeom/plasticity.hpp>
+
+namespace qkgeom_app {
+
+qkgeom::head_analysis analyze(qkgeom::head_capture<qkgeom::row_matrix> const& head, qkgeom::analysis_options const& opt) {
+    return qkgeom::analyze_head(head, opt);
+}
+
+qkgeom::head_analysis analyze(qkgeom::head_capture<Eigen::MatrixXd> const& head, qkgeom::analysis_options const& opt) {
+    return qkgeom::analyze_head(head, opt);
+}
+
+}  // namespace qkgeom_app

@@ -1,0 +1,118 @@
+// qkgeom program — declarations shared by its translation units.
+#pragma once
+
+#include <qkgeom/analyze.hpp>
+#include <qkgeom/head.hpp>
+#include <qkgeom/io/dataset.hpp>
+#include <qkgeom/parallel.hpp>
+
+#include <Eigen/Core>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+namespace qkgeom_app {
+
+struct cli {
+    std::string command;
+    std::filesystem::path out;
+    unsigned jobs = 0;
+    bool quiet = false;
+    std::int64_t layers = 4;
+    std::filesystem::path dir;  // synth / analyze
+    std::string family = "steep";
+    qkgeom::io::storage_format format = qkgeom::io::storage_format::npy;
+    qkgeom::io::npz_compression npz = qkgeom::io::npz_compression::stored;
+    std::int64_t heads = 0;        // synth: sampled query heads, 0 = all
+    std::uint64_t head_seed = 0;   // synth: head-sample seed
+    std::string dtype = "f32";
+    bool strict = false;
+    bool pictures = true;
+    qkgeom::analysis_options opt;
+    std::int64_t window = -1;   ///< --window: sliding window for heads whose capture records none (-1: not given)
+    std::int64_t context = 0;   ///< --context: context length overriding the capture's (0: not given)
+};
+
+
+/// Parses the command line (usage errors exit 2).
+cli parse(int argc, char** argv);
+
+class progress {
+public:
+    progress(std::size_t total, bool quiet)
+        : total_(total), quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0), start_(std::chrono::steady_clock::now()) {}
+    void tick(std::string const& what) {
+        std::lock_guard lock(m_);
+        ++done_;
+        if (quiet_) return;
+        double const el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        double const rate = el > 0 ? double(done_) / el : 0.0;
+        double const eta = rate > 0 ? double(total_ - done_) / rate : 0.0;
+        if (tty_) {
+            int const width = 30;
+            int const fill = static_cast<int>(width * done_ / std::max<std::size_t>(1, total_));
+            std::fprintf(stderr, "\r[%s%s] %zu/%zu heads  %.1f heads/s  ETA %.0fs ", std::string(fill, '#').c_str(),
+                         std::string(width - fill, '.').c_str(), done_, total_, rate, eta);
+            if (done_ == total_) std::fprintf(stderr, "\n");
+        } else {
+            std::fprintf(stderr, "qkgeom: %zu/%zu %s (%.1f heads/s, ETA %.0f s)\n", done_, total_, what.c_str(), rate,
+                         eta);
+        }
+        std::fflush(stderr);
+    }
+
+private:
+    std::size_t total_, done_ = 0;
+    bool quiet_, tty_;
+    std::chrono::steady_clock::time_point start_;
+    std::mutex m_;
+};
+
+using qkgeom::parallel_for;  // qkgeom/parallel.hpp
+
+int run_synth(cli const& c);
+int run_analyze(cli const& c);
+int run_demo(cli const& c);
+
+/// The command line's overrides of a head's capture facts: --context replaces
+/// the context length; --window applies to heads whose capture records none.
+void apply_overrides(cli const& c, qkgeom::capture_facts& facts);
+
+/// analyze_head for the program's two row types (analysis.cpp).
+qkgeom::head_analysis analyze(qkgeom::head_capture<qkgeom::row_matrix> const& head, qkgeom::analysis_options const& opt);
+qkgeom::head_analysis analyze(qkgeom::head_capture<Eigen::MatrixXd> const& head, qkgeom::analysis_options const& opt);
+
+/// Reports (reports.cpp).
+std::string model_table(std::vector<std::pair<std::string, qkgeom::model_summary>> const& table);
+void write_text(std::filesystem::path const& p, std::string const& text);
+/// The reports of one run: per model its CSVs (and pictures) under its
+/// directory, then the model comparison and index.html (reports.cpp).
+class report_page {
+public:
+    report_page(std::string title, std::string intro, qkgeom::analysis_options const& opt, bool pictures);
+    ~report_page();
+    report_page(report_page const&) = delete;
+    report_page& operator=(report_page const&) = delete;
+
+    /// One model: CSVs, and the pictures when enabled, under `dir`; `prefix`
+    /// is `dir` relative to index.html. Returns the model summary.
+    qkgeom::model_summary add_model(std::filesystem::path const& dir, std::string const& prefix,
+                                    std::string const& name, std::vector<qkgeom::head_analysis> const& heads);
+    /// The model comparison picture and index.html under `out` (when pictures
+    /// are enabled), listing `files` next to it.
+    void finish(std::filesystem::path const& out, std::vector<std::string> const& files);
+
+private:
+    struct impl;
+    impl* impl_;
+};
+
+}  // namespace qkgeom_app
