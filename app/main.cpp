@@ -16,6 +16,7 @@
 // Translation units (each compiles in well under 20 s of CPU):
 //   main.cpp                  command line, usage, main
 //   study.cpp                 the embedded synthetic study: demo and synth
+//   generate.cpp              the synthetic generator (qkgeom/synthetic.hpp)
 //   analyze.cpp               qkgeom analyze: a capture directory
 //   reports.cpp               the model table, pictures and index.html
 //   analysis.cpp              analyze_head for the program's two row types

@@ -5,6 +5,7 @@
 #include <qkgeom/head.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/parallel.hpp>
+#include <qkgeom/synthetic.hpp>
 
 #include <Eigen/Core>
 
@@ -89,6 +90,12 @@ void apply_overrides(cli const& c, qkgeom::capture_facts& facts);
 /// analyze_head for the program's two row types (analysis.cpp).
 qkgeom::head_analysis analyze(qkgeom::head_capture<qkgeom::row_matrix> const& head, qkgeom::analysis_options const& opt);
 qkgeom::head_analysis analyze(qkgeom::head_capture<Eigen::MatrixXd> const& head, qkgeom::analysis_options const& opt);
+
+/// The synthetic generator (generate.cpp: instantiated there only).
+std::vector<qkgeom::synthetic::head_capture> generate_layer(qkgeom::synthetic::layer_spec const& layer,
+                                                            qkgeom::synthetic::capture_spec const& capture);
+qkgeom::synthetic::head_capture generate_head(qkgeom::synthetic::layer_spec const& layer,
+                                              qkgeom::synthetic::capture_spec const& capture, std::int64_t q_head);
 
 /// Reports (reports.cpp).
 std::string model_table(std::vector<std::pair<std::string, qkgeom::model_summary>> const& table);

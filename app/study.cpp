@@ -112,7 +112,7 @@ int run_synth(cli const& c) {
         qkgeom::io::write_head(c.dir, m, e, c.format, c.dtype, c.npz);
     };
     for (std::int64_t layer = 0; layer < c.layers; ++layer) {
-        auto const heads = qkgeom::synthetic::generate_layer(demo_layer(*fit, layer), cap);
+        auto const heads = generate_layer(demo_layer(*fit, layer), cap);
         for (auto const& hc : heads) {
             if (std::binary_search(chosen.begin(), chosen.end(), hc.id)) entry(hc.id, qkgeom::kind::query, hc.queries);
             // Each key head once (the first query head of its GQA group carries it),
@@ -145,7 +145,7 @@ int run_demo(cli const& c) {
         std::vector<qkgeom::head_analysis> heads(per_model);
         parallel_for(per_model, c.jobs, [&](std::size_t i) {
             auto const layer = static_cast<std::int64_t>(i / 8), qh = static_cast<std::int64_t>(i % 8);
-            auto hc = qkgeom::synthetic::generate_head(demo_layer(f, layer), cap, qh);
+            auto hc = generate_head(demo_layer(f, layer), cap, qh);
             apply_overrides(c, hc.facts);
             heads[i] = analyze(hc, c.opt);
             bar.tick(f.name + " l" + std::to_string(layer) + "h" + std::to_string(qh));

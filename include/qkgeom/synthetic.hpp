@@ -224,7 +224,8 @@ struct head_capture : qkgeom::head_capture<Eigen::MatrixXd> {
 // ---------------------------------------------------------------------------
 
 /// \brief θ_i = theta^(−2i/rotary_dims), i = 0..rotary_dims/2 − 1.
-inline Eigen::VectorXd rope_frequencies(index_t rotary_dims, double theta) {
+template <class = void>  // instantiated on use
+Eigen::VectorXd rope_frequencies(index_t rotary_dims, double theta) {
     constexpr std::string_view fn = "qkgeom::synthetic::rope_frequencies";
     if (rotary_dims < 0 || rotary_dims % 2 != 0)
         qkgeom::detail::fail_arg(fn, "rotary_dims: must be even and >= 0", rotary_dims);
@@ -258,7 +259,8 @@ inline void rope_apply(double* v, index_t half, double const* freq, double posit
 /// place: each pair (x1, x2) becomes (x1 cos φ − x2 sin φ, x1 sin φ + x2 cos φ),
 /// φ = position·θ_i. R(t) is orthogonal and R(t_q)ᵀR(t_k) = R(t_k − t_q), so
 /// R(t_q)r_q · R(t_k)r_k depends on the positions only through t_k − t_q.
-inline void rope_rotate(Eigen::Ref<Eigen::VectorXd> v, double position, double theta,
+template <class = void>  // instantiated on use
+void rope_rotate(Eigen::Ref<Eigen::VectorXd> v, double position, double theta,
                         rope_pairing pairing = rope_pairing::rotate_half) {
     Eigen::VectorXd const f = rope_frequencies(v.size(), theta);
     detail::rope_apply(v.data(), f.size(), f.data(), position, pairing);
@@ -300,7 +302,8 @@ private:
 
 /// \brief A Haar-random d × d orthogonal matrix: QR of a Gaussian matrix
 /// (filled column by column from `rng`), Q's columns signed by diag(R).
-inline Eigen::MatrixXd haar_orthogonal(index_t d, normal_stream& rng) {
+template <class = void>  // instantiated on use
+Eigen::MatrixXd haar_orthogonal(index_t d, normal_stream& rng) {
     Eigen::MatrixXd g(d, d);
     for (index_t j = 0; j < d; ++j)
         for (index_t i = 0; i < d; ++i) g(i, j) = rng();
@@ -393,7 +396,8 @@ inline kept_tokens make_kept(capture_spec const& cap, std::int64_t layer, kind k
 /// with W = diag(weight) and U a W-orthonormal basis of span{1, j, τ_j}
 /// (modified Gram–Schmidt, twice; dependent vectors dropped). (1) and (2) act
 /// on different sides of G, so they commute and both hold exactly.
-inline Eigen::MatrixXd make_bucket_means(bucket_table const& tb, Eigen::VectorXd const& drift, double scale,
+template <class = void>  // instantiated on use
+Eigen::MatrixXd make_bucket_means(bucket_table const& tb, Eigen::VectorXd const& drift, double scale,
                                          normal_stream& rng) {
     index_t const nb = tb.size(), p = drift.size();
     Eigen::MatrixXd g = Eigen::MatrixXd::Zero(nb, p);
@@ -430,7 +434,8 @@ inline Eigen::MatrixXd make_bucket_means(bucket_table const& tb, Eigen::VectorXd
 }
 
 /// s(b) per bucket rank: noise_sd·(1 + ramp·j/(nb − 1)).
-inline Eigen::VectorXd make_sigma(kind_params const& kp, index_t nb) {
+template <class = void>  // instantiated on use
+Eigen::VectorXd make_sigma(kind_params const& kp, index_t nb) {
     Eigen::VectorXd s(nb);
     for (index_t j = 0; j < nb; ++j)
         s(j) = nb <= 1 ? kp.noise_sd
@@ -450,7 +455,8 @@ struct kind_block {
 
 /// Generates the rows of one kind of one head (queries of a q head, keys of a
 /// kv head). Per row, in row order: rotary_dims normals (r), then p normals (ε).
-inline void make_rows(kind_block& blk, kept_tokens const& kt, bucket_table const& tb, layer_spec const& L,
+template <class = void>  // instantiated on use
+void make_rows(kind_block& blk, kept_tokens const& kt, bucket_table const& tb, layer_spec const& L,
                       Eigen::VectorXd const& freq, Eigen::MatrixXd const* mixing, Eigen::VectorXd const& drift,
                       normal_stream& rng) {
     index_t const d = L.d, rd = L.rotary_dims, p = d - rd;
@@ -508,7 +514,8 @@ inline void check_kind(std::string_view fn, std::string const& field, kind_param
         fail_arg(fn, field + ".rope_sd: must be finite and >= 0", kp.rope_sd);
 }
 
-inline resolved_layer resolve(std::string_view fn, layer_spec const& L, capture_spec const& cap) {
+template <class = void>  // instantiated on use
+resolved_layer resolve(std::string_view fn, layer_spec const& L, capture_spec const& cap) {
     if (L.d < 2) fail_arg(fn, "layer_spec.d: head dimension must be >= 2", L.d);
     if (L.rotary_dims < 0) fail_arg(fn, "layer_spec.rotary_dims: must be >= 0", L.rotary_dims);
     if (L.rotary_dims % 2 != 0) fail_arg(fn, "layer_spec.rotary_dims: must be even", L.rotary_dims);
@@ -591,7 +598,8 @@ struct cond_moments {
     double mean_s2 = std::numeric_limits<double>::quiet_NaN();  // mean_i s(b_i)²
 };
 
-inline cond_moments conditional(kind_block const& blk, kept_tokens const& kt, bucket_table const& tb,
+template <class = void>  // instantiated on use
+cond_moments conditional(kind_block const& blk, kept_tokens const& kt, bucket_table const& tb,
                                 Eigen::VectorXd const& drift, double mean_t) {
     index_t const p = drift.size();
     auto const n = static_cast<index_t>(kt.position.size());
@@ -629,13 +637,15 @@ inline cond_moments conditional(kind_block const& blk, kept_tokens const& kt, bu
 }
 
 /// Embeds a plain-block vector into the original basis: M·[0; v].
-inline Eigen::VectorXd embed(Eigen::MatrixXd const& m, Eigen::VectorXd const& v) {
+template <class = void>  // instantiated on use
+Eigen::VectorXd embed(Eigen::MatrixXd const& m, Eigen::VectorXd const& v) {
     return m.rightCols(v.size()) * v;
 }
 
 /// Parameters, per-bucket means and rows of one kind of one head (queries of
 /// a q head or keys of a kv head), each from its own seeded stream.
-inline kind_block make_kind_block(kind_params const& kp, kept_tokens const& kt, bucket_table const& tb,
+template <class = void>  // instantiated on use
+kind_block make_kind_block(kind_params const& kp, kept_tokens const& kt, bucket_table const& tb,
                                   layer_spec const& L, capture_spec const& cap, Eigen::VectorXd const& freq,
                                   Eigen::MatrixXd const* mixing, Eigen::VectorXd const& drift, stream_tag means_tag,
                                   stream_tag tokens_tag, std::int64_t head) {
@@ -652,7 +662,8 @@ inline kind_block make_kind_block(kind_params const& kp, kept_tokens const& kt, 
     return blk;
 }
 
-inline head_truth make_truth(layer_spec const& L, bucket_table const& tb, Eigen::MatrixXd const& mixing,
+template <class = void>  // instantiated on use
+head_truth make_truth(layer_spec const& L, bucket_table const& tb, Eigen::MatrixXd const& mixing,
                              Eigen::VectorXd const& drift, kind_block const& qb, kind_block const& kb,
                              kept_tokens const& kq, kept_tokens const& kk) {
     double const nan = std::numeric_limits<double>::quiet_NaN();
@@ -737,7 +748,8 @@ inline head_truth make_truth(layer_spec const& L, bucket_table const& tb, Eigen:
 
 /// Shared implementation of generate_layer / generate_head: all query heads,
 /// or only `only` (and its kv head).
-inline std::vector<head_capture> generate(std::string_view fn, layer_spec const& L, capture_spec const& cap,
+template <class = void>  // instantiated on use
+std::vector<head_capture> generate(std::string_view fn, layer_spec const& L, capture_spec const& cap,
                                           std::optional<std::int64_t> only) {
     resolved_layer const rl = resolve(fn, L, cap);
     if (only && (*only < 0 || *only >= L.n_q_heads))
@@ -804,7 +816,8 @@ inline std::int64_t kv_head_of(std::int64_t q_head, std::int64_t n_q_heads, std:
 /// \brief Generates every query head of a layer, each paired with its GQA kv
 /// head: element h is query head h. Deterministic in (layer, capture).
 /// \throws std::invalid_argument naming the offending field (see docs/synthetic.md).
-inline std::vector<head_capture> generate_layer(layer_spec const& layer, capture_spec const& capture) {
+template <class = void>  // instantiated on use
+std::vector<head_capture> generate_layer(layer_spec const& layer, capture_spec const& capture) {
     return detail::generate("qkgeom::synthetic::generate_layer", layer, capture, std::nullopt);
 }
 
@@ -813,7 +826,8 @@ inline std::vector<head_capture> generate_layer(layer_spec const& layer, capture
 /// With all defaults: query head 0 of the default layer (d = 64, 32 rotary
 /// dims, 4 query / 2 kv heads) over 64 examples of 4096 tokens, uniform
 /// buckets of 128 at rate 1.
-inline head_capture generate_head(layer_spec const& layer = {}, capture_spec const& capture = {},
+template <class = void>  // instantiated on use
+head_capture generate_head(layer_spec const& layer = {}, capture_spec const& capture = {},
                                   std::int64_t q_head = 0) {
     return std::move(detail::generate("qkgeom::synthetic::generate_head", layer, capture, q_head).front());
 }
