@@ -74,7 +74,8 @@ inline constexpr double inv_sqrt2 = 0.70710678118654752440084436210484903928;  /
     return 4.0 * t * (1.0 - t);
 }
 
-namespace detail::vpp {
+namespace detail {
+namespace vpp {
 
 // Batched PP. Every lane runs the same straight-line code (selections are bit
 // masks, not branches, so the compiler can neither branch nor sink one arm's
@@ -293,7 +294,8 @@ inline void pairwise_plasticity(std::span<double const> z, std::span<double> out
     batch(z.data(), out.data(), z.size());
 }
 
-}  // namespace detail::vpp
+}  // namespace vpp
+}  // namespace detail
 
 /// \brief Element-wise PP over arrays: exactly the scalar `pairwise_plasticity`
 /// of each element. (The dense Gram path uses the vectorised

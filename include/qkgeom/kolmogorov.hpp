@@ -47,7 +47,8 @@ namespace qkgeom {
 /// finite-n distribution; above it, the limiting distribution (method §9 item 15).
 inline constexpr std::int64_t ks_exact_max_n = 10000;
 
-namespace detail::ks {
+namespace detail {
+namespace ks {
 
 inline constexpr double pi = std::numbers::pi;
 inline constexpr double pi2 = pi * pi;
@@ -451,7 +452,8 @@ inline normal_cdf_knots const& normal_cdf_approx() noexcept {
 /// (the true bound is < 7.5e-6).
 inline constexpr double normal_cdf_approx_error = 1e-5;
 
-}  // namespace detail::ks
+}  // namespace ks
+}  // namespace detail
 
 /// \brief Survival function of the limiting Kolmogorov distribution,
 /// P(K > x) with K = sup |Brownian bridge| (scipy.stats.kstwobign.sf).

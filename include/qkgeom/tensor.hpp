@@ -415,7 +415,8 @@ private:
 // The CPOs
 // ---------------------------------------------------------------------------
 
-namespace detail::as_matrix_impl {
+namespace detail {
+namespace as_matrix_impl {
 
 void qkgeom_as_matrix() = delete;  // poison pill: only ADL finds user overloads
 
@@ -452,7 +453,8 @@ concept builtin = MatrixReader<T> || eigen_dense<T> || range_of_fixed_rows<T>;
 template <class T>
 concept adaptable = has_member<T> || has_adl<T> || has_traits<T> || builtin<T>;
 
-}  // namespace detail::as_matrix_impl
+}  // namespace as_matrix_impl
+}  // namespace detail
 
 /// \brief A type every qkgeom algorithm accepts as rows × head-dimension data:
 /// `qkgeom::as_matrix(x)` turns it into a MatrixReader (see the resolution
@@ -460,7 +462,8 @@ concept adaptable = has_member<T> || has_adl<T> || has_traits<T> || builtin<T>;
 template <class T>
 concept RowMatrix = detail::as_matrix_impl::adaptable<std::remove_cvref_t<T>>;
 
-namespace detail::as_matrix_impl {
+namespace detail {
+namespace as_matrix_impl {
 
 struct fn {
     template <RowMatrix T>
@@ -511,9 +514,11 @@ struct fn {
     }
 };
 
-}  // namespace detail::as_matrix_impl
+}  // namespace as_matrix_impl
+}  // namespace detail
 
-namespace detail::as_indices_impl {
+namespace detail {
+namespace as_indices_impl {
 
 void qkgeom_as_indices() = delete;  // poison pill
 
@@ -542,7 +547,8 @@ template <class T>
 concept adaptable =
     has_member<T> || has_adl<T> || has_traits<T> || IndexReader<T> || eigen_integer_vector<T> || integer_range<T>;
 
-}  // namespace detail::as_indices_impl
+}  // namespace as_indices_impl
+}  // namespace detail
 
 /// \brief A type every qkgeom algorithm accepts as positions, buckets or
 /// example ids: `qkgeom::as_indices(v)` turns it into an IndexReader.
@@ -550,7 +556,8 @@ concept adaptable =
 template <class T>
 concept IndexVector = detail::as_indices_impl::adaptable<std::remove_cvref_t<T>>;
 
-namespace detail::as_indices_impl {
+namespace detail {
+namespace as_indices_impl {
 
 struct fn {
     template <IndexVector T>
@@ -579,7 +586,8 @@ struct fn {
     }
 };
 
-}  // namespace detail::as_indices_impl
+}  // namespace as_indices_impl
+}  // namespace detail
 
 inline namespace cpo {
 /// \brief `qkgeom::as_matrix(x)`: the MatrixReader of a row matrix (rows = tokens).

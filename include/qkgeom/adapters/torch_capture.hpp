@@ -235,7 +235,7 @@ public:
     /// \returns the model layout (io::layout_of(manifest())).
     [[nodiscard]] model_layout const& layout() const noexcept { return layout_; }
     /// \returns the analysed heads, ascending (io::sampled_heads(manifest())).
-    [[nodiscard]] std::vector<head_pair> const& heads() const noexcept { return heads_; }
+    [[nodiscard]] std::vector<head_id> const& heads() const noexcept { return heads_; }
     /// \returns the method §0.1 token sampler (the manifest's buckets and seed).
     [[nodiscard]] capture_sampler const& sampler() const noexcept { return sampler_; }
     /// \returns the options given at construction.
@@ -273,93 +273,9 @@ public:
     void operator()(std::int64_t layer, at::Tensor const& queries, at::Tensor const& keys,
                     at::Tensor const& positions, at::Tensor const& example_ids,
                     std::optional<std::int64_t> sliding_window) {
-        constexpr std::string_view fn = "qkgeom::torch_capture";
-        auto const nl = static_cast<std::int64_t>(layout_.layers.size());
-        if (layer < 0 || layer >= nl) detail::fail_arg(fn, "layer must be in [0, " + std::to_string(nl) + ")", layer);
-        auto const& L = layout_.layers[static_cast<std::size_t>(layer)];
-        auto const qs = attention_shape_of(queries, opt_.layout, fn, "queries");
-        auto const ks = attention_shape_of(keys, opt_.layout, fn, "keys");
-        std::string const lay = std::string(" (layout ") + torch_layout_name(opt_.layout) + ")";
-        if (ks.batch != qs.batch)
-            detail::fail_arg(fn, "keys: batch size differs from the queries' (" + std::to_string(qs.batch) + ")" + lay,
-                             ks.batch);
-        if (ks.tokens != qs.tokens)
-            detail::fail_arg(fn, "keys: token count differs from the queries' (" + std::to_string(qs.tokens) + ")" + lay,
-                             ks.tokens);
-        if (ks.head_dim != qs.head_dim)
-            detail::fail_arg(fn, "keys: head_dim differs from the queries' (" + std::to_string(qs.head_dim) + ")" + lay,
-                             ks.head_dim);
-        if (qs.heads % ks.heads != 0)
-            detail::fail_arg(fn,
-                             "head counts: Hq = " + std::to_string(qs.heads) +
-                                 " (queries) is not a multiple of Hkv (keys)" + lay + "; Hkv",
-                             ks.heads);
-        if (qs.heads != L.n_q_heads)
-            detail::fail_arg(fn, "queries: Hq differs from the manifest's n_q_heads = " + std::to_string(L.n_q_heads) +
-                                     " of layer " + std::to_string(layer) + lay + "; Hq",
-                             qs.heads);
-        if (ks.heads != L.n_kv_heads)
-            detail::fail_arg(fn, "keys: Hkv differs from the manifest's n_kv_heads = " +
-                                     std::to_string(L.n_kv_heads) + " of layer " + std::to_string(layer) + lay +
-                                     "; Hkv",
-                             ks.heads);
-        if (qs.head_dim != layout_.head_dim)
-            detail::fail_arg(fn, "queries: head_dim differs from the manifest's (" +
-                                     std::to_string(layout_.head_dim) + ")" + lay,
-                             qs.head_dim);
-        if (sliding_window != L.sliding_window)
-            detail::fail_arg(fn, "sliding_window differs from the manifest's " + detail::torch_window_text(L.sliding_window) +
-                                     " for layer " + std::to_string(layer),
-                             detail::torch_window_text(sliding_window));
-        auto const eq = detail::torch_element_of(queries, fn, "queries");
-        auto const ek = detail::torch_element_of(keys, fn, "keys");
-        if (eq != ek)
-            detail::fail_arg(fn, "keys: dtype differs from the queries' (" +
-                                     detail::torch_dtype_name(queries.scalar_type()) + "); dtype",
-                             detail::torch_dtype_name(keys.scalar_type()));
-        if (queries.device() != keys.device())
-            detail::fail_arg(fn, "keys: device differs from the queries' (" + queries.device().str() + "); device",
-                             keys.device().str());
-
-        std::int64_t const B = qs.batch, T = qs.tokens;
-        auto pos = detail::torch_int_vector(positions, fn, "positions");
-        bool const pos_ok = (positions.dim() == 2 && positions.size(0) == B && positions.size(1) == T) ||
-                            (positions.dim() == 1 && positions.size(0) == T);
-        if (!pos_ok)
-            detail::fail_arg(fn,
-                             "positions: shape must be [B, T] = [" + std::to_string(B) + ", " + std::to_string(T) +
-                                 "] or [T] = [" + std::to_string(T) + "]; shape",
-                             detail::torch_shape_text(positions));
-        auto ex = detail::torch_int_vector(example_ids, fn, "example_ids");
-        bool const ex_ok = (example_ids.dim() == 1 && example_ids.size(0) == B) ||
-                           (example_ids.dim() == 2 && example_ids.size(0) == B && example_ids.size(1) == T);
-        if (!ex_ok)
-            detail::fail_arg(fn,
-                             "example_ids: shape must be [B] = [" + std::to_string(B) + "] or [B, T] = [" +
-                                 std::to_string(B) + ", " + std::to_string(T) + "]; shape",
-                             detail::torch_shape_text(example_ids));
-        // Flatten to one entry per token n = b·T + t.
-        auto const N = static_cast<std::size_t>(B * T);
-        std::vector<std::int64_t> fpos(N), fex(N);
-        for (std::int64_t b = 0; b < B; ++b)
-            for (std::int64_t t = 0; t < T; ++t) {
-                auto const n = static_cast<std::size_t>(b * T + t);
-                fpos[n] = positions.dim() == 2 ? pos[n] : pos[static_cast<std::size_t>(t)];
-                fex[n] = example_ids.dim() == 2 ? ex[n] : ex[static_cast<std::size_t>(b)];
-            }
-        for (std::size_t n = 0; n < N; ++n)
-            if (fpos[n] < 0)
-                detail::fail_arg(fn,
-                                 "positions: negative position at batch " + std::to_string(static_cast<std::int64_t>(n) / T) +
-                                     ", token " + std::to_string(static_cast<std::int64_t>(n) % T),
-                                 fpos[n]);
-            else if (fpos[n] >= manifest_.context_length)
-                detail::fail_arg(fn,
-                                 "positions: position at batch " + std::to_string(static_cast<std::int64_t>(n) / T) +
-                                     ", token " + std::to_string(static_cast<std::int64_t>(n) % T) +
-                                     " is beyond the manifest's context_length = " +
-                                     std::to_string(manifest_.context_length),
-                                 fpos[n]);
+        auto const shapes = check_step(layer, queries, keys, sliding_window);
+        std::int64_t const B = shapes.first.batch, T = shapes.first.tokens;
+        auto const [fpos, fex] = flatten_tokens(positions, example_ids, B, T);
 
         ++steps_;
         auto const it = plan_.find(layer);
@@ -416,6 +332,108 @@ public:
         while (pending_.size() > 1 || (!pending_.empty() && !pending_.front().done)) consume_front();
     }
 
+    /// The shapes of one step's queries and keys, validated against each
+    /// other and the manifest (see operator()).
+    [[nodiscard]] auto check_step(std::int64_t layer, at::Tensor const& queries, at::Tensor const& keys,
+                                  std::optional<std::int64_t> sliding_window) const {
+        constexpr std::string_view fn = "qkgeom::torch_capture";
+        auto const nl = static_cast<std::int64_t>(layout_.layers.size());
+        if (layer < 0 || layer >= nl) detail::fail_arg(fn, "layer must be in [0, " + std::to_string(nl) + ")", layer);
+        auto const& L = layout_.layers[static_cast<std::size_t>(layer)];
+        auto const qs = attention_shape_of(queries, opt_.layout, fn, "queries");
+        auto const ks = attention_shape_of(keys, opt_.layout, fn, "keys");
+        std::string const lay = std::string(" (layout ") + torch_layout_name(opt_.layout) + ")";
+        if (ks.batch != qs.batch)
+            detail::fail_arg(fn, "keys: batch size differs from the queries' (" + std::to_string(qs.batch) + ")" + lay,
+                             ks.batch);
+        if (ks.tokens != qs.tokens)
+            detail::fail_arg(fn, "keys: token count differs from the queries' (" + std::to_string(qs.tokens) + ")" + lay,
+                             ks.tokens);
+        if (ks.head_dim != qs.head_dim)
+            detail::fail_arg(fn, "keys: head_dim differs from the queries' (" + std::to_string(qs.head_dim) + ")" + lay,
+                             ks.head_dim);
+        if (qs.heads % ks.heads != 0)
+            detail::fail_arg(fn,
+                             "head counts: Hq = " + std::to_string(qs.heads) +
+                                 " (queries) is not a multiple of Hkv (keys)" + lay + "; Hkv",
+                             ks.heads);
+        if (qs.heads != L.n_q_heads)
+            detail::fail_arg(fn, "queries: Hq differs from the manifest's n_q_heads = " + std::to_string(L.n_q_heads) +
+                                     " of layer " + std::to_string(layer) + lay + "; Hq",
+                             qs.heads);
+        if (ks.heads != L.n_kv_heads)
+            detail::fail_arg(fn, "keys: Hkv differs from the manifest's n_kv_heads = " +
+                                     std::to_string(L.n_kv_heads) + " of layer " + std::to_string(layer) + lay +
+                                     "; Hkv",
+                             ks.heads);
+        if (qs.head_dim != layout_.head_dim)
+            detail::fail_arg(fn, "queries: head_dim differs from the manifest's (" +
+                                     std::to_string(layout_.head_dim) + ")" + lay,
+                             qs.head_dim);
+        if (sliding_window != L.sliding_window)
+            detail::fail_arg(fn, "sliding_window differs from the manifest's " + detail::torch_window_text(L.sliding_window) +
+                                     " for layer " + std::to_string(layer),
+                             detail::torch_window_text(sliding_window));
+        auto const eq = detail::torch_element_of(queries, fn, "queries");
+        auto const ek = detail::torch_element_of(keys, fn, "keys");
+        if (eq != ek)
+            detail::fail_arg(fn, "keys: dtype differs from the queries' (" +
+                                     detail::torch_dtype_name(queries.scalar_type()) + "); dtype",
+                             detail::torch_dtype_name(keys.scalar_type()));
+        if (queries.device() != keys.device())
+            detail::fail_arg(fn, "keys: device differs from the queries' (" + queries.device().str() + "); device",
+                             keys.device().str());
+
+        return std::pair{qs, ks};
+    }
+
+    /// One entry per token n = b·T + t: its position and example id,
+    /// validated (shapes, 0 ≤ position < context_length).
+    [[nodiscard]] std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> flatten_tokens(
+        at::Tensor const& positions, at::Tensor const& example_ids, std::int64_t B, std::int64_t T) const {
+        constexpr std::string_view fn = "qkgeom::torch_capture";
+        auto pos = detail::torch_int_vector(positions, fn, "positions");
+        bool const pos_ok = (positions.dim() == 2 && positions.size(0) == B && positions.size(1) == T) ||
+                            (positions.dim() == 1 && positions.size(0) == T);
+        if (!pos_ok)
+            detail::fail_arg(fn,
+                             "positions: shape must be [B, T] = [" + std::to_string(B) + ", " + std::to_string(T) +
+                                 "] or [T] = [" + std::to_string(T) + "]; shape",
+                             detail::torch_shape_text(positions));
+        auto ex = detail::torch_int_vector(example_ids, fn, "example_ids");
+        bool const ex_ok = (example_ids.dim() == 1 && example_ids.size(0) == B) ||
+                           (example_ids.dim() == 2 && example_ids.size(0) == B && example_ids.size(1) == T);
+        if (!ex_ok)
+            detail::fail_arg(fn,
+                             "example_ids: shape must be [B] = [" + std::to_string(B) + "] or [B, T] = [" +
+                                 std::to_string(B) + ", " + std::to_string(T) + "]; shape",
+                             detail::torch_shape_text(example_ids));
+        // Flatten to one entry per token n = b·T + t.
+        auto const N = static_cast<std::size_t>(B * T);
+        std::vector<std::int64_t> fpos(N), fex(N);
+        for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t t = 0; t < T; ++t) {
+                auto const n = static_cast<std::size_t>(b * T + t);
+                fpos[n] = positions.dim() == 2 ? pos[n] : pos[static_cast<std::size_t>(t)];
+                fex[n] = example_ids.dim() == 2 ? ex[n] : ex[static_cast<std::size_t>(b)];
+            }
+        for (std::size_t n = 0; n < N; ++n)
+            if (fpos[n] < 0)
+                detail::fail_arg(fn,
+                                 "positions: negative position at batch " + std::to_string(static_cast<std::int64_t>(n) / T) +
+                                     ", token " + std::to_string(static_cast<std::int64_t>(n) % T),
+                                 fpos[n]);
+            else if (fpos[n] >= manifest_.context_length)
+                detail::fail_arg(fn,
+                                 "positions: position at batch " + std::to_string(static_cast<std::int64_t>(n) / T) +
+                                     ", token " + std::to_string(static_cast<std::int64_t>(n) % T) +
+                                     " is beyond the manifest's context_length = " +
+                                     std::to_string(manifest_.context_length),
+                                 fpos[n]);
+
+        return {std::move(fpos), std::move(fex)};
+    }
+
     /// \brief Wait for every pending copy and absorb it (rows, host moments);
     /// fold the device moments into the host moments.
     /// \throws std::invalid_argument when a captured value is not finite
@@ -470,6 +488,21 @@ public:
         }
     }
 
+    /// \brief One analysed head as one value (mode `rows`), after the
+    /// capture: `store().head(h)` — identity, capture facts, and views of
+    /// its query rows and of the rows of the key head it reads, ready for
+    /// analyze_head / attention_plasticity.
+    /// \param[in] h the head (layer, q_head, k_head), one of heads().
+    /// \returns the head; its views stay valid while this capture is alive
+    ///          and not stepped again
+    /// \throws std::invalid_argument when the head is not an analysed head;
+    ///         std::logic_error in the moments modes; as synchronize().
+    [[nodiscard]] auto head(head_id const& h) {
+        auto out = store().head(h);
+        out.facts.context_length = manifest_.context_length;
+        return out;
+    }
+
     /// \brief The moments of one analysed head (modes `moments` and
     /// `device_moments`), after `synchronize()`: its query head's rows and
     /// the rows of the key head it reads (method §0 GQA mapping).
@@ -477,7 +510,7 @@ public:
     /// \returns its moments; a kind with no captured row has no buckets.
     /// \throws std::invalid_argument when the head is not an analysed head;
     ///         std::logic_error in mode `rows`; as synchronize().
-    [[nodiscard]] head_moments moments(head_pair const& h) {
+    [[nodiscard]] head_moments moments(head_id const& h) {
         if (opt_.mode == torch_capture_mode::rows)
             throw std::logic_error("qkgeom::torch_capture::moments: mode `rows` keeps rows; use store()");
         if (std::find(heads_.begin(), heads_.end(), h) == heads_.end())
@@ -749,7 +782,7 @@ private:
     io::manifest manifest_;
     torch_capture_options opt_;
     model_layout layout_;
-    std::vector<head_pair> heads_;
+    std::vector<head_id> heads_;
     capture_sampler sampler_;
     capture_store<Scalar> store_;
     std::map<std::int64_t, std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> plan_;  // layer -> (q, k heads)
