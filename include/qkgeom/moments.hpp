@@ -65,7 +65,9 @@ struct moments {
     // --- raw sums, for readers of method §1 (Σt, Σt², Σx, Σx·t, Σxxᵀ) ---
     [[nodiscard]] double sum_t() const noexcept { return static_cast<double>(n) * mean_t; }
     [[nodiscard]] double sum_t2() const noexcept { return m2_t + static_cast<double>(n) * mean_t * mean_t; }
+    template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::VectorXd sum_x() const { return static_cast<double>(n) * mean_x; }
+    template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::VectorXd sum_xt() const { return c_xt + static_cast<double>(n) * mean_t * mean_x; }
     template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::MatrixXd sum_xx() const {
@@ -76,6 +78,7 @@ struct moments {
     [[nodiscard]] double var_t() const noexcept {
         return n < 2 ? std::numeric_limits<double>::quiet_NaN() : m2_t / static_cast<double>(n - 1);
     }
+    template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::VectorXd cov_xt() const {
         return n < 2 ? Eigen::VectorXd::Constant(dim(), std::numeric_limits<double>::quiet_NaN())
                      : Eigen::VectorXd(c_xt / static_cast<double>(n - 1));
@@ -122,6 +125,7 @@ struct moments {
         return *this;
     }
 
+    template <class = void>  // instantiated on use
     friend moments operator+(moments a, moments const& b) { return a += b; }
 
     /// \brief Absorb one block of rows: `x` is nb × d row-major, `t` holds nb
@@ -275,6 +279,7 @@ struct bucketed_moments {
     }
 
     /// The statistics of all rows of this kind (buckets merged in ascending order).
+    template <class = void>  // instantiated on use
     [[nodiscard]] moments pooled() const {
         moments out(d);
         for (auto const& [b, m] : buckets) out += m;
@@ -308,6 +313,7 @@ struct bucketed_moments {
 
     /// \brief Merge another shard of the same kind (bucket by bucket).
     /// \throws std::invalid_argument when the head dimensions differ.
+    template <class = void>  // instantiated on use
     bucketed_moments& operator+=(bucketed_moments const& o) {
         if (o.buckets.empty()) {
             if (d == 0) d = o.d;
@@ -356,6 +362,7 @@ struct head_moments {
     }
 
     /// Pooled Q+K statistics about the pooled mean (method §2, §9.3).
+    template <class = void>  // instantiated on use
     [[nodiscard]] moments pooled() const {
         moments out = q.pooled();
         out += k.pooled();
@@ -365,6 +372,7 @@ struct head_moments {
     /// \brief Merge a shard of the same head.
     /// \throws std::invalid_argument naming the field (layer, q_head, k_head, d)
     ///         whose values differ.
+    template <class = void>  // instantiated on use
     head_moments& operator+=(head_moments const& o) {
         constexpr std::string_view fn = "qkgeom::head_moments::operator+=";
         if (d == 0 && q.buckets.empty() && k.buckets.empty()) {  // default-constructed: adopt
