@@ -55,34 +55,67 @@ struct moments {
     Eigen::VectorXd c_xt;   ///< Σ (x − x̄)(t − t̄)  (d)
     Eigen::MatrixXd c_xx;   ///< Σ (x − x̄)(x − x̄)ᵀ  (d × d, symmetric)
 
+    /// \brief Empty statistics of dimension 0 (adopts the dimension of the
+    /// first non-empty `moments` merged into it with `+=`).
     moments() = default;
+    /// \brief Empty statistics of dimension d: zero means and co-moments,
+    /// `n == 0`, `t_min == +∞`, `t_max == −∞`.
+    /// \param[in] d the row dimension.
+    /// \pre d ≥ 0 (not checked; Eigen asserts in debug builds).
+    /// \throws std::bad_alloc if the d × d co-moment cannot be allocated.
     explicit moments(index_t d)
         : mean_x(Eigen::VectorXd::Zero(d)), c_xt(Eigen::VectorXd::Zero(d)), c_xx(Eigen::MatrixXd::Zero(d, d)) {}
 
+    /// \brief The row dimension d.
+    /// \returns `mean_x.size()`; 0 for a default-constructed `moments`.
     [[nodiscard]] index_t dim() const noexcept { return mean_x.size(); }
+    /// \brief Whether no row has been added.
+    /// \returns `n == 0`.
     [[nodiscard]] bool empty() const noexcept { return n == 0; }
 
     // --- raw sums, for readers of method §1 (Σt, Σt², Σx, Σx·t, Σxxᵀ) ---
+    /// \brief Σt, recovered from the centred form (method §1).
+    /// \returns n·t̄; 0 when empty.
     [[nodiscard]] double sum_t() const noexcept { return static_cast<double>(n) * mean_t; }
+    /// \brief Σt², recovered from the centred form (method §1).
+    /// \returns M2_t + n·t̄²; 0 when empty.
     [[nodiscard]] double sum_t2() const noexcept { return m2_t + static_cast<double>(n) * mean_t * mean_t; }
+    /// \brief Σx, recovered from the centred form (method §1).
+    /// \returns n·x̄ (d); zeros when empty.
+    /// \throws std::bad_alloc if the result cannot be allocated.
     template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::VectorXd sum_x() const { return static_cast<double>(n) * mean_x; }
+    /// \brief Σx·t, recovered from the centred form (method §1).
+    /// \returns C_xt + n·t̄·x̄ (d); zeros when empty.
+    /// \throws std::bad_alloc if the result cannot be allocated.
     template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::VectorXd sum_xt() const { return c_xt + static_cast<double>(n) * mean_t * mean_x; }
+    /// \brief Σxxᵀ, recovered from the centred form (method §1).
+    /// \returns C_xx + n·x̄x̄ᵀ (d × d, symmetric); zeros when empty.
+    /// \throws std::bad_alloc if the result cannot be allocated.
     template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::MatrixXd sum_xx() const {
         return c_xx + static_cast<double>(n) * mean_x * mean_x.transpose();
     }
 
     // --- sample (n−1) statistics, method §9.1; NaN when n < 2 ---
+    /// \brief Sample variance of the positions, M2_t / (n − 1) (method §9.1).
+    /// \returns the variance; NaN when n < 2.
     [[nodiscard]] double var_t() const noexcept {
         return n < 2 ? std::numeric_limits<double>::quiet_NaN() : m2_t / static_cast<double>(n - 1);
     }
+    /// \brief Sample covariance of the rows with the position, C_xt / (n − 1)
+    /// (method §9.1).
+    /// \returns the covariance (d); all NaN when n < 2.
+    /// \throws std::bad_alloc if the result cannot be allocated.
     template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::VectorXd cov_xt() const {
         return n < 2 ? Eigen::VectorXd::Constant(dim(), std::numeric_limits<double>::quiet_NaN())
                      : Eigen::VectorXd(c_xt / static_cast<double>(n - 1));
     }
+    /// \brief Sample covariance matrix of the rows, C_xx / (n − 1) (method §9.1).
+    /// \returns the covariance (d × d, symmetric); all NaN when n < 2.
+    /// \throws std::bad_alloc if the result cannot be allocated.
     template <class = void>  // instantiated on use
     [[nodiscard]] Eigen::MatrixXd cov_x() const {
         return n < 2 ? Eigen::MatrixXd::Constant(dim(), dim(), std::numeric_limits<double>::quiet_NaN())
@@ -91,7 +124,14 @@ struct moments {
 
     /// \brief Chan et al. pairwise merge: `*this` becomes the statistics of the
     /// union of both row sets. Merging in any order agrees to rounding.
-    /// \throws std::invalid_argument when the dimensions differ.
+    ///
+    /// An empty `o` changes nothing; an empty `*this` becomes a copy of `o`
+    /// (so a default-constructed, dimension-0 `moments` adopts o's dimension).
+    /// \param[in] o the statistics of the other row set.
+    /// \returns `*this`.
+    /// \throws std::invalid_argument when both dimensions are non-zero and
+    ///         differ; `*this` is unchanged when it throws.
+    /// \throws std::bad_alloc if a temporary cannot be allocated.
     template <class = void>
     moments& operator+=(moments const& o) {
         if (dim() != 0 && o.dim() != 0 && dim() != o.dim())
@@ -125,12 +165,29 @@ struct moments {
         return *this;
     }
 
+    /// \brief The statistics of the union of two row sets (Chan merge, as `+=`).
+    /// \param[in] a the statistics of the first row set (taken by value).
+    /// \param[in] b the statistics of the second row set.
+    /// \returns `a += b`.
+    /// \throws std::invalid_argument when both dimensions are non-zero and differ.
+    /// \throws std::bad_alloc if a copy or temporary cannot be allocated.
     template <class = void>  // instantiated on use
     friend moments operator+(moments a, moments const& b) { return a += b; }
 
     /// \brief Absorb one block of rows: `x` is nb × d row-major, `t` holds nb
     /// positions. Only the lower triangle of `c_xx` is updated; callers finish
     /// with `symmetrize()`. The building block of every `add`.
+    ///
+    /// Nothing is validated here: use `add_rows` or `bucketed_moments::add`
+    /// for checked input.
+    /// \param[in] x nb × d doubles, row-major (d = `dim()`).
+    /// \param[in] t nb positions (finite; exact integers by convention).
+    /// \param[in] nb the number of rows; nb ≤ 0 does nothing.
+    /// \param[out] scratch work space, resized to d × nb (reuse it across calls).
+    /// \pre `x` and `t` point to nb·d and nb finite doubles; `dim()` is the
+    ///      row dimension (a default-constructed `moments` has d = 0).
+    /// \throws std::bad_alloc if a temporary cannot be allocated (the
+    ///         statistics may then be partly updated).
     template <class = void>  // instantiated on use
     void add_block(double const* x, double const* t, index_t nb, Eigen::MatrixXd& scratch) {
         if (nb <= 0) return;
@@ -169,7 +226,8 @@ struct moments {
         n += nb;
     }
 
-    /// Copy the lower triangle of `c_xx` onto the upper one.
+    /// \brief Copy the lower triangle of `c_xx` onto the upper one (restores
+    /// the symmetry invariant after `add_block`).
     template <class = void>  // instantiated on use
     void symmetrize() { c_xx.triangularView<Eigen::StrictlyUpper>() = c_xx.transpose(); }
 };
@@ -247,10 +305,18 @@ void absorb_rows(moments& m, R const& r, P const& p, std::span<index_t const> id
 }  // namespace detail
 
 /// \brief Add rows that all belong to one group to `m` (method §1).
-/// \param rows       any RowMatrix (n × d, d == m.dim())
-/// \param positions  any IndexVector of n non-negative token positions
-/// \throws std::invalid_argument on shape mismatch, zero rows, negative
-///         positions, NaN/Inf values; `m` is unchanged when it throws.
+/// \tparam X any RowMatrix (Eigen, xtensor, torch adapters, `matrix_view`…).
+/// \tparam P any IndexVector.
+/// \param[in,out] m the statistics to update; its dimension must already be
+///                d (a default-constructed `moments` has d = 0 and rejects
+///                every row).
+/// \param[in] rows       n × d rows, n ≥ 1, d == m.dim(), all finite.
+/// \param[in] positions  n non-negative token positions.
+/// \throws std::invalid_argument on zero rows, a column count other than
+///         m.dim(), a positions length other than n, negative positions,
+///         NaN/Inf values; `m` is unchanged when it throws.
+/// \throws std::bad_alloc if a work buffer cannot be allocated.
+/// \sa bucketed_moments::add
 template <RowMatrix X, IndexVector P>
 void add_rows(moments& m, X const& rows, P const& positions) {
     auto const r = as_matrix(rows);
@@ -268,17 +334,25 @@ struct bucketed_moments {
     index_t d = 0;                             ///< head dimension
     std::map<std::int64_t, moments> buckets;   ///< bucket id -> statistics
 
+    /// \brief No buckets, d = 0 (adopts the dimension of the first shard
+    /// merged into it with `+=`; `add` rejects rows until then).
     bucketed_moments() = default;
+    /// \brief No buckets, head dimension `dim`.
+    /// \param[in] dim the head dimension (checked by `add`, not here).
     explicit bucketed_moments(index_t dim) : d(dim) {}
 
-    /// Total number of rows over all buckets.
+    /// \brief Total number of rows over all buckets.
+    /// \returns Σ n over the buckets; 0 when there are none.
     [[nodiscard]] std::int64_t count() const noexcept {
         std::int64_t s = 0;
         for (auto const& [b, m] : buckets) s += m.n;
         return s;
     }
 
-    /// The statistics of all rows of this kind (buckets merged in ascending order).
+    /// \brief The statistics of all rows of this kind (buckets merged in
+    /// ascending order).
+    /// \returns the pooled statistics, dimension d; empty when there are no buckets.
+    /// \throws std::bad_alloc if the result cannot be allocated.
     template <class = void>  // instantiated on use
     [[nodiscard]] moments pooled() const {
         moments out(d);
@@ -287,8 +361,22 @@ struct bucketed_moments {
     }
 
     /// \brief Add a batch of rows with their positions and bucket ids.
-    /// \throws std::invalid_argument (shapes, zero rows, negative ids, NaN/Inf);
-    ///         strong guarantee: nothing is added when it throws.
+    ///
+    /// Rows are grouped by bucket (stably) and each group is absorbed into
+    /// its bucket's `moments`, which is created on first use.
+    /// \tparam X any RowMatrix.
+    /// \tparam P any IndexVector.
+    /// \tparam B any IndexVector.
+    /// \param[in] rows       n × d rows, n ≥ 1, all finite.
+    /// \param[in] positions  n non-negative token positions.
+    /// \param[in] bucket_ids n non-negative bucket ids.
+    /// \pre d ≥ 1.
+    /// \throws std::invalid_argument when d < 1, on zero rows, a column count
+    ///         other than d, a positions or bucket_ids length other than n,
+    ///         negative positions or bucket ids, NaN/Inf values; strong
+    ///         guarantee: nothing is added when it throws.
+    /// \throws std::bad_alloc if a work buffer or bucket cannot be allocated
+    ///         (buckets earlier in the batch may then already be updated).
     template <RowMatrix X, IndexVector P, IndexVector B>
     void add(X const& rows, P const& positions, B const& bucket_ids) {
         auto const r = as_matrix(rows);
@@ -312,7 +400,14 @@ struct bucketed_moments {
     }
 
     /// \brief Merge another shard of the same kind (bucket by bucket).
-    /// \throws std::invalid_argument when the head dimensions differ.
+    ///
+    /// A shard with no buckets changes nothing (but gives a d = 0 `*this`
+    /// its d, without a dimension check); a d = 0 `*this` adopts o.d.
+    /// \param[in] o the other shard.
+    /// \returns `*this`.
+    /// \throws std::invalid_argument when o has buckets and both head
+    ///         dimensions are non-zero and differ (`*this` unchanged).
+    /// \throws std::bad_alloc if a bucket or temporary cannot be allocated.
     template <class = void>  // instantiated on use
     bucketed_moments& operator+=(bucketed_moments const& o) {
         if (o.buckets.empty()) {
@@ -339,15 +434,32 @@ struct head_moments {
     bucketed_moments q;   ///< query statistics per bucket
     bucketed_moments k;   ///< key statistics per bucket
 
+    /// \brief Empty, d = 0: adopts the first shard merged into it with `+=`.
     head_moments() = default;
+    /// \brief Empty statistics of one head.
+    /// \param[in] dim the head dimension, ≥ 1.
+    /// \param[in] hid which head (compared by `+=`).
+    /// \throws std::invalid_argument if dim < 1.
     explicit head_moments(index_t dim, head_id hid = {}) : id(hid), d(dim), q(dim), k(dim) {
         if (dim <= 0) detail::fail_arg("qkgeom::head_moments", "head dimension d must be >= 1", dim);
     }
 
+    /// \brief The statistics of one kind.
+    /// \param[in] w `kind::query` or `kind::key`.
+    /// \returns `q` for queries, `k` otherwise.
     [[nodiscard]] bucketed_moments& operator[](kind w) noexcept { return w == kind::query ? q : k; }
+    /// \brief The statistics of one kind (read-only).
+    /// \param[in] w `kind::query` or `kind::key`.
+    /// \returns `q` for queries, `k` otherwise.
     [[nodiscard]] bucketed_moments const& operator[](kind w) const noexcept { return w == kind::query ? q : k; }
 
-    /// Add a batch of query or key rows (see bucketed_moments::add).
+    /// \brief Add a batch of query or key rows (see bucketed_moments::add).
+    /// \param[in] w          which kind the rows are.
+    /// \param[in] rows       n × d rows, n ≥ 1, all finite.
+    /// \param[in] positions  n non-negative token positions.
+    /// \param[in] bucket_ids n non-negative bucket ids.
+    /// \throws std::invalid_argument, std::bad_alloc as bucketed_moments::add;
+    ///         nothing is added when the input is rejected.
     template <RowMatrix X, IndexVector P, IndexVector B>
     void add(kind w, X const& rows, P const& positions, B const& bucket_ids) {
         (*this)[w].add(rows, positions, bucket_ids);
@@ -355,13 +467,20 @@ struct head_moments {
 
     /// \brief Add the rows of one kind of a head (`head_capture::queries` or
     /// `::keys`): their vectors, positions and buckets.
-    /// \throws std::invalid_argument as bucketed_moments::add.
+    /// \param[in] w    which kind the rows are.
+    /// \param[in] rows the rows with their positions and buckets.
+    /// \throws std::invalid_argument, std::bad_alloc as bucketed_moments::add.
     template <RowMatrix X>
     void add(kind w, token_rows<X> const& rows) {
         (*this)[w].add(rows.vectors, rows.position, rows.bucket);
     }
 
-    /// Pooled Q+K statistics about the pooled mean (method §2, §9.3).
+    /// \brief Pooled Q+K statistics about the pooled mean (method §2, §9.3).
+    /// \returns the merge of `q.pooled()` and `k.pooled()`; empty when no row
+    ///          has been added.
+    /// \throws std::invalid_argument if q and k have different non-zero
+    ///         dimensions (only if they were modified directly).
+    /// \throws std::bad_alloc if the result cannot be allocated.
     template <class = void>  // instantiated on use
     [[nodiscard]] moments pooled() const {
         moments out = q.pooled();
@@ -370,8 +489,13 @@ struct head_moments {
     }
 
     /// \brief Merge a shard of the same head.
+    ///
+    /// A default-constructed `*this` (d = 0, no buckets) becomes a copy of `o`.
+    /// \param[in] o the other shard.
+    /// \returns `*this`.
     /// \throws std::invalid_argument naming the field (layer, q_head, k_head, d)
-    ///         whose values differ.
+    ///         whose values differ; `*this` is unchanged then.
+    /// \throws std::bad_alloc if a bucket or temporary cannot be allocated.
     template <class = void>  // instantiated on use
     head_moments& operator+=(head_moments const& o) {
         constexpr std::string_view fn = "qkgeom::head_moments::operator+=";

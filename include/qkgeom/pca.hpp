@@ -32,6 +32,10 @@ enum class sign_policy {
 enum class head_class { position_dominated, q_positional, k_positional, content_focused, mixed, undefined };
 
 /// \brief The class name as written in the output columns.
+/// \param[in] c the class.
+/// \returns a static string: "position_dominated", "q_positional",
+///          "k_positional", "content_focused", "mixed" or "undefined" (also
+///          for a value outside the enumeration).
 constexpr std::string_view to_string(head_class c) noexcept {
     switch (c) {
         case head_class::position_dominated: return "position_dominated";
@@ -45,15 +49,21 @@ constexpr std::string_view to_string(head_class c) noexcept {
 }
 
 /// \brief Taxonomy thresholds; inequalities are strict (method §9.4).
+/// Not validated: `low <= high` is expected; NaN thresholds make every
+/// comparison false, i.e. `mixed`.
 struct taxonomy_thresholds {
-    double low = 0.3;
-    double high = 0.7;
+    double low = 0.3;   ///< |r| below this is "not positional"
+    double high = 0.7;  ///< |r| above this is "positional"
 };
 
 /// \brief Classify (r_q, r_k) of component 0: position-dominated (both
 /// |r| > high), Q-positional (|r_q| > high, |r_k| < low), K-positional
 /// (|r_q| < low, |r_k| > high), content-focused (both < low), mixed otherwise;
 /// undefined when either is NaN.
+/// \param[in] r_q the query position correlation of component 0.
+/// \param[in] r_k the key position correlation of component 0.
+/// \param[in] th  the thresholds (strict inequalities; not validated).
+/// \returns the class; `head_class::undefined` when r_q or r_k is NaN.
 constexpr head_class classify(double r_q, double r_k, taxonomy_thresholds th = {}) noexcept {
     if (std::isnan(r_q) || std::isnan(r_k)) return head_class::undefined;
     double const aq = r_q < 0 ? -r_q : r_q, ak = r_k < 0 ? -r_k : r_k;
@@ -66,19 +76,20 @@ constexpr head_class classify(double r_q, double r_k, taxonomy_thresholds th = {
 
 /// \brief Options of `pca` (defaults are the thesis').
 struct pca_options {
-    index_t n_components = 10;  ///< components reported (clipped to d)
-    sign_policy sign = sign_policy::dominant;
-    taxonomy_thresholds thresholds{};
+    index_t n_components = 10;  ///< components reported, ≥ 1 (clipped to d)
+    sign_policy sign = sign_policy::dominant;  ///< orientation of each component (method §9.4)
+    taxonomy_thresholds thresholds{};          ///< thresholds of `classify` on component 0
 };
 
 /// \brief One principal component (row of `qk_pca.csv`).
 struct pca_component {
     index_t component = 0;                 ///< 0-based, descending eigenvalue
-    double eigenvalue = detail::nan;       ///< λ_j of Σ_pool (n−1 normalisation)
-    double explained_variance_ratio = detail::nan;  ///< λ_j / trace Σ_pool
-    double r_q = detail::nan;              ///< corr(Q v_j, t_q)
-    double r_k = detail::nan;              ///< corr(K v_j, t_k)
-    Eigen::VectorXd loading;               ///< v_j (unit, sign-canonicalised)
+    double eigenvalue = detail::nan;       ///< λ_j of Σ_pool (n−1 normalisation); NaN when `status` is not success
+    double explained_variance_ratio = detail::nan;  ///< λ_j / trace Σ_pool; NaN when `degenerate`
+    double r_q = detail::nan;              ///< corr(Q v_j, t_q); NaN when the query positions or Q v_j have zero
+                                           ///< variance, or a kind has < 2 rows
+    double r_k = detail::nan;              ///< corr(K v_j, t_k); NaN likewise for keys
+    Eigen::VectorXd loading;               ///< v_j (unit, sign-canonicalised); all NaN when `status` is not success
 };
 
 /// \brief Result of the combined Q+K PCA (method §2).
@@ -86,13 +97,18 @@ struct pca_result {
     std::vector<pca_component> components;  ///< the first n_components
     Eigen::MatrixXd basis;          ///< all d eigenvectors as columns (orthogonal), same order and signs
     Eigen::VectorXd eigenvalues;    ///< all d eigenvalues, descending
-    double pc0_r_q = detail::nan;   ///< r_q of component 0 (head_metrics.csv)
-    double pc0_r_k = detail::nan;   ///< r_k of component 0
-    head_class taxonomy = head_class::undefined;  ///< class of component 0
-    double q_pos_var_frac = detail::nan;  ///< ‖Cov(Q,t)‖² / (Var t_q · trace Σ_Q)
+    double pc0_r_q = detail::nan;   ///< r_q of component 0 (head_metrics.csv); NaN as pca_component::r_q
+    double pc0_r_k = detail::nan;   ///< r_k of component 0; NaN as pca_component::r_k
+    head_class taxonomy = head_class::undefined;  ///< class of component 0; `undefined` when pc0_r_q or pc0_r_k is NaN
+    double q_pos_var_frac = detail::nan;  ///< ‖Cov(Q,t)‖² / (Var t_q · trace Σ_Q); NaN when < 2 query rows or Var t_q
+                                          ///< · trace Σ_Q is 0
     double k_pos_var_frac = detail::nan;  ///< same for keys
-    bool degenerate = false;        ///< pooled variance is zero or fewer than 2 rows: NaN ratios
-    /// The eigendecomposition of Σ_pool; not `success`: every component field NaN.
+    bool degenerate = false;        ///< pooled variance is zero or fewer than 2 rows (NaN explained-variance ratios);
+                                    ///< also set when `status` is not success
+    /// The eigendecomposition of Σ_pool: `success`, or `no_convergence` /
+    /// `invalid_input`, in which case `basis`, `eigenvalues` and every
+    /// component field are NaN, `taxonomy` is `undefined` and `degenerate`
+    /// is set (the positional variance fractions are still computed).
     decomposition_status status = decomposition_status::success;
 };
 
@@ -142,8 +158,11 @@ double positional_variance_fraction(moments const& m) {
 ///          basis, the taxonomy of component 0 and the positional variance
 ///          fractions; `degenerate` when the pooled variance is zero,
 ///          `status` when the eigensolver failed (then NaN)
-/// \pre both kinds have rows
-/// \throws std::invalid_argument when a kind has no rows or n_components < 1.
+/// \pre hm.d ≥ 1, both kinds have rows, opt.n_components ≥ 1.
+/// \throws std::invalid_argument when hm.d < 1, a kind has no rows or
+///         n_components < 1.
+/// \throws std::bad_alloc if the d × d work matrices cannot be allocated.
+/// \sa classify, planar_rotation
 template <class = void>
 pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
     detail::check_head("qkgeom::pca", hm);
@@ -204,6 +223,24 @@ pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
 }
 
 /// \brief Combined Q+K PCA from rows of any adapted tensor type (method §2).
+///
+/// Accumulates the rows into a `head_moments` (one bucket) and calls
+/// `pca(head_moments const&, pca_options const&)`.
+/// \tparam XQ any RowMatrix (queries).
+/// \tparam PQ any IndexVector.
+/// \tparam XK any RowMatrix (keys).
+/// \tparam PK any IndexVector.
+/// \param[in] queries     n_q × d query rows, n_q ≥ 1, all finite.
+/// \param[in] q_positions n_q non-negative query positions.
+/// \param[in] keys        n_k × d key rows (same d), n_k ≥ 1, all finite.
+/// \param[in] k_positions n_k non-negative key positions.
+/// \param[in] opt         number of components, sign policy, taxonomy thresholds.
+/// \returns as the `head_moments` overload.
+/// \throws std::invalid_argument when queries and keys have different column
+///         counts, d = 0, a kind has no rows, a positions length differs from
+///         its rows, a position is negative, a value is NaN/Inf, or
+///         n_components < 1.
+/// \throws std::bad_alloc if the moments or work matrices cannot be allocated.
 template <RowMatrix XQ, IndexVector PQ, RowMatrix XK, IndexVector PK>
 pca_result pca(XQ const& queries, PQ const& q_positions, XK const& keys, PK const& k_positions,
                pca_options const& opt = {}) {

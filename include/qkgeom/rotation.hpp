@@ -25,7 +25,7 @@ enum class separation_policy {
 
 /// \brief Options of `planar_rotation`.
 struct rotation_options {
-    separation_policy separation = separation_policy::centroid;
+    separation_policy separation = separation_policy::centroid;  ///< how b is chosen
 };
 
 /// \brief Result of the planar rotation model; field names are the output
@@ -34,28 +34,39 @@ struct rotation_options {
 struct rotation_result {
     Eigen::VectorXd a;  ///< drift axis, Cov(X_pool, t)/‖·‖ (NaN when degenerate_a)
     Eigen::VectorXd b;  ///< separation axis ⟂ a, (μ_Q − μ_K)·b ≥ 0 (NaN when degenerate_b)
-    double residual_pos_cov = detail::nan;  ///< ‖(I − aaᵀ)c‖ / ‖c‖ (self-check, ≈ 1e-16)
-    double mu_q_a = detail::nan, mu_k_a = detail::nan;  ///< mean projections on a
-    double mu_q_b = detail::nan, mu_k_b = detail::nan;  ///< mean projections on b
-    double alpha_q = detail::nan, alpha_k = detail::nan;  ///< OLS slope of the a-projection on t
-    double r_q_a = detail::nan, r_k_a = detail::nan;      ///< corr(a·x, t) per kind
-    double position_r = detail::nan;           ///< |corr(a·x, t)| over the pool
-    double bias_strength = detail::nan;        ///< mu_q_a · alpha_k (thesis eq. 4.6)
-    double separation_strength = detail::nan;  ///< bᵀMb / trace M
-    double var_frac_a = detail::nan, var_frac_b = detail::nan;  ///< aᵀΣ_pool a / trace Σ_pool, …
-    double plane_var_fraction = detail::nan;   ///< var_frac_a + var_frac_b
-    double content_var_b = detail::nan;        ///< (Var(b·q) + Var(b·k)) / 2
+    double residual_pos_cov = detail::nan;  ///< ‖(I − aaᵀ)c‖ / ‖c‖ (self-check, ≈ 1e-16); NaN when degenerate_a
+    double mu_q_a = detail::nan, mu_k_a = detail::nan;  ///< mean projections on a; NaN when degenerate_a
+    double mu_q_b = detail::nan, mu_k_b = detail::nan;  ///< mean projections on b; NaN when degenerate_b
+    double alpha_q = detail::nan, alpha_k = detail::nan;  ///< OLS slope of the a-projection on t; NaN when
+                                                          ///< degenerate_a, or for a kind with < 2 rows or constant
+                                                          ///< positions
+    double r_q_a = detail::nan, r_k_a = detail::nan;      ///< corr(a·x, t) per kind; NaN when degenerate_a, or for a
+                                                          ///< kind with < 2 rows or zero variance of t or a·x
+    double position_r = detail::nan;           ///< |corr(a·x, t)| over the pool; NaN when degenerate_a
+    double bias_strength = detail::nan;        ///< mu_q_a · alpha_k (thesis eq. 4.6); NaN when alpha_k is
+    double separation_strength = detail::nan;  ///< bᵀMb / trace M; NaN when degenerate_b or a kind has < 2 rows (M
+                                               ///< undefined)
+    double var_frac_a = detail::nan, var_frac_b = detail::nan;  ///< aᵀΣ_pool a / trace Σ_pool, …; NaN when the axis
+                                                                ///< is degenerate
+    double plane_var_fraction = detail::nan;   ///< var_frac_a + var_frac_b; NaN when degenerate_b
+    double content_var_b = detail::nan;        ///< (Var(b·q) + Var(b·k)) / 2; NaN when degenerate_b or a kind has < 2
+                                               ///< rows
     bool degenerate_a = false;  ///< ‖c‖ ≤ 1e-12·sqrt(Var t · trace Σ_pool)
     bool degenerate_b = false;  ///< b undefined (Δ ∥ a, Δ = 0, d = 1, a degenerate; max_separation:
                                 ///< a kind with < 2 rows or top eigenvalue of PMP ≤ 1e-12·trace M)
-    /// max_separation: the eigendecomposition of PMP; not `success`: b degenerate (NaN b-metrics).
+    /// max_separation: the eigendecomposition of PMP: `success` (always so
+    /// with `centroid`, or when it was not attempted), or `no_convergence` /
+    /// `invalid_input`, in which case `degenerate_b` is set and b and the
+    /// b-metrics are NaN (the a-metrics stay valid).
     decomposition_status status = decomposition_status::success;
 
-    /// An orthonormal basis [a, b, complement] as columns (requires both axes):
+    /// \brief An orthonormal basis [a, b, complement] as columns (requires both axes):
     /// the rotation that preserves q·k (thesis §4.3). Built with a Householder
     /// QR of [a b], so it is orthogonal to rounding.
-    /// \returns the d × d orthogonal basis
+    /// \returns the d × d orthogonal basis; columns 0 and 1 are exactly a and b
+    /// \pre `*this` comes from `planar_rotation` (a and b have size d ≥ 2).
     /// \throws std::invalid_argument when a or b is degenerate
+    /// \throws std::bad_alloc if the d × d result cannot be allocated
     template <class = void>
     [[nodiscard]] Eigen::MatrixXd basis() const {
         index_t const d = a.size();
@@ -78,8 +89,10 @@ struct rotation_result {
 /// \returns the axes a and b and every rotation metric; `degenerate_a` /
 ///          `degenerate_b` flag undefined axes (their metrics NaN), `status`
 ///          a failed eigendecomposition (max_separation)
-/// \pre both kinds have rows
-/// \throws std::invalid_argument when a kind has no rows.
+/// \pre hm.d ≥ 1 and both kinds have rows.
+/// \throws std::invalid_argument when hm.d < 1 or a kind has no rows.
+/// \throws std::bad_alloc if the d × d work matrices cannot be allocated.
+/// \sa rotation_result::basis, pca
 template <class = void>
 rotation_result planar_rotation(head_moments const& hm, rotation_options const& opt = {}) {
     detail::check_head("qkgeom::planar_rotation", hm);
@@ -164,6 +177,23 @@ rotation_result planar_rotation(head_moments const& hm, rotation_options const& 
 }
 
 /// \brief The planar rotation model from rows of any adapted tensor type.
+///
+/// Accumulates the rows into a `head_moments` (one bucket) and calls
+/// `planar_rotation(head_moments const&, rotation_options const&)`.
+/// \tparam XQ any RowMatrix (queries).
+/// \tparam PQ any IndexVector.
+/// \tparam XK any RowMatrix (keys).
+/// \tparam PK any IndexVector.
+/// \param[in] queries     n_q × d query rows, n_q ≥ 1, all finite.
+/// \param[in] q_positions n_q non-negative query positions.
+/// \param[in] keys        n_k × d key rows (same d), n_k ≥ 1, all finite.
+/// \param[in] k_positions n_k non-negative key positions.
+/// \param[in] opt         the separation policy of axis b.
+/// \returns as the `head_moments` overload.
+/// \throws std::invalid_argument when queries and keys have different column
+///         counts, d = 0, a kind has no rows, a positions length differs from
+///         its rows, a position is negative or a value is NaN/Inf.
+/// \throws std::bad_alloc if the moments or work matrices cannot be allocated.
 template <RowMatrix XQ, IndexVector PQ, RowMatrix XK, IndexVector PK>
 rotation_result planar_rotation(XQ const& queries, PQ const& q_positions, XK const& keys, PK const& k_positions,
                                 rotation_options const& opt = {}) {
