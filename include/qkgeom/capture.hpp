@@ -42,6 +42,9 @@ namespace qkgeom {
 // ---------------------------------------------------------------------------
 
 /// \brief The GQA group size n_q / n_kv (method §0).
+/// \param[in] n_q_heads  query heads of the layer, ≥ 1.
+/// \param[in] n_kv_heads key/value heads of the layer, ≥ 1, dividing n_q_heads.
+/// \returns n_q_heads / n_kv_heads (1 without GQA).
 /// \throws std::invalid_argument when n_q < 1, n_kv < 1 or n_kv does not divide n_q.
 inline std::int64_t gqa_group_size(std::int64_t n_q_heads, std::int64_t n_kv_heads) {
     constexpr std::string_view fn = "qkgeom::gqa_group_size";
@@ -55,7 +58,12 @@ inline std::int64_t gqa_group_size(std::int64_t n_q_heads, std::int64_t n_kv_hea
 
 /// \brief The key/value head read by query head `q_head` (method §0):
 /// h_k = ⌊h_q / (n_q / n_kv)⌋.
-/// \throws std::invalid_argument for an invalid (n_q, n_kv) or q_head outside [0, n_q).
+/// \param[in] q_head     the query head, in [0, n_q_heads).
+/// \param[in] n_q_heads  query heads of the layer, ≥ 1.
+/// \param[in] n_kv_heads key/value heads of the layer, ≥ 1, dividing n_q_heads.
+/// \returns the key head, in [0, n_kv_heads).
+/// \throws std::invalid_argument for an invalid (n_q, n_kv) (as gqa_group_size)
+///         or q_head outside [0, n_q).
 inline std::int64_t key_head_of(std::int64_t q_head, std::int64_t n_q_heads, std::int64_t n_kv_heads) {
     std::int64_t const g = gqa_group_size(n_q_heads, n_kv_heads);
     if (q_head < 0 || q_head >= n_q_heads)
@@ -75,6 +83,8 @@ enum class rope_pairing : std::uint8_t {
 };
 
 /// \brief Name of a pairing (`rotate_half`, `interleaved`).
+/// \param[in] p the pairing.
+/// \returns a static string; "rotate_half" for any value but `interleaved`.
 constexpr const char* rope_pairing_name(rope_pairing p) noexcept {
     return p == rope_pairing::interleaved ? "interleaved" : "rotate_half";
 }
@@ -108,6 +118,17 @@ struct model_layout {
 };
 
 /// \brief A layout with the same attention shape in every layer.
+///
+/// Only n_layers is checked here; pass the result to `check_layout` (or to
+/// any function that takes it: eligible_heads, capture_store) for the rest.
+/// \param[in] n_layers       layers, ≥ 1.
+/// \param[in] n_q_heads      query heads per layer.
+/// \param[in] n_kv_heads     key/value heads per layer.
+/// \param[in] head_dim       d.
+/// \param[in] sliding_window every layer's window in tokens; none = full attention.
+/// \returns the layout.
+/// \throws std::invalid_argument when n_layers < 1.
+/// \throws std::bad_alloc if the layers cannot be allocated.
 inline model_layout uniform_layout(std::int64_t n_layers, std::int64_t n_q_heads, std::int64_t n_kv_heads,
                                    std::int64_t head_dim, std::optional<std::int64_t> sliding_window = {}) {
     if (n_layers < 1) detail::fail_arg("qkgeom::uniform_layout", "n_layers must be >= 1", n_layers);
@@ -117,6 +138,11 @@ inline model_layout uniform_layout(std::int64_t n_layers, std::int64_t n_q_heads
 
 /// \brief Checks a layout: head_dim >= 1, at least one layer, every layer's
 /// GQA shape valid and sliding windows >= 1. Messages name `layers[L].field`.
+/// \param[in] m     the layout.
+/// \param[in] where the function name the messages start with.
+/// \throws std::invalid_argument at the first violation: head_dim < 1, no
+///         layers, n_q_heads < 1, n_kv_heads < 1, n_kv_heads not dividing
+///         n_q_heads, or a sliding window < 1.
 inline void check_layout(model_layout const& m, std::string_view where = "qkgeom::check_layout") {
     if (m.head_dim < 1) detail::fail_arg(where, "head_dim must be >= 1", m.head_dim);
     if (m.layers.empty()) detail::fail_arg(where, "layers: a layout needs at least one layer; count", 0);
@@ -149,7 +175,12 @@ enum class layer_eligibility : std::uint8_t {
 
 /// \brief Every eligible (layer, q_head), ascending by (layer, q_head), with
 /// its key head.
-/// \throws std::invalid_argument for an invalid layout.
+/// \param[in] m the layout.
+/// \param[in] e which layers are eligible (default: full-attention layers only).
+/// \returns the eligible heads; empty when no layer is eligible (e.g. every
+///          layer has a sliding window under `full_attention_only`).
+/// \throws std::invalid_argument for an invalid layout (as check_layout).
+/// \throws std::bad_alloc if the list cannot be allocated.
 inline std::vector<head_id> eligible_heads(model_layout const& m,
                                              layer_eligibility e = layer_eligibility::full_attention_only) {
     check_layout(m, "qkgeom::eligible_heads");
@@ -187,7 +218,14 @@ inline std::uint64_t bounded_draw(std::uint64_t& state, std::uint64_t m) noexcep
 ///
 /// where draw(s, m) repeats s = splitmix64(s) until s >= (2^64 mod m) and
 /// returns s mod m; the first `count` entries, sorted, are the sample.
-/// \throws std::invalid_argument for an invalid layout or count < 0.
+/// \param[in] m     the layout.
+/// \param[in] count heads to draw, ≥ 0.
+/// \param[in] seed  the sampling seed.
+/// \param[in] e     which layers are eligible (default: full-attention layers only).
+/// \returns min(count, |E|) heads, ascending by (layer, q_head).
+/// \throws std::invalid_argument for an invalid layout (as check_layout) or count < 0.
+/// \throws std::bad_alloc if the list cannot be allocated.
+/// \sa eligible_heads
 inline std::vector<head_id> sample_heads(model_layout const& m, std::int64_t count, std::uint64_t seed,
                                            layer_eligibility e = layer_eligibility::full_attention_only) {
     if (count < 0) detail::fail_arg("qkgeom::sample_heads", "count must be >= 0", count);
@@ -205,6 +243,9 @@ inline std::vector<head_id> sample_heads(model_layout const& m, std::int64_t cou
 }
 
 /// \brief The distinct (layer, k_head) a set of head pairs reads, ascending.
+/// \param[in] heads the head pairs (any order; duplicates allowed).
+/// \returns the sorted, de-duplicated (layer, k_head) pairs.
+/// \throws std::bad_alloc if the list cannot be allocated.
 inline std::vector<std::pair<std::int64_t, std::int64_t>> key_heads_of(std::vector<head_id> const& heads) {
     std::vector<std::pair<std::int64_t, std::int64_t>> out;
     out.reserve(heads.size());
@@ -223,19 +264,35 @@ struct capture_sampler {
     bucket_spec buckets{};   ///< scheme, width (B or B_min), rate
     std::uint64_t seed = 0;  ///< sampling seed
 
-    /// Whether the token is kept (keep_token).
+    /// \brief Whether the token is kept (keep_token with this scheme and seed).
+    /// \param[in] example_id the example (sequence) id.
+    /// \param[in] layer      the layer index.
+    /// \param[in] k          query or key.
+    /// \param[in] position   the token position, ≥ 0.
+    /// \returns true when the token is kept.
+    /// \throws std::invalid_argument for an invalid `buckets` or position < 0 (as keep_token).
     [[nodiscard]] bool keep(std::int64_t example_id, std::int64_t layer, kind k, std::int64_t position) const {
         return keep_token(buckets, seed, example_id, layer, k, position);
     }
 
-    /// Bucket of a position (bucket_of).
+    /// \brief Bucket of a position (bucket_of with this scheme).
+    /// \param[in] position the token position, ≥ 0.
+    /// \returns the bucket index.
+    /// \throws std::invalid_argument for an invalid `buckets` or position < 0 (as bucket_of).
     [[nodiscard]] std::int64_t bucket(std::int64_t position) const { return bucket_of(buckets, position); }
 
     /// \brief Indices i (ascending) of the kept tokens of one step, given each
     /// token's position and example id (equal lengths). The same indices for
     /// every head of one (layer, kind).
-    /// \throws std::invalid_argument on unequal lengths or a negative position
-    ///         (naming the index and value).
+    /// \param[in] positions   each token's position, ≥ 0.
+    /// \param[in] example_ids each token's example id (same length).
+    /// \param[in] layer       the layer index (part of the keep decision).
+    /// \param[in] k           query or key (part of the keep decision).
+    /// \returns the kept indices into `positions`, ascending.
+    /// \throws std::invalid_argument for an invalid `buckets` (unknown scheme,
+    ///         width < 1, rate not finite and > 0), on unequal lengths or a
+    ///         negative position (naming the index and value).
+    /// \throws std::bad_alloc if the result cannot be allocated.
     [[nodiscard]] std::vector<std::int64_t> select(std::span<std::int64_t const> positions,
                                                    std::span<std::int64_t const> example_ids, std::int64_t layer,
                                                    kind k) const {
@@ -267,22 +324,34 @@ struct capture_sampler {
 /// `values` is row-major n × dim in `Scalar` (float by default: captures come
 /// in f32/f16/bf16, which widen to float exactly); use `matrix()` to hand the
 /// rows to any analysis.
+///
+/// \tparam Scalar the stored element type.
 template <class Scalar = float>
 struct captured_rows {
-    std::int64_t layer = 0, head = 0;
-    kind k = kind::query;
-    std::int64_t dim = 0;
+    std::int64_t layer = 0, head = 0;  ///< the layer and the head (a q head for queries, a k head for keys)
+    kind k = kind::query;              ///< query or key rows
+    std::int64_t dim = 0;              ///< d, the model's head_dim
     std::vector<Scalar> values;  ///< n × dim, row-major
     token_positions position;    ///< per row
     token_buckets bucket;        ///< per row, bucket_of(sampler buckets, position)
     example_ids example_id;      ///< per row
     std::optional<std::int64_t> sliding_window;  ///< the layer's, none = full attention
 
+    /// \brief Number of stored rows.
+    /// \returns `position.size()`.
     [[nodiscard]] std::int64_t rows() const noexcept { return static_cast<std::int64_t>(position.size()); }
-    /// The rows as a bounds-checked view satisfying RowMatrix.
+    /// \brief The rows as a bounds-checked view satisfying RowMatrix.
+    /// \returns a rows() × dim `matrix_view` of `values`; valid while `values`
+    ///          is neither destroyed nor reallocated.
+    /// \throws std::invalid_argument when values.size() < rows() × dim (only
+    ///         if the fields were edited inconsistently).
     [[nodiscard]] auto matrix() const { return make_matrix_view(std::span<Scalar const>(values), rows(), dim); }
     /// \brief The rows with their annotations as the analyses take them (a
     /// view of the values; the annotations are copied).
+    /// \returns a `token_rows` of `matrix()` with copies of position, bucket
+    ///          and example_id.
+    /// \throws std::invalid_argument as matrix().
+    /// \throws std::bad_alloc if the annotations cannot be copied.
     [[nodiscard]] auto token_view() const {
         return token_rows<decltype(matrix())>{matrix(), position, bucket, example_id};
     }
@@ -296,10 +365,24 @@ struct captured_rows {
 /// keys of the key heads they read); only tokens the sampler keeps are stored;
 /// the rows must be finite. Not thread-safe: one store per capture thread, or
 /// merge with `+=` (rows are appended; order does not matter to any analysis).
+///
+/// \tparam Scalar the stored element type (values are converted to it).
 template <class Scalar = float>
 class capture_store {
 public:
+    /// \brief An empty store with an empty plan (every `add` throws).
     capture_store() = default;
+    /// \brief A store for the given plan, with an empty slot per planned
+    /// (layer, kind, head).
+    /// \param[in] layout  the model's attention layout.
+    /// \param[in] heads   the planned heads (e.g. from sample_heads); each
+    ///                    k_head must follow the GQA mapping of its layer.
+    /// \param[in] sampler the keep decision and bucket scheme.
+    /// \throws std::invalid_argument for an invalid layout (as check_layout),
+    ///         an invalid bucket spec, a head whose layer is out of range or
+    ///         whose q_head is outside [0, n_q_heads) (as key_head_of), or
+    ///         whose k_head differs from key_head_of(q_head).
+    /// \throws std::bad_alloc if the slots cannot be allocated.
     capture_store(model_layout layout, std::vector<head_id> heads, capture_sampler sampler)
         : layout_(std::move(layout)), heads_(std::move(heads)), sampler_(sampler) {
         constexpr std::string_view fn = "qkgeom::capture_store";
@@ -319,19 +402,41 @@ public:
         }
     }
 
+    /// \brief The model layout of the plan.
+    /// \returns the layout given to the constructor.
     [[nodiscard]] model_layout const& layout() const noexcept { return layout_; }
+    /// \brief The planned heads.
+    /// \returns the heads given to the constructor, in their order.
     [[nodiscard]] std::vector<head_id> const& heads() const noexcept { return heads_; }
+    /// \brief The token sampler.
+    /// \returns the sampler given to the constructor.
     [[nodiscard]] capture_sampler const& sampler() const noexcept { return sampler_; }
 
-    /// Whether rows of (layer, kind, head) are stored.
+    /// \brief Whether rows of (layer, kind, head) are stored.
+    /// \param[in] layer the layer index.
+    /// \param[in] k     query or key.
+    /// \param[in] head  a q head for queries, a k head for keys.
+    /// \returns true when the plan stores that head's rows.
     [[nodiscard]] bool wants(std::int64_t layer, kind k, std::int64_t head) const {
         return store_.count(std::tuple{layer, static_cast<int>(k), head}) != 0;
     }
 
     /// \brief Add one head's rows for one step. Returns the number kept.
-    /// \throws std::invalid_argument when the head is not in the plan, the row
-    ///         count differs from positions/example_ids, the width differs from
-    ///         head_dim, or a kept value is not finite (naming row, column, value).
+    /// \tparam X any RowMatrix.
+    /// \param[in] layer       the layer index.
+    /// \param[in] k           query or key.
+    /// \param[in] head        a q head for queries, a k head for keys.
+    /// \param[in] rows        T × head_dim rows of the step's tokens.
+    /// \param[in] positions   T token positions, ≥ 0.
+    /// \param[in] example_ids T example ids.
+    /// \returns the number of rows kept (and stored).
+    /// \throws std::invalid_argument for an invalid bucket spec, when
+    ///         positions and example_ids differ in length or a position is
+    ///         negative (from capture_sampler::select), the head is not in the
+    ///         plan, the row count differs from positions/example_ids, the
+    ///         width differs from head_dim, or a kept value is not finite
+    ///         (naming row, column, value); nothing is stored then.
+    /// \throws std::bad_alloc if the rows cannot be stored.
     template <RowMatrix X>
     std::int64_t add(std::int64_t layer, kind k, std::int64_t head, X const& rows,
                      std::span<std::int64_t const> positions, std::span<std::int64_t const> example_ids) {
@@ -342,6 +447,22 @@ public:
     /// \brief As `add`, with the kept indices already chosen by
     /// `sampler().select(positions, example_ids, layer, k)` — compute them once
     /// per (layer, kind) and step and reuse them for every head.
+    /// \tparam X any RowMatrix.
+    /// \param[in] layer       the layer index.
+    /// \param[in] k           query or key.
+    /// \param[in] head        a q head for queries, a k head for keys.
+    /// \param[in] rows        T × head_dim rows of the step's tokens.
+    /// \param[in] positions   T token positions.
+    /// \param[in] example_ids T example ids.
+    /// \param[in] kept        indices into the T tokens, as `select` returns them.
+    /// \pre every position listed in `kept` is ≥ 0 and `kept` holds no
+    ///      duplicates (true of `select`'s result; neither is checked here).
+    /// \returns kept.size(), the number of rows stored.
+    /// \throws std::invalid_argument when the head is not in the plan, the row
+    ///         count differs from positions/example_ids, the width differs
+    ///         from head_dim, an index of `kept` is outside [0, T), or a kept
+    ///         value is not finite (naming row, column, value).
+    /// \throws std::bad_alloc if the rows cannot be stored.
     template <RowMatrix X>
     std::int64_t add_selected(std::int64_t layer, kind k, std::int64_t head, X const& rows,
                               std::span<std::int64_t const> positions, std::span<std::int64_t const> example_ids,
@@ -394,7 +515,11 @@ public:
         return static_cast<std::int64_t>(kept.size());
     }
 
-    /// The stored rows of (layer, kind, head).
+    /// \brief The stored rows of (layer, kind, head).
+    /// \param[in] layer the layer index.
+    /// \param[in] k     query or key.
+    /// \param[in] head  a q head for queries, a k head for keys.
+    /// \returns the rows; the reference stays valid for the store's lifetime.
     /// \throws std::invalid_argument when the head is not in the plan.
     [[nodiscard]] captured_rows<Scalar> const& rows(std::int64_t layer, kind k, std::int64_t head) const {
         auto it = store_.find(std::tuple{layer, static_cast<int>(k), head});
@@ -412,8 +537,10 @@ public:
     /// it reads, ready for analyze_head / attention_plasticity.
     /// \param[in] id  a head of the plan (`heads()`)
     /// \returns the head; its row views stay valid while the store is alive
-    ///          and not appended to
+    ///          and not appended to; `facts.sliding_window` is 0 for a
+    ///          full-attention layer
     /// \throws std::invalid_argument when the head is not in the plan
+    /// \throws std::bad_alloc if the annotations cannot be copied
     [[nodiscard]] auto head(head_id const& id) const {
         if (std::find(heads_.begin(), heads_.end(), id) == heads_.end())
             detail::fail_arg("qkgeom::capture_store::head",
@@ -429,7 +556,9 @@ public:
         return out;
     }
 
-    /// Every stored entry, ordered by (layer, kind, head).
+    /// \brief Every stored entry, ordered by (layer, kind, head).
+    /// \returns pointers into the store, valid for its lifetime.
+    /// \throws std::bad_alloc if the list cannot be allocated.
     [[nodiscard]] std::vector<captured_rows<Scalar> const*> entries() const {
         std::vector<captured_rows<Scalar> const*> out;
         for (auto const& [key, v] : store_) out.push_back(&v);
@@ -437,7 +566,12 @@ public:
     }
 
     /// \brief Append another store's rows (same layout, heads and sampler).
-    /// \throws std::invalid_argument naming what differs.
+    /// \param[in] o the other store.
+    /// \returns `*this`.
+    /// \throws std::invalid_argument naming what differs (layout, heads,
+    ///         sampler buckets or seed); nothing is appended then.
+    /// \throws std::bad_alloc if the rows cannot be appended (entries
+    ///         earlier in the order may then already be appended).
     capture_store& operator+=(capture_store const& o) {
         constexpr std::string_view fn = "qkgeom::capture_store::operator+=";
         if (!(o.layout_ == layout_)) detail::fail_arg(fn, "layout differs; other head_dim", o.layout_.head_dim);

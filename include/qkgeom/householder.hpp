@@ -26,10 +26,17 @@ struct householder_reflector {
     Eigen::VectorXd u;   ///< Householder vector (empty when H = I)
     double gamma = 0.0;  ///< 2/‖u‖² (0 when H = I)
 
+    /// \brief Whether H = I (no reflection stored).
+    /// \returns `gamma == 0`.
     [[nodiscard]] bool is_identity() const noexcept { return gamma == 0.0; }
 
     /// \brief u = β̂ − e1 with the cancellation-free first entry of method §9.6;
     /// H = I when β = 0 or ‖u‖ < 1e-12.
+    /// \param[in] beta the direction to map onto e1 (any size d ≥ 0).
+    /// \returns the reflector with H β̂ = e1; the identity when β is empty,
+    ///          zero or has a non-finite norm, or when β̂ is already e1 to
+    ///          within 1e-12.
+    /// \throws std::bad_alloc if u cannot be allocated.
     template <class = void>
     static householder_reflector from_direction(Eigen::VectorXd const& beta) {
         householder_reflector h;
@@ -49,14 +56,22 @@ struct householder_reflector {
         return h;
     }
 
-    /// Hx = x − γ u (u·x), O(d).
+    /// \brief Hx = x − γ u (u·x), O(d).
+    /// \param[in] x a vector of the reflector's dimension.
+    /// \pre x.size() == u.size() unless `is_identity()` (not checked).
+    /// \returns Hx (a copy of x when H = I).
+    /// \throws std::bad_alloc if the result cannot be allocated.
     template <class = void>
     [[nodiscard]] Eigen::VectorXd apply(Eigen::VectorXd const& x) const {
         if (is_identity()) return x;
         return x - (gamma * u.dot(x)) * u;
     }
 
-    /// Apply H to every row of a row-major block in place (rows = tokens).
+    /// \brief Apply H to every row of a row-major block in place (rows = tokens).
+    /// \tparam Derived any Eigen dense matrix expression that can be assigned to.
+    /// \param[in,out] rows n × d rows, replaced by their reflections (unchanged when H = I).
+    /// \pre rows.cols() == u.size() unless `is_identity()` (not checked).
+    /// \throws std::bad_alloc if the n-vector of projections cannot be allocated.
     template <class Derived>
     void apply_rows(Eigen::MatrixBase<Derived>& rows) const {
         if (is_identity()) return;
@@ -64,7 +79,11 @@ struct householder_reflector {
         rows.noalias() -= s * u.transpose();
     }
 
-    /// H S H for symmetric S without forming H: S − γ(u wᵀ + w uᵀ) + γ²(uᵀw) u uᵀ, w = S u.
+    /// \brief H S H for symmetric S without forming H: S − γ(u wᵀ + w uᵀ) + γ²(uᵀw) u uᵀ, w = S u.
+    /// \param[in] S a symmetric d × d matrix.
+    /// \pre S is d × d with d == u.size() unless `is_identity()` (not checked).
+    /// \returns H S H (d × d, symmetric to rounding; a copy of S when H = I).
+    /// \throws std::bad_alloc if the result cannot be allocated.
     template <class = void>
     [[nodiscard]] Eigen::MatrixXd apply_sym(Eigen::MatrixXd const& S) const {
         if (is_identity()) return S;
@@ -75,7 +94,11 @@ struct householder_reflector {
         return out;
     }
 
-    /// diag(H S H) in O(d²) (one S·u product).
+    /// \brief diag(H S H) in O(d²) (one S·u product).
+    /// \param[in] S a symmetric d × d matrix.
+    /// \pre S is d × d with d == u.size() unless `is_identity()` (not checked).
+    /// \returns the diagonal of H S H (d).
+    /// \throws std::bad_alloc if the result cannot be allocated.
     template <class = void>
     [[nodiscard]] Eigen::VectorXd apply_sym_diag(Eigen::MatrixXd const& S) const {
         if (is_identity()) return S.diagonal();
@@ -84,7 +107,11 @@ struct householder_reflector {
         return S.diagonal().array() - 2.0 * gamma * u.array() * w.array() + gamma * gamma * uw * u.array().square();
     }
 
-    /// The dense matrix (tests and small-d inspection only).
+    /// \brief The dense matrix (tests and small-d inspection only).
+    /// \param[in] d the dimension.
+    /// \pre d ≥ 0, and d == u.size() unless `is_identity()` (not checked).
+    /// \returns H = I − γ u uᵀ (d × d).
+    /// \throws std::bad_alloc if the matrix cannot be allocated.
     template <class = void>
     [[nodiscard]] Eigen::MatrixXd dense(index_t d) const {
         Eigen::MatrixXd H = Eigen::MatrixXd::Identity(d, d);
@@ -102,47 +129,59 @@ enum class semantic_model {
 
 /// \brief Options of `householder`.
 struct householder_options {
-    semantic_model model = semantic_model::diag;
+    semantic_model model = semantic_model::diag;  ///< semantic model of coordinates 2..d per bucket
 };
 
 /// \brief The rotated-basis Gaussian model of one query bucket, the input of
 /// the closed form of method §5. Coordinate 0 is the positional coordinate.
 struct bucket_semantics {
-    std::int64_t bucket = 0;
-    std::int64_t n_queries = 0;
+    std::int64_t bucket = 0;     ///< bucket id
+    std::int64_t n_queries = 0;  ///< query rows in the bucket
     double tau = detail::nan;  ///< τ_b: exact mean query position in the bucket (method §9.2)
     Eigen::VectorXd mean;      ///< (d) [α_pos + β_pos τ_b, μ_b] (global_linear: α_rot + β_rot τ_b)
-    Eigen::VectorXd var;       ///< (d) [σ²_pos, σ²_b] (global_linear: global residual variances)
-    Eigen::MatrixXd cov;       ///< ((d−1)×(d−1)) Σ_b for `full`, empty otherwise
+    Eigen::VectorXd var;       ///< (d) [σ²_pos, σ²_b] (global_linear: global residual variances); all NaN when
+                               ///< `used` is false, and under global_linear when the head has < 2 queries
+    Eigen::MatrixXd cov;       ///< ((d−1)×(d−1)) Σ_b for `full` (when `used`), empty otherwise
     bool used = false;         ///< false: < 2 queries under diag/full (method §9.8), NaN var
 };
 
 /// \brief Result of the Householder decomposition (method §4); scalar fields are
 /// output columns of head_metrics.csv, vectors those of head_component_weights.csv.
 struct householder_result {
-    Eigen::VectorXd beta;   ///< OLS slopes Cov(Q,t)/Var(t) (original basis)
+    Eigen::VectorXd beta;   ///< OLS slopes Cov(Q,t)/Var(t) (original basis); zero when degenerate_t
     Eigen::VectorXd alpha;  ///< intercepts mean(Q) − β mean(t)
-    Eigen::VectorXd component_r2;      ///< per-coordinate R² (0 for a constant coordinate)
-    Eigen::VectorXd component_weight;  ///< positive-clipped R², normalised to sum 1
-    double q_R2_pos = detail::nan;     ///< mean of the per-coordinate R²
+    Eigen::VectorXd component_r2;      ///< per-coordinate R² (0 for a constant coordinate); all NaN when degenerate_t
+    Eigen::VectorXd component_weight;  ///< positive-clipped R², normalised to sum 1; uniform 1/d when no R² > 0
+    double q_R2_pos = detail::nan;     ///< mean of the per-coordinate R²; NaN when degenerate_t
     double q_beta_norm = detail::nan;  ///< ‖β‖ (= beta_pos)
-    double beta_pos = detail::nan;     ///< ‖β‖ (method §9.7)
-    double alpha_pos = detail::nan;    ///< β̂·α
-    double sigma2_pos = detail::nan;   ///< residual variance of coordinate 1, n−1 (method §9.1)
+    double beta_pos = detail::nan;     ///< ‖β‖ (method §9.7); 0 when degenerate_t
+    double alpha_pos = detail::nan;    ///< β̂·α (β̂ = e1 when β = 0)
+    double sigma2_pos = detail::nan;   ///< residual variance of coordinate 1, n−1 (method §9.1); NaN when < 2 queries
     householder_reflector H;           ///< maps β̂ to e1
     Eigen::VectorXd alpha_rot;         ///< Hα
     Eigen::VectorXd beta_rot;          ///< Hβ = ‖β‖ e1
     std::vector<bucket_semantics> buckets;  ///< ascending bucket id
-    std::int64_t n_queries = 0;
+    std::int64_t n_queries = 0;             ///< query rows over all buckets
     std::int64_t max_position = -1;         ///< largest query position (method §9.12 default context length)
     std::int64_t n_buckets_skipped = 0;     ///< buckets with < 2 queries under diag/full
-    semantic_model model = semantic_model::diag;
-    bool degenerate_t = false;  ///< Var(t) = 0: β = 0, H = I, R² NaN (method §9.8)
+    semantic_model model = semantic_model::diag;  ///< the model the buckets were fitted with
+    bool degenerate_t = false;  ///< Var(t) = 0 or < 2 queries: β = 0, H = I, R² NaN (method §9.8)
 };
 
 /// \brief Householder positional–semantic decomposition from a head's moments
 /// (queries only; method §4).
+///
+/// Closed form over the moments: β and α by OLS of every coordinate on the
+/// position, H from β̂, then one `bucket_semantics` per bucket under
+/// `opt.model`. No decomposition is involved, so there is no status: the
+/// degenerate cases are flagged (`degenerate_t`, `bucket_semantics::used`).
+/// \param[in] queries the query statistics per bucket.
+/// \param[in] opt     the semantic model.
+/// \returns the decomposition; see `householder_result` for the NaN cases.
+/// \pre queries holds at least one row.
 /// \throws std::invalid_argument when there are no query rows.
+/// \throws std::bad_alloc if a vector or matrix cannot be allocated.
+/// \sa householder_diagnostics
 template <class = void>
 householder_result householder(bucketed_moments const& queries, householder_options const& opt = {}) {
     constexpr std::string_view fn = "qkgeom::householder";
@@ -226,12 +265,29 @@ householder_result householder(bucketed_moments const& queries, householder_opti
 }
 
 /// \brief Householder decomposition from a head's moments (uses the queries).
+/// \param[in] hm  the head's moments; only `hm.q` is used.
+/// \param[in] opt the semantic model.
+/// \returns `householder(hm.q, opt)`.
+/// \throws std::invalid_argument when there are no query rows.
+/// \throws std::bad_alloc if a vector or matrix cannot be allocated.
 template <class = void>
 householder_result householder(head_moments const& hm, householder_options const& opt = {}) {
     return householder(hm.q, opt);
 }
 
 /// \brief Householder decomposition from query rows of any adapted tensor type.
+/// \tparam X any RowMatrix.
+/// \tparam P any IndexVector.
+/// \tparam B any IndexVector.
+/// \param[in] queries   n × d query rows, n ≥ 1, d ≥ 1, all finite.
+/// \param[in] positions n non-negative token positions.
+/// \param[in] buckets   n non-negative bucket ids.
+/// \param[in] opt       the semantic model.
+/// \returns as the `bucketed_moments` overload.
+/// \throws std::invalid_argument when d = 0, on zero rows, a positions or
+///         buckets length other than n, negative positions or bucket ids, or
+///         NaN/Inf values (as bucketed_moments::add).
+/// \throws std::bad_alloc if the moments or results cannot be allocated.
 template <RowMatrix X, IndexVector P, IndexVector B>
 householder_result householder(X const& queries, P const& positions, B const& buckets,
                                householder_options const& opt = {}) {
@@ -253,7 +309,9 @@ struct normality_diagnostics {
     double sem_median_abs_kurtosis = detail::nan;  ///< median |excess kurtosis|
     double sem_median_ks_p = detail::nan;          ///< median KS p-value
     double sem_frac_ks_reject = detail::nan;       ///< fraction of KS p < ks_alpha
-    index_t sem_coordinates = 0;                   ///< min(64, d − 1) coordinates used
+                                                   ///< (the sem_ fields are NaN when no semantic coordinate has
+                                                   ///< a non-zero variance, d = 1, or fewer than 3 rows)
+    index_t sem_coordinates = 0;                   ///< min(64, d − 1) coordinates considered (also when n < 3)
 };
 
 namespace detail {
@@ -374,7 +432,20 @@ normality_diagnostics diagnostics_of(householder_result const& model, X const& q
 /// (β̂·q − α_pos − β_pos t)/σ_pos and the first min(64, d − 1) semantic
 /// coordinates of Hq, each standardised by its global mean and (n−1) sd.
 /// Fewer than 3 rows, or a zero variance, gives NaN for that coordinate.
-/// \param ks_alpha level for `sem_frac_ks_reject` (default 0.05)
+/// \tparam X any RowMatrix.
+/// \tparam P any IndexVector.
+/// \param[in] model     the result of `householder` on (a superset of) these queries.
+/// \param[in] queries   n × d query rows, n ≥ 1, d = model.beta.size(), all finite.
+/// \param[in] positions n non-negative token positions.
+/// \param[in] ks_alpha  level for `sem_frac_ks_reject` (default 0.05), in (0, 1).
+/// \returns the diagnostics; all NaN when n < 3, the pos_ fields NaN when
+///          σ²_pos is 0 or NaN.
+/// \pre `model` comes from `householder` (a default-constructed one has d = 0).
+/// \throws std::invalid_argument on zero rows, a column count other than d,
+///         a positions length other than n, negative positions, NaN/Inf
+///         values, or ks_alpha outside (0, 1).
+/// \throws std::bad_alloc if the n × (1 + min(64, d − 1)) work matrix
+///         cannot be allocated.
 template <RowMatrix X, IndexVector P>
 normality_diagnostics householder_diagnostics(householder_result const& model, X const& queries,
                                               P const& positions, double ks_alpha = 0.05) {
