@@ -80,17 +80,18 @@ struct kind_params {
 /// \brief One query head: its query parameters. Its drift and mixing are those
 /// of its kv head (method §0 GQA mapping).
 struct q_head_params {
-    kind_params query;
+    kind_params query;  ///< the query parameters
 };
 
 /// \brief One kv head: its key parameters and the drift direction δ shared by
 /// the keys and by every query head of its GQA group.
 struct kv_head_params {
-    kind_params key;
+    kind_params key;        ///< the key parameters
     Eigen::VectorXd drift;  ///< plain-block direction (normalised here); empty = first plain axis
 };
 
 /// \brief The default query head: intercept 2, slope 1e-3, bucket_mean_scale 0.5.
+/// \returns those parameters, the other fields at their defaults.
 inline q_head_params default_q_head() {
     q_head_params h;
     h.query.intercept = 2.0;
@@ -101,6 +102,7 @@ inline q_head_params default_q_head() {
 
 /// \brief The default kv head: intercept −1, slope 2e-3, bucket_mean_scale 0.5,
 /// drift = first plain axis.
+/// \returns those parameters, the other fields at their defaults.
 inline kv_head_params default_kv_head() {
     kv_head_params h;
     h.key.intercept = -1.0;
@@ -158,13 +160,15 @@ struct head_truth {
     /// population); NaN and `a_defined = false` when S = 0. Population pooled
     /// drift direction: the Q/K offset term f(μ_K − μ_Q)(t̄_K − t̄_Q) of the
     /// pooled covariance vanishes in expectation (Q and K share one keep law).
+    /// alpha_q, alpha_k, mu_q_a, mu_k_a, bias_strength, r_q_a and r_k_a below
+    /// are NaN when a is undefined.
     Eigen::VectorXd a;
-    bool a_defined = false;
+    bool a_defined = false;  ///< S ≠ 0: a and the a-metrics are defined
     /// b = P(μ_q − μ_k)/‖P(μ_q − μ_k)‖, P = I − a aᵀ (method §3 `centroid`),
     /// from the conditional means; NaN and `b_defined = false` when degenerate
     /// (method §9.5) or when a is undefined.
     Eigen::VectorXd b;
-    bool b_defined = false;
+    bool b_defined = false;  ///< b is defined (implies a_defined)
     double alpha_q = std::numeric_limits<double>::quiet_NaN();  ///< slope_q·(a·Md): slope of q·a on t
     double alpha_k = std::numeric_limits<double>::quiet_NaN();  ///< slope_k·(a·Md): slope of k·a on t
     double mu_q_a = std::numeric_limits<double>::quiet_NaN();   ///< a·mu_q (cond.)
@@ -172,6 +176,7 @@ struct head_truth {
     double bias_strength = std::numeric_limits<double>::quiet_NaN();  ///< mu_q_a·alpha_k
     /// a·cov_qt / sqrt(aᵀ cov_q a · var_t_q) = alpha_q·sd_t / sqrt(alpha_q² Var t + mean s_q(b_i)²):
     /// Pearson r of q·a with t as a ratio of conditional expected moments.
+    /// NaN also when n_q < 2 (var_t_q NaN).
     double r_q_a = std::numeric_limits<double>::quiet_NaN();
     double r_k_a = std::numeric_limits<double>::quiet_NaN();  ///< likewise for the keys
 
@@ -224,6 +229,12 @@ struct head_capture : qkgeom::head_capture<Eigen::MatrixXd> {
 // ---------------------------------------------------------------------------
 
 /// \brief θ_i = theta^(−2i/rotary_dims), i = 0..rotary_dims/2 − 1.
+/// \param[in] rotary_dims the rotated coordinates, even and ≥ 0.
+/// \param[in] theta       the RoPE base, finite and > 0.
+/// \returns the rotary_dims/2 frequencies (empty for 0).
+/// \throws std::invalid_argument when rotary_dims is odd or negative, or
+///         theta is not finite and > 0.
+/// \throws std::bad_alloc if the result cannot be allocated.
 template <class = void>  // instantiated on use
 Eigen::VectorXd rope_frequencies(index_t rotary_dims, double theta) {
     constexpr std::string_view fn = "qkgeom::synthetic::rope_frequencies";
@@ -259,6 +270,13 @@ inline void rope_apply(double* v, index_t half, double const* freq, double posit
 /// place: each pair (x1, x2) becomes (x1 cos φ − x2 sin φ, x1 sin φ + x2 cos φ),
 /// φ = position·θ_i. R(t) is orthogonal and R(t_q)ᵀR(t_k) = R(t_k − t_q), so
 /// R(t_q)r_q · R(t_k)r_k depends on the positions only through t_k − t_q.
+/// \param[in,out] v      the rotary block (length rotary_dims, even), rotated in place.
+/// \param[in]     position the token position t (any finite value).
+/// \param[in]     theta    the RoPE base, finite and > 0.
+/// \param[in]     pairing  which coordinates are rotated together.
+/// \throws std::invalid_argument when v.size() is odd or theta is not finite
+///         and > 0 (as rope_frequencies).
+/// \throws std::bad_alloc if the frequencies cannot be allocated.
 template <class = void>  // instantiated on use
 void rope_rotate(Eigen::Ref<Eigen::VectorXd> v, double position, double theta,
                         rope_pairing pairing = rope_pairing::rotate_half) {
@@ -275,11 +293,18 @@ void rope_rotate(Eigen::Ref<Eigen::VectorXd> v, double position, double theta,
 /// with every standard library.
 class normal_stream {
 public:
+    /// \brief A stream seeded with `seed` (std::mt19937_64's seeding).
+    /// \param[in] seed the seed.
     explicit normal_stream(std::uint64_t seed) : gen_(seed) {}
 
-    /// 53-bit uniform in [0, 1).
+    /// \brief 53-bit uniform in [0, 1): the top 53 bits of one mt19937_64 draw.
+    /// Consumes one draw (does not touch a pending Box–Muller spare).
+    /// \returns a multiple of 2^−53 in [0, 1).
     double uniform() { return qkgeom::detail::unit_interval(static_cast<std::uint64_t>(gen_())); }
 
+    /// \brief The next standard normal variate.
+    /// \returns a finite N(0, 1) draw (|x| < 8.6): the spare of the last pair
+    ///          when there is one, otherwise the first of a new pair (two draws).
     double operator()() {
         if (has_spare_) {
             has_spare_ = false;
@@ -302,6 +327,10 @@ private:
 
 /// \brief A Haar-random d × d orthogonal matrix: QR of a Gaussian matrix
 /// (filled column by column from `rng`), Q's columns signed by diag(R).
+/// \param[in]     d   the dimension, ≥ 0.
+/// \param[in,out] rng the normal stream; d² variates are consumed.
+/// \returns the d × d orthogonal matrix.
+/// \throws std::bad_alloc if the matrices cannot be allocated.
 template <class = void>  // instantiated on use
 Eigen::MatrixXd haar_orthogonal(index_t d, normal_stream& rng) {
     Eigen::MatrixXd g(d, d);
@@ -808,6 +837,10 @@ std::vector<head_capture> generate(std::string_view fn, layer_spec const& L, cap
 /// \brief The GQA kv head of a query head (method §0): ⌊h_q / (n_q / n_kv)⌋.
 /// The same function as qkgeom::key_head_of (capture.hpp), kept under this
 /// name for the synthetic generator's users.
+/// \param[in] q_head     the query head h_q, in [0, n_q_heads).
+/// \param[in] n_q_heads  query heads n_q, ≥ 1.
+/// \param[in] n_kv_heads key/value heads n_kv, ≥ 1, dividing n_q.
+/// \returns the kv head, in [0, n_kv_heads).
 /// \throws std::invalid_argument when n_q, n_kv < 1, n_q % n_kv ≠ 0 or h_q ∉ [0, n_q).
 inline std::int64_t kv_head_of(std::int64_t q_head, std::int64_t n_q_heads, std::int64_t n_kv_heads) {
     return qkgeom::key_head_of(q_head, n_q_heads, n_kv_heads);
@@ -815,7 +848,23 @@ inline std::int64_t kv_head_of(std::int64_t q_head, std::int64_t n_q_heads, std:
 
 /// \brief Generates every query head of a layer, each paired with its GQA kv
 /// head: element h is query head h. Deterministic in (layer, capture).
-/// \throws std::invalid_argument naming the offending field (see docs/synthetic.md).
+///
+/// A kind may end up with no rows (or one) when the keep rate is small
+/// against n_examples × context_length; the conditional (cond.) truth
+/// fields of that kind are then NaN.
+/// \param[in] layer   geometry, GQA layout and per-head parameters.
+/// \param[in] capture examples, context length, bucket scheme and seed.
+/// \returns n_q_heads heads with their ground truth.
+/// \pre the fields satisfy the constraints of layer_spec, capture_spec and
+///      kind_params (all checked).
+/// \throws std::invalid_argument naming the offending field (see docs/synthetic.md):
+///         d < 2, rotary_dims odd or negative, d − rotary_dims < 2, rope_theta
+///         not finite and > 0, an unknown pairing, n_q_heads or n_kv_heads
+///         < 1 or not a multiple, layer < 0, q_heads / kv_heads of the wrong
+///         size, n_examples or context_length < 1, an invalid bucket spec,
+///         or a kind_params / drift field out of range.
+/// \throws std::bad_alloc if the rows cannot be allocated (n × d doubles per
+///         kind and head).
 template <class = void>  // instantiated on use
 std::vector<head_capture> generate_layer(layer_spec const& layer, capture_spec const& capture) {
     return detail::generate("qkgeom::synthetic::generate_layer", layer, capture, std::nullopt);
@@ -826,6 +875,14 @@ std::vector<head_capture> generate_layer(layer_spec const& layer, capture_spec c
 /// With all defaults: query head 0 of the default layer (d = 64, 32 rotary
 /// dims, 4 query / 2 kv heads) over 64 examples of 4096 tokens, uniform
 /// buckets of 128 at rate 1.
+/// \param[in] layer   geometry, GQA layout and per-head parameters.
+/// \param[in] capture examples, context length, bucket scheme and seed.
+/// \param[in] q_head  the query head, in [0, layer.n_q_heads).
+/// \returns the head pair with its ground truth.
+/// \throws std::invalid_argument as generate_layer, or when q_head is
+///         outside [0, n_q_heads).
+/// \throws std::bad_alloc if the rows cannot be allocated.
+/// \sa generate_layer
 template <class = void>  // instantiated on use
 head_capture generate_head(layer_spec const& layer = {}, capture_spec const& capture = {},
                                   std::int64_t q_head = 0) {
