@@ -47,6 +47,8 @@ struct head_sampling {
 
 /// \brief Name of an eligibility rule as the manifest writes it
 /// (`full_attention_only`, `all_layers`).
+/// \param[in] e the rule.
+/// \returns a static string; "full_attention_only" for any value but `all_layers`.
 constexpr const char* layer_eligibility_name(layer_eligibility e) noexcept {
     return e == layer_eligibility::all_layers ? "all_layers" : "full_attention_only";
 }
@@ -81,6 +83,8 @@ enum class storage_format : std::uint8_t {
 };
 
 /// \brief Name of a storage form (`npy`, `safetensors`, `npz`).
+/// \param[in] f the form.
+/// \returns a static string; "unknown" for a value outside the enumeration.
 constexpr const char* storage_format_name(storage_format f) noexcept {
     switch (f) {
         case storage_format::npy: return "npy";
@@ -95,8 +99,8 @@ constexpr const char* storage_format_name(storage_format f) noexcept {
 /// `token_rows`, the per-kind part of a `head_capture`) and what the file
 /// says about them.
 struct head_entry : token_rows<row_matrix> {
-    std::int64_t layer = 0, head = 0;
-    kind k = kind::query;
+    std::int64_t layer = 0, head = 0;  ///< the layer and the head (a q head for queries, a kv head for keys)
+    kind k = kind::query;              ///< query or key rows
     std::string dtype;                           ///< storage dtype of vectors: "f32", "f16", "bf16", "f64"
     std::optional<std::int64_t> sliding_window;  ///< none = full attention
 };
@@ -104,13 +108,20 @@ struct head_entry : token_rows<row_matrix> {
 /// \brief Names an entry file of a dataset directory (not a head pair: that
 /// is qkgeom::head_id).
 struct entry_id {
-    std::int64_t layer = 0, head = 0;
-    kind k = kind::query;
-    storage_format format = storage_format::npy;
+    std::int64_t layer = 0, head = 0;             ///< from the name lLLhHH
+    kind k = kind::query;                         ///< from the name's last letter (q or k)
+    storage_format format = storage_format::npy;  ///< the form the entry was found in
     friend bool operator==(entry_id const&, entry_id const&) = default;
 };
 
 /// \brief "lLLhHHq" / "lLLhHHk" (two-digit zero-padded layer and head).
+/// \param[in] layer the layer, ≥ 0 (more digits when ≥ 100).
+/// \param[in] head  the head, ≥ 0 (more digits when ≥ 100).
+/// \param[in] k     query (suffix q) or key (suffix k).
+/// \pre layer ≥ 0 and head ≥ 0 (not checked: a negative value is written
+///      with its sign and names no entry read_head or list_heads accepts).
+/// \returns the entry name, without directory or extension.
+/// \throws std::bad_alloc if the string cannot be allocated.
 [[nodiscard]] inline std::string head_entry_name(std::int64_t layer, std::int64_t head, kind k) {
     auto pad2 = [](std::int64_t v) {
         std::string s = std::to_string(v);
@@ -159,7 +170,27 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
 
 }  // namespace detail
 
-/// \brief Parses manifest.json text. \throws qkgeom::input_error (source, field, value).
+/// \brief Parses manifest.json text.
+///
+/// The fields "format", "version" and any unknown field are ignored;
+/// "gqa_group_size", when present, must agree with the head counts. Missing
+/// optional parts (buckets.rate → 1, capture.seed → 0, capture head sampling,
+/// rope, sliding_window) read as their defaults / "not recorded".
+/// \param[in] text the JSON text.
+/// \param[in] src  the source named in error messages (usually the path).
+/// \returns the manifest.
+/// \throws qkgeom::input_error (source, field, value) for invalid JSON (as
+///         json::parse), a missing required field, a field of the wrong type,
+///         n_layers < 1 or > 100000, a head count < 1 or not a GQA multiple,
+///         a per-layer array of the wrong length, head_dim < 1 or > 2^40,
+///         context_length < 1, an unknown bucket scheme, width < 1, rate not
+///         finite and > 0, a negative capture.seed / head_seed / head_count,
+///         head_seed or eligibility without head_count, an invalid rope
+///         block (pairing, rotary_dim odd or outside [0, head_dim], theta or
+///         scaling_factor not finite and > 0, scaling_factor ≠ 1 with scaling
+///         "none"), a sliding window < 1, or an inconsistent gqa_group_size.
+/// \throws std::bad_alloc if the text or manifest cannot be held in memory.
+/// \sa dump_manifest, read_manifest
 [[nodiscard]] inline manifest parse_manifest(std::string_view text, std::string const& src = "manifest.json") {
     using qkgeom::detail::fail_input;
     json::value const root = json::parse(text, src);
@@ -294,7 +325,12 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
     return m;
 }
 
-/// \brief Reads DIR/manifest.json. \throws qkgeom::input_error.
+/// \brief Reads DIR/manifest.json.
+/// \param[in] dir the dataset directory.
+/// \returns the parsed manifest.
+/// \throws qkgeom::input_error (source = the file's path) when the file cannot
+///         be opened or read, or as parse_manifest.
+/// \throws std::bad_alloc if the file does not fit in memory.
 [[nodiscard]] inline manifest read_manifest(std::filesystem::path const& dir) {
     auto const p = dir / "manifest.json";
     auto const bytes = detail::read_file_bytes(p);
@@ -302,6 +338,15 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
 }
 
 /// \brief The manifest as JSON text (pretty-printed).
+///
+/// Not validated (write_manifest validates by re-parsing); adds the derived
+/// "format", "version" and "gqa_group_size" fields. Seeds ≥ 2^63 are written
+/// as negative integers (write_manifest rejects them).
+/// \param[in] m the manifest.
+/// \returns the JSON text, ending in a newline.
+/// \throws std::invalid_argument when buckets.rate, rope.theta or
+///         rope.scaling_factor is not finite (as json::dump).
+/// \throws std::bad_alloc if the text cannot be allocated.
 [[nodiscard]] inline std::string dump_manifest(manifest const& m) {
     auto ints = [](std::vector<std::int64_t> const& v) {
         json::array a;
@@ -347,7 +392,16 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
 }
 
 /// \brief Writes DIR/manifest.json (creating DIR). Validates by re-parsing.
-/// \throws std::invalid_argument / qkgeom::input_error for an invalid manifest.
+/// \param[in] dir the dataset directory (created with its parents if needed).
+/// \param[in] m   the manifest.
+/// \throws std::invalid_argument when m.seed or heads->seed is ≥ 2^63, a rope
+///         or bucket-rate value is not finite, or the file cannot be opened
+///         or written (naming the path).
+/// \throws qkgeom::input_error (source "qkgeom::io::write_manifest") for any
+///         other invalid field, as parse_manifest reports it; nothing is
+///         written then.
+/// \throws std::filesystem::filesystem_error when DIR cannot be created.
+/// \throws std::bad_alloc if the text cannot be allocated.
 inline void write_manifest(std::filesystem::path const& dir, manifest const& m) {
     if (m.seed > static_cast<std::uint64_t>(INT64_MAX)) qkgeom::detail::fail_arg("qkgeom::io::write_manifest", "seed must be < 2^63", m.seed);
     if (m.heads && m.heads->seed > static_cast<std::uint64_t>(INT64_MAX))
@@ -364,7 +418,13 @@ inline void write_manifest(std::filesystem::path const& dir, manifest const& m) 
 /// \brief The model layout a manifest describes (head_dim, per-layer head
 /// counts, per-layer sliding window; full attention where none is recorded),
 /// for eligible_heads / sample_heads / capture_store.
-/// \throws std::invalid_argument for an inconsistent manifest (check_layout).
+/// \param[in] m the manifest.
+/// \returns the layout, one layer_layout per layer.
+/// \throws std::invalid_argument for an inconsistent manifest: n_layers < 1,
+///         n_q_heads / n_kv_heads / a recorded sliding_window whose length
+///         differs from n_layers, or as check_layout (head_dim < 1, head
+///         counts, GQA divisibility, windows < 1).
+/// \throws std::bad_alloc if the layout cannot be allocated.
 [[nodiscard]] inline model_layout layout_of(manifest const& m) {
     constexpr std::string_view fn = "qkgeom::io::layout_of";
     if (m.n_layers < 1) qkgeom::detail::fail_arg(fn, "n_layers must be >= 1", m.n_layers);
@@ -385,7 +445,12 @@ inline void write_manifest(std::filesystem::path const& dir, manifest const& m) 
 /// \brief The head pairs a manifest's head sampling selects:
 /// sample_heads(layout_of(m), count, seed, eligibility), or every eligible
 /// head when count is none.
-/// \throws std::invalid_argument when the manifest records no head sampling.
+/// \param[in] m the manifest.
+/// \returns the head pairs, ascending by (layer, q_head).
+/// \throws std::invalid_argument when the manifest records no head sampling,
+///         for an inconsistent manifest (as layout_of), or a negative count.
+/// \throws std::bad_alloc if the list cannot be allocated.
+/// \sa planned_heads
 [[nodiscard]] inline std::vector<head_id> sampled_heads(manifest const& m) {
     if (!m.heads)
         qkgeom::detail::fail_arg("qkgeom::io::sampled_heads", "the manifest records no head sampling (capture.head_count)",
@@ -434,6 +499,12 @@ void compat_field(std::string_view field, T const& a, T const& b) {
 /// capture.head_count, capture.head_seed, capture.eligibility. A field
 /// recorded in one manifest and not in the other is a difference: the merged
 /// capture could not say what it is. docs/dataset.md gives the reason for each.
+/// \param[in] a one manifest.
+/// \param[in] b the other.
+/// \throws std::invalid_argument naming the first field that differs and both
+///         values ("model" included: only the model name is compared, not the
+///         format version).
+/// \throws std::bad_alloc if the message cannot be allocated.
 inline void check_compatible(manifest const& a, manifest const& b) {
     using detail::compat_field;
     compat_field("model", a.model, b.model);
@@ -560,7 +631,31 @@ void validate_head(head_entry const& e, manifest const& m, Src const& src) {
 /// Validates the entry (lengths, finiteness, buckets, sliding window) against
 /// the manifest first. `npz_method` is the compression of the npz form
 /// (deflate needs zlib: npz_deflate_available()).
-/// \throws qkgeom::input_error for an invalid entry, std::invalid_argument for a bad dtype / I/O failure.
+///
+/// Not atomic: a failure while writing may leave some files of the entry
+/// written. An existing entry of the same name in another storage form is
+/// not removed (read_head then rejects the entry as ambiguous).
+/// \param[in] dir          the dataset directory (created if needed).
+/// \param[in] m            the dataset's manifest.
+/// \param[in] e            the entry: layer, head, kind and rows.
+/// \param[in] format       the storage form.
+/// \param[in] vector_dtype "f32" (default), "f64", "f16" or "bf16".
+/// \param[in] npz_method   compression of the npz members (npz form only).
+/// \pre e.layer and e.head are in the manifest's range (not checked here;
+///      read_head checks them).
+/// \throws qkgeom::input_error for an invalid entry (naming the file, field
+///         and value): a column count other than head_dim, position / bucket
+///         / example_id lengths other than the row count, a non-finite value,
+///         a position < 0 or ≥ context_length, a bucket inconsistent with its
+///         position, a sliding window < 1 or one that differs from the
+///         manifest's for the layer.
+/// \throws std::invalid_argument for a bad vector_dtype, an invalid bucket
+///         spec in the manifest, an unknown format or npz compression
+///         unavailable in this build (as write_npz), or when a file cannot be
+///         opened or written (naming the path).
+/// \throws std::filesystem::filesystem_error when a directory cannot be created.
+/// \throws std::bad_alloc if the encoded arrays cannot be allocated.
+/// \sa read_head
 inline void write_head(std::filesystem::path const& dir, manifest const& m, head_entry const& e, storage_format format,
                        std::string_view vector_dtype = "f32", npz_compression npz_method = npz_compression::stored) {
     std::string const name = head_entry_name(e.layer, e.head, e.k);
@@ -627,6 +722,14 @@ inline void write_head(std::filesystem::path const& dir, manifest const& m, head
 }
 
 /// \brief As above, reading the manifest from DIR/manifest.json.
+/// \param[in] dir          the dataset directory; DIR/manifest.json must exist.
+/// \param[in] e            the entry: layer, head, kind and rows.
+/// \param[in] format       the storage form.
+/// \param[in] vector_dtype "f32" (default), "f64", "f16" or "bf16".
+/// \param[in] npz_method   compression of the npz members (npz form only).
+/// \throws qkgeom::input_error as read_manifest and as the overload above.
+/// \throws std::invalid_argument, std::filesystem::filesystem_error,
+///         std::bad_alloc as the overload above.
 inline void write_head(std::filesystem::path const& dir, head_entry const& e, storage_format format,
                        std::string_view vector_dtype = "f32", npz_compression npz_method = npz_compression::stored) {
     write_head(dir, read_manifest(dir), e, format, vector_dtype, npz_method);
@@ -660,7 +763,25 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 /// \brief Reads and validates one head entry, detecting the storage form
 /// (directory lLLhHHq/ of .npy files, lLLhHHq.safetensors or lLLhHHq.npz;
 /// exactly one of them must exist).
-/// \throws qkgeom::input_error naming the file, field and value.
+/// \param[in] dir   the dataset directory.
+/// \param[in] m     its manifest (`read_manifest(dir)`).
+/// \param[in] layer the layer, in [0, n_layers).
+/// \param[in] head  the head, in [0, n_q_heads[layer]) for queries or
+///                  [0, n_kv_heads[layer]) for keys.
+/// \param[in] k     query or key.
+/// \pre m is consistent (n_q_heads and n_kv_heads have n_layers entries), as
+///      parse_manifest guarantees; not checked here.
+/// \returns the entry, vectors widened to double and `dtype` the stored type.
+/// \throws qkgeom::input_error naming the file, field and value: layer or head
+///         out of range, no entry or an entry in more than one form, an
+///         unreadable or malformed file (npy / npz / safetensors), a missing
+///         array, vectors not a float rank-2 array, an integer array of the
+///         wrong rank or type, or an entry that fails the checks write_head
+///         makes (head_dim, lengths, finiteness, positions, buckets, sliding
+///         window).
+/// \throws std::invalid_argument if the manifest's bucket spec is invalid.
+/// \throws std::filesystem::filesystem_error if the entry's status cannot be queried.
+/// \throws std::bad_alloc if the arrays do not fit in memory.
 [[nodiscard]] inline head_entry read_head(std::filesystem::path const& dir, manifest const& m, std::int64_t layer,
                                           std::int64_t head, kind k) {
     using qkgeom::detail::fail_input;
@@ -739,6 +860,14 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 }
 
 /// \brief As above, reading DIR/manifest.json first.
+/// \param[in] dir   the dataset directory.
+/// \param[in] layer the layer.
+/// \param[in] head  the head (a q head for queries, a kv head for keys).
+/// \param[in] k     query or key.
+/// \returns the entry.
+/// \throws qkgeom::input_error as read_manifest and as the overload above.
+/// \throws std::invalid_argument, std::filesystem::filesystem_error,
+///         std::bad_alloc as the overload above.
 [[nodiscard]] inline head_entry read_head(std::filesystem::path const& dir, std::int64_t layer, std::int64_t head,
                                           kind k) {
     return read_head(dir, read_manifest(dir), layer, head, k);
@@ -747,12 +876,21 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 /// \brief The heads a capture holds: the manifest's head sample when it
 /// records one (method §0.1, capture.head_count), else every query head of
 /// every layer, each with the key head it reads (GQA, method §0).
+/// \param[in] m the manifest.
+/// \returns the head pairs, ascending by (layer, q_head).
+/// \throws std::invalid_argument for an inconsistent manifest (as layout_of)
+///         or a negative recorded head count (as sample_heads).
+/// \throws std::bad_alloc if the list cannot be allocated.
 [[nodiscard]] inline std::vector<head_id> planned_heads(manifest const& m) {
     return m.heads ? sampled_heads(m) : eligible_heads(layout_of(m), layer_eligibility::all_layers);
 }
 
 /// \brief The capture facts of a manifest for one layer: bucket scheme,
 /// context length, and the layer's sliding window (0 = full attention).
+/// \param[in] m     the manifest.
+/// \param[in] layer the layer; a layer outside the recorded sliding_window
+///                  (or none recorded) gives sliding_window 0.
+/// \returns the facts (not validated).
 [[nodiscard]] inline capture_facts facts_of(manifest const& m, std::int64_t layer) {
     capture_facts f;
     f.buckets = m.buckets;
@@ -773,7 +911,10 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 /// \throws qkgeom::input_error naming the file, field and value for a
 ///         missing or invalid entry, or when the two entries' sliding windows
 ///         differ; std::invalid_argument when k_head is not the key head of
-///         q_head under the manifest's GQA layout
+///         q_head under the manifest's GQA layout, or q_head is outside
+///         [0, n_q_heads) (as key_head_of, before any file is read)
+/// \throws std::filesystem::filesystem_error, std::bad_alloc as read_head
+/// \pre m is consistent, as parse_manifest guarantees
 [[nodiscard]] inline head_capture<row_matrix> read_capture(std::filesystem::path const& dir, manifest const& m,
                                                            head_id const& id) {
     if (id.layer >= 0 && id.layer < m.n_layers) {
@@ -802,6 +943,12 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 /// \brief The head entries present in DIR (names lLLhHH[qk] as directory,
 /// .safetensors or .npz file), sorted by layer, head, kind. Other names are
 /// ignored. An entry present in two forms is listed twice (read_head rejects it).
+/// \param[in] dir the dataset directory.
+/// \returns the entries found (canonical names only; not checked against a manifest).
+/// \throws qkgeom::input_error (source = dir) when the directory cannot be listed.
+/// \throws std::filesystem::filesystem_error if iteration or an entry's status
+///         fails after the listing has started.
+/// \throws std::bad_alloc if the list cannot be allocated.
 [[nodiscard]] inline std::vector<entry_id> list_heads(std::filesystem::path const& dir) {
     std::vector<entry_id> out;
     std::error_code ec;
