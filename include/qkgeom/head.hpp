@@ -74,14 +74,22 @@ public:
     using value_type = std::int64_t;
     static constexpr std::string_view name = Tag::name;
 
+    /// \brief No values.
     token_indices() = default;
     /// \brief Takes the values (no copy).
+    /// \param[in] v the values (moved from); not validated.
     explicit token_indices(std::vector<std::int64_t> v) noexcept : v_(std::move(v)) {}
     /// \brief From a list of values.
+    /// \param[in] v the values; not validated.
+    /// \throws std::bad_alloc if the values cannot be stored.
     token_indices(std::initializer_list<std::int64_t> v) : v_(v) {}
     /// \brief Copies any IndexVector (Eigen integer vectors, spans, ranges,
     /// LibTorch integer tensors ...), widened to int64.
+    /// \tparam V any IndexVector other than std::vector<int64> (taken by the
+    ///         moving constructor) and other than another token_indices.
+    /// \param[in] v the values; not validated (the analyses check them).
     /// \throws whatever `as_indices(v)` throws for an unreadable input.
+    /// \throws std::bad_alloc if the values cannot be stored.
     template <IndexVector V>
         requires(!std::same_as<std::remove_cvref_t<V>, std::vector<std::int64_t>> &&
                  !requires { std::remove_cvref_t<V>::name; })
@@ -91,15 +99,31 @@ public:
         for (index_t i = 0; i < r.size(); ++i) v_[static_cast<std::size_t>(i)] = r[i];
     }
 
+    /// \brief Number of values.
+    /// \returns the count n.
     [[nodiscard]] index_t size() const noexcept { return static_cast<index_t>(v_.size()); }
+    /// \brief Whether there are no values.
+    /// \returns size() == 0.
     [[nodiscard]] bool empty() const noexcept { return v_.empty(); }
+    /// \brief The contiguous values.
+    /// \returns a pointer to the first of size() values (may be null when empty).
     [[nodiscard]] std::int64_t const* data() const noexcept { return v_.data(); }
+    /// \brief Start of the values.
+    /// \returns a const iterator to the first value.
     [[nodiscard]] auto begin() const noexcept { return v_.begin(); }
+    /// \brief End of the values.
+    /// \returns a const iterator past the last value.
     [[nodiscard]] auto end() const noexcept { return v_.end(); }
+    /// \brief Value i.
+    /// \param[in] i the row.
+    /// \pre 0 ≤ i < size() (not checked).
+    /// \returns the value of row i.
     [[nodiscard]] std::int64_t operator[](index_t i) const noexcept { return v_[static_cast<std::size_t>(i)]; }
     /// \brief The values.
+    /// \returns the underlying vector.
     [[nodiscard]] std::vector<std::int64_t> const& values() const noexcept { return v_; }
     /// \brief The values, for appending while capturing.
+    /// \returns the underlying vector (modifiable).
     [[nodiscard]] std::vector<std::int64_t>& values() noexcept { return v_; }
     friend bool operator==(token_indices const&, token_indices const&) = default;
 
@@ -131,10 +155,10 @@ using row_matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::
 /// query and key rows. The input of `analyze_head` and `attention_plasticity`.
 template <class QMatrix = row_matrix, class KMatrix = QMatrix>
 struct head_capture {
-    head_id id;
-    capture_facts facts;
-    token_rows<QMatrix> queries;
-    token_rows<KMatrix> keys;
+    head_id id;                   ///< which head pair
+    capture_facts facts;          ///< bucket scheme, sliding window, context length
+    token_rows<QMatrix> queries;  ///< the query rows of q_head
+    token_rows<KMatrix> keys;     ///< the key rows of k_head
 };
 
 namespace detail {

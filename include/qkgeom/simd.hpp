@@ -51,6 +51,8 @@ namespace qkgeom::simd {
 enum class isa : int { generic = 0, avx2 = 1, avx512 = 2 };
 
 /// \brief "generic", "avx2" or "avx512".
+/// \param[in] level the level.
+/// \returns a static string; "generic" for a value outside the enumeration.
 [[nodiscard]] constexpr char const* isa_name(isa level) noexcept {
     switch (level) {
         case isa::avx2: return "avx2";
@@ -61,6 +63,8 @@ enum class isa : int { generic = 0, avx2 = 1, avx512 = 2 };
 
 /// \brief The widest level this CPU and OS support (GCC/Clang's CPU model,
 /// which checks the OS-enabled register state) that this build can target.
+/// \returns the level, computed on the first call; always `isa::generic`
+///          with QKGEOM_NO_SIMD_DISPATCH, off x86-64 or off GCC/Clang.
 [[nodiscard]] inline isa detected() noexcept {
 #if QKGEOM_SIMD_X86
     static isa const level = [] {
@@ -99,12 +103,16 @@ inline std::atomic<int>& limit_slot() noexcept {
 
 /// \brief Cap the level the kernels use (process-wide, thread-safe); a cap
 /// above `detected()` has no effect beyond it.
+/// \param[in] level the highest level the kernels may use; QKGEOM_ISA, when
+///                  lower, still applies.
+/// \sa clear_limit, scoped_limit, active
 inline void set_limit(isa level) noexcept { detail::limit_slot().store(static_cast<int>(level)); }
 
 /// \brief Remove a cap set by `set_limit` (QKGEOM_ISA still applies).
 inline void clear_limit() noexcept { detail::limit_slot().store(detail::no_limit); }
 
 /// \brief The level the dispatched kernels use now.
+/// \returns min(detected(), the QKGEOM_ISA cap, the `set_limit` cap).
 [[nodiscard]] inline isa active() noexcept {
     int level = static_cast<int>(detected());
     int const env = detail::env_limit();
@@ -115,11 +123,17 @@ inline void clear_limit() noexcept { detail::limit_slot().store(detail::no_limit
 }
 
 /// \brief RAII cap for a scope (restores the previous cap).
+///
+/// The cap is process-wide: scopes must nest (on one thread, or with the
+/// threads' scopes not overlapping), or the restores interleave.
 class scoped_limit {
 public:
+    /// \brief Sets the cap to `level`, remembering the previous one.
+    /// \param[in] level the highest level the kernels may use in the scope.
     explicit scoped_limit(isa level) noexcept : previous_(detail::limit_slot().exchange(static_cast<int>(level))) {}
     scoped_limit(scoped_limit const&) = delete;
     scoped_limit& operator=(scoped_limit const&) = delete;
+    /// \brief Restores the cap in force at construction.
     ~scoped_limit() { detail::limit_slot().store(previous_); }
 
 private:
