@@ -22,25 +22,29 @@ namespace qkgeom {
 
 /// \brief Options of every analysis of a head (each with the thesis' defaults).
 struct analysis_options {
-    pca_options pca{};
-    rotation_options rotation{};
-    householder_options householder{};
-    plasticity_options plasticity{};
+    pca_options pca{};                  ///< options of `pca`
+    rotation_options rotation{};        ///< options of `planar_rotation`
+    householder_options householder{};  ///< options of `householder`
+    plasticity_options plasticity{};    ///< options of `attention_plasticity`
     bool diagnostics = true;  ///< row-based normality diagnostics (needs query rows)
-    double ks_alpha = 0.05;   ///< level of sem_frac_ks_reject
+    double ks_alpha = 0.05;   ///< level of sem_frac_ks_reject, in (0, 1) (checked only when diagnostics run)
 };
 
 /// \brief Everything qkgeom computes for one head pair.
+///
+/// Numerical outcomes are carried, not thrown: `pca.status`,
+/// `rotation.status`, the degeneracy flags of each part, and NaN fields
+/// (documented on each result type).
 struct head_analysis {
-    head_id id;
-    std::int64_t n_q_tokens = 0;
-    std::int64_t n_k_tokens = 0;
+    head_id id;                   ///< the head (from the capture or the moments)
+    std::int64_t n_q_tokens = 0;  ///< query rows analysed
+    std::int64_t n_k_tokens = 0;  ///< key rows in the moments
     index_t d_model = 0;  ///< head dimension (the column name of method §7)
-    pca_result pca;
-    rotation_result rotation;
-    householder_result householder;
-    normality_diagnostics diagnostics;  ///< NaN when computed from moments
-    plasticity_result plasticity;
+    pca_result pca;                     ///< method §2; see pca_result::status
+    rotation_result rotation;           ///< method §3; see rotation_result::status
+    householder_result householder;     ///< method §4
+    normality_diagnostics diagnostics;  ///< NaN when computed from moments or with `diagnostics` off
+    plasticity_result plasticity;       ///< method §5–6; empirical values NaN when computed from moments
 };
 
 namespace detail {
@@ -68,6 +72,8 @@ head_analysis closed_forms(head_moments const& hm, analysis_options const& opt) 
 /// and shared by PCA, rotation and Householder; the rows serve the
 /// diagnostics, the key pairs and the empirical check.
 ///
+/// \tparam QM any RowMatrix (the query rows).
+/// \tparam KM any RowMatrix (the key rows).
 /// \param[in] head  the head: identity (copied to the result), capture facts
 ///                  (bucket scheme, sliding window, context length) and the
 ///                  query and key rows (any RowMatrix types). Keys need
@@ -83,6 +89,9 @@ head_analysis closed_forms(head_moments const& hm, analysis_options const& opt) 
 ///         the facts are inconsistent, or an option is out of range.
 ///         Numerical outcomes (degenerate axes, failed decompositions) are
 ///         flags, statuses and NaN in the result, never exceptions.
+/// \throws std::bad_alloc if the moments, the d × d work matrices or the
+///         plasticity work buffers cannot be allocated.
+/// \sa summarise_model
 template <RowMatrix QM, RowMatrix KM>
 head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options const& opt = {}) {
     constexpr std::string_view fn = "qkgeom::analyze_head";
@@ -114,13 +123,19 @@ head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options co
 /// closed form; no normality diagnostics and no empirical cross-check (those
 /// need query rows), so those fields stay NaN.
 ///
+/// \tparam KM any RowMatrix (the key rows).
 /// \param[in] hm     the head's moments (identity copied to the result)
 /// \param[in] keys   the key rows with positions, buckets and example ids
 /// \param[in] facts  the capture facts
 /// \param[in] opt    options (the diagnostics flag is ignored)
 /// \returns the head's metrics without diagnostics and empirical values
+/// \pre hm.d ≥ 1 and the moments hold query and key rows; `keys` are the
+///      rows of the same key head (not checked against hm.k)
 /// \throws std::invalid_argument as `analyze_head(head)` for the keys, and
-///         when the moments hold no query rows
+///         when hm.d < 1, the moments hold no query rows or no key rows, or
+///         pca.n_components < 1
+/// \throws std::bad_alloc if the d × d work matrices or the plasticity work
+///         buffers cannot be allocated
 template <RowMatrix KM>
 head_analysis analyze_head(head_moments const& hm, token_rows<KM> const& keys, capture_facts const& facts,
                            analysis_options const& opt = {}) {
@@ -151,6 +166,8 @@ inline constexpr std::array<std::string_view, 39> head_metric_names{
     "pc0_r_k",             "q_pos_var_frac",      "k_pos_var_frac"};
 
 /// \brief The numeric head metrics of one head, in `head_metric_names` order.
+/// \param[in] h the head's analysis.
+/// \returns the 39 values; NaN where the analysis left a field NaN.
 inline std::array<double, head_metric_names.size()> head_metric_values(head_analysis const& h) {
     auto const& d = h.diagnostics;
     auto const& p = h.plasticity;
@@ -199,14 +216,17 @@ inline std::array<double, head_metric_names.size()> head_metric_values(head_anal
 /// \brief Averages over a set of heads (method §6 "Model level"). Each mean is
 /// over the heads where the value is finite; `n_finite` says how many.
 struct head_set_summary {
-    std::int64_t n_heads = 0;
-    std::array<double, head_metric_names.size()> mean{};       ///< per metric, `head_metric_names` order
-    std::array<std::int64_t, head_metric_names.size()> n_finite{};
-    std::array<double, 5> ap_quintile{};   ///< mean quintile profile over heads (finite entries)
-    std::array<double, 10> ap_decile{};    ///< mean decile profile
-    std::map<head_class, std::int64_t> taxonomy_counts;
+    std::int64_t n_heads = 0;  ///< heads in the set
+    std::array<double, head_metric_names.size()> mean{};       ///< per metric, `head_metric_names` order; NaN when no
+                                                               ///< head has a finite value
+    std::array<std::int64_t, head_metric_names.size()> n_finite{};  ///< per metric, heads with a finite value
+    std::array<double, 5> ap_quintile{};   ///< mean quintile profile over heads (finite entries); NaN where none
+    std::array<double, 10> ap_decile{};    ///< mean decile profile; NaN where none
+    std::map<head_class, std::int64_t> taxonomy_counts;  ///< heads per PCA class (`undefined` included)
 
-    /// The mean of a metric by name (NaN when unknown or no finite value).
+    /// \brief The mean of a metric by name (NaN when unknown or no finite value).
+    /// \param[in] name a name of `head_metric_names`.
+    /// \returns the mean; NaN for an unknown name or when no head has a finite value.
     [[nodiscard]] double operator[](std::string_view name) const noexcept {
         for (std::size_t i = 0; i < head_metric_names.size(); ++i)
             if (head_metric_names[i] == name) return mean[i];
@@ -216,8 +236,8 @@ struct head_set_summary {
 
 /// \brief Model-level report: all heads, and per layer.
 struct model_summary {
-    head_set_summary all;
-    std::map<std::int64_t, head_set_summary> per_layer;
+    head_set_summary all;                                ///< every head
+    std::map<std::int64_t, head_set_summary> per_layer;  ///< by head_id::layer, ascending (−1 for heads without one)
 };
 
 namespace detail {
@@ -264,6 +284,10 @@ head_set_summary summarise(std::vector<head_analysis const*> const& heads) {
 /// \brief Aggregate the heads of one model: every head metric averaged over
 /// heads (finite values only), overall and per layer, plus the averaged
 /// quintile/decile profiles and the taxonomy counts.
+/// \param[in] heads the analyses of the model's heads (any order).
+/// \returns the summary; with no heads, `all.n_heads` is 0, every mean NaN
+///          and `per_layer` empty.
+/// \throws std::bad_alloc if the per-layer lists cannot be allocated.
 template <class = void>
 model_summary summarise_model(std::span<head_analysis const> heads) {
     model_summary m;
