@@ -15,8 +15,9 @@ namespace qkgeom {
 
 /// \brief bfloat16: 1 sign, 8 exponent, 7 mantissa bits (the top half of a binary32).
 struct bfloat16 {
-    std::uint16_t bits = 0;
+    std::uint16_t bits = 0;  ///< the raw bit pattern
 
+    /// \brief From a raw bit pattern (no conversion).
     /// \param[in] b the raw bit pattern.
     /// \returns the bfloat16 with bit pattern `b`.
     [[nodiscard]] static constexpr bfloat16 from_bits(std::uint16_t b) noexcept { return bfloat16{b}; }
@@ -43,14 +44,17 @@ struct bfloat16 {
     }
 
     /// \brief Bitwise equality (so NaN == NaN with equal bits, and +0 != −0).
+    /// \param[in] a one value.
+    /// \param[in] b the other.
     /// \returns `a.bits == b.bits`.
     friend constexpr bool operator==(bfloat16 a, bfloat16 b) noexcept { return a.bits == b.bits; }
 };
 
 /// \brief IEEE 754 binary16 ("half"): 1 sign, 5 exponent, 10 mantissa bits.
 struct float16 {
-    std::uint16_t bits = 0;
+    std::uint16_t bits = 0;  ///< the raw bit pattern
 
+    /// \brief From a raw bit pattern (no conversion).
     /// \param[in] b the raw bit pattern.
     /// \returns the float16 with bit pattern `b`.
     [[nodiscard]] static constexpr float16 from_bits(std::uint16_t b) noexcept { return float16{b}; }
@@ -113,6 +117,8 @@ struct float16 {
     }
 
     /// \brief Bitwise equality (so NaN == NaN with equal bits, and +0 != −0).
+    /// \param[in] a one value.
+    /// \param[in] b the other.
     /// \returns `a.bits == b.bits`.
     friend constexpr bool operator==(float16 a, float16 b) noexcept { return a.bits == b.bits; }
 };
