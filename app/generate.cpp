@@ -1,5 +1,6 @@
 // qkgeom program — the synthetic generator (qkgeom/synthetic.hpp, method §0),
 // instantiated in this translation unit only.
+#include "generate_parts.hpp"
 #include "program.hpp"
 
 #include <qkgeom/synthetic.hpp>

@@ -17,6 +17,7 @@
 //   main.cpp                  command line, usage, main
 //   study.cpp                 the embedded synthetic study: demo and synth
 //   generate.cpp              the synthetic generator (qkgeom/synthetic.hpp)
+//   generate_parts.cpp        its rows and ground truth, instantiated once
 //   analyze.cpp               qkgeom analyze: a capture directory
 //   reports.cpp               the model table, pictures and index.html
 //   analysis.cpp              analyze_head for the program's two row types
