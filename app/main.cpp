@@ -86,8 +86,11 @@ Options (defaults are the thesis'; method section in brackets, docs/method.md):
       --max-exact-pairs N    auto: exact up to N evaluations per head (4000000) [§6]
       --samples N            sampled: pairs per cell (2000) [§6]
       --seed N               sampled: seed (0) [§6]
-      --window W             sliding window in tokens, 0 = full attention (0) [§6]
-      --context L            context length for the quantiles, 0 = max position + 1 [§6]
+      --window W             sliding window in tokens for heads whose capture records
+                             none (the capture's own window wins) [§6]
+      --context L            context length for the quantiles and the heatmap grid,
+                             replacing the capture's; 0 = the capture's (the demo:
+                             4096) [§6, §9.12]
       --layers N             layers per demo/synth model (4)
       --family NAME          synth: steady | moderate | steep (steep)
       --format F             synth: npy | safetensors | npz | npz_deflate (npy) [docs/dataset.md]
@@ -229,7 +232,6 @@ cli parse(int argc, char** argv) {
     return c;
 }
 
-/// Progress on stderr: a bar with rate and ETA on a terminal, plain lines otherwise.
 void apply_overrides(cli const& c, qkgeom::capture_facts& facts) {
     if (c.context > 0) facts.context_length = c.context;
     if (c.window >= 0 && facts.sliding_window == 0) facts.sliding_window = c.window;

@@ -17,7 +17,7 @@
 // Results never depend on the level beyond what the method document allows: the
 // empirical check's counts are those of double-precision scores at every
 // level (the single-precision scores are certified per comparison, see
-// attention_plasticity.hpp), and the batched PP is within 1e-13 relative of
+// plasticity/empirical.hpp), and the batched PP is within 1e-13 relative of
 // the scalar std::erfc form at every level (tests/runtime/simd_test.cpp and
 // gaussian_vector_test.cpp run every level the machine has).
 //

@@ -6,7 +6,7 @@
 // queries against every key that takes part in a pair, then, per evaluated
 // pair (i, j), the number of queries with q·k_i > q·k_j. Both run here, in
 // single precision for the product (the comparisons are certified in
-// attention_plasticity.hpp) at the widest instruction set `simd::active()`
+// plasticity/empirical.hpp) at the widest instruction set `simd::active()`
 // allows:
 //
 //   packed_queries   the bucket's queries, f32, in panels of P rows stored
