@@ -221,7 +221,7 @@ struct head_truth {
 /// group hold identical key rows and key metadata. The facts carry the
 /// capture's bucket scheme and context length (no sliding window).
 struct head_capture : qkgeom::head_capture<Eigen::MatrixXd> {
-    head_truth truth;
+    head_truth truth;  ///< the ground truth of this head pair
 };
 
 // ---------------------------------------------------------------------------
