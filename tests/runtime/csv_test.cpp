@@ -154,11 +154,9 @@ std::vector<qkgeom::head_analysis> const& heads() {
             cap.buckets = {qkgeom::bucket_scheme::uniform, 64, 4.0};
             cap.seed = 3;
             qkgeom::analysis_options opt;
-            opt.plasticity.buckets = cap.buckets;
             opt.diagnostics = layer == 0;  // layer 1: diagnostics NaN, written as `nan`
-            for (auto const& c : syn::generate_layer(L, cap))
-                out.push_back(qkgeom::analyze_head(c.q, c.q_position, c.q_bucket, c.k, c.k_position, c.k_bucket,
-                                                   c.k_example, opt, {c.layer, c.q_head, c.k_head}));
+            // Each head's facts carry the capture's bucket scheme (and its context length).
+            for (auto const& c : syn::generate_layer(L, cap)) out.push_back(qkgeom::analyze_head(c, opt));
         }
         return out;
     }();

@@ -522,9 +522,9 @@ TEST_CASE("planted truth is recovered within sampling error", "[geometry][synthe
     auto const hc = qkgeom::synthetic::generate_head(L, cap, 1);
     auto const& tr = hc.truth;
     qkgeom::head_moments hm(32);
-    hm.add(qkgeom::kind::query, hc.q, hc.q_position, hc.q_bucket);
-    hm.add(qkgeom::kind::key, hc.k, hc.k_position, hc.k_bucket);
-    auto const n = static_cast<double>(hc.q.rows());
+    hm.add(qkgeom::kind::query, hc.queries);
+    hm.add(qkgeom::kind::key, hc.keys);
+    auto const n = static_cast<double>(hc.queries.vectors.rows());
     REQUIRE(n > 5000);
     auto const q = hm.q.pooled(), k = hm.k.pooled(), pool = hm.pooled();
 
@@ -599,8 +599,8 @@ TEST_CASE("the thesis' reversal: PCA favours Q, the drift axis favours K", "[geo
     cap.n_examples = 200;
     cap.buckets = {.scheme = qkgeom::bucket_scheme::uniform, .width = 256, .rate = 2.0};
     auto const hc = qkgeom::synthetic::generate_head(L, cap, 0);
-    auto const p = qkgeom::pca(hc.q, hc.q_position, hc.k, hc.k_position);
-    auto const r = qkgeom::planar_rotation(hc.q, hc.q_position, hc.k, hc.k_position);
+    auto const p = qkgeom::pca(hc.queries.vectors, hc.queries.position, hc.keys.vectors, hc.keys.position);
+    auto const r = qkgeom::planar_rotation(hc.queries.vectors, hc.queries.position, hc.keys.vectors, hc.keys.position);
     INFO("PC0 r_q " << p.pc0_r_q << " r_k " << p.pc0_r_k << "; axis a r_q_a " << r.r_q_a << " r_k_a " << r.r_k_a);
     CHECK(std::abs(p.pc0_r_q) > std::abs(p.pc0_r_k) + 0.2);
     CHECK(std::abs(r.r_k_a) > std::abs(r.r_q_a) + 0.05);

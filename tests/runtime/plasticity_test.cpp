@@ -4,7 +4,10 @@
 // enumeration against an independent brute-force triple loop, the Gram
 // (dense) path against the direct path, sampled enumeration and its
 // intervals, sliding windows, aggregates recomputed by hand, identical keys,
-// the heatmap, bad input, and analyze_head / summarise_model end to end.
+// the heatmap and its model-wide default grid, bad input (mislabelled
+// annotation arrays included), and analyze_head (from rows, from moments, from
+// a capture_store's views) / summarise_model end to end.
+#include <qkgeom/capture.hpp>
 #include <qkgeom/plasticity.hpp>
 #include <qkgeom/synthetic.hpp>
 
@@ -47,11 +50,19 @@ using qkgeom::semantic_model;
 static_assert(std::is_same_v<decltype(qkgeom::pairwise_plasticity(0.0)), double>);
 static_assert(std::is_same_v<decltype(qkgeom::preference_probability(0.0)), double>);
 static_assert(std::is_same_v<decltype(qkgeom::attention_plasticity(
-                                 std::declval<qkgeom::householder_result const&>(), std::declval<Eigen::MatrixXd const&>(),
-                                 std::declval<std::vector<std::int64_t> const&>(),
-                                 std::declval<std::vector<std::int64_t> const&>(),
-                                 std::declval<std::vector<std::int64_t> const&>())),
+                                 std::declval<qkgeom::householder_result const&>(),
+                                 std::declval<qkgeom::head_capture<Eigen::MatrixXd> const&>())),
                              plasticity_result>);
+static_assert(std::is_same_v<decltype(qkgeom::attention_plasticity(
+                                 std::declval<qkgeom::householder_result const&>(),
+                                 std::declval<qkgeom::token_rows<Eigen::MatrixXd> const&>(),
+                                 std::declval<qkgeom::capture_facts const&>())),
+                             plasticity_result>);
+// A position array is never a bucket array (the mislabelling that still
+// compiles, positions wrapped as buckets, is caught at run time: see
+// "a mislabelled bucket array is caught" below).
+static_assert(!std::is_convertible_v<qkgeom::token_positions, qkgeom::token_buckets>);
+static_assert(!std::is_constructible_v<qkgeom::token_buckets, qkgeom::token_positions const&>);
 
 constexpr double k_nan = std::numeric_limits<double>::quiet_NaN();
 
@@ -105,15 +116,45 @@ syn::head_capture make_head(head_setup const& s) {
 }
 
 qkgeom::householder_result model_of(syn::head_capture const& h, semantic_model m = semantic_model::diag) {
-    return qkgeom::householder(h.q, h.q_position, h.q_bucket, {.model = m});
+    return qkgeom::householder(h.queries.vectors, h.queries.position, h.queries.bucket, {.model = m});
 }
 
+/// The plasticity of the head under its capture facts (bucket scheme, window,
+/// context length), with the empirical cross-check or from the keys only.
 plasticity_result run(qkgeom::householder_result const& model, syn::head_capture const& h, plasticity_options const& o,
                       bool with_queries = true) {
-    if (with_queries)
-        return qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, h.k_example, h.q, h.q_position,
-                                            h.q_bucket, o);
-    return qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, h.k_example, o);
+    if (with_queries) return qkgeom::attention_plasticity(model, h, o);
+    return qkgeom::attention_plasticity(model, h.keys, h.facts, o);
+}
+
+/// The head with other capture facts (rows untouched).
+syn::head_capture with_facts(syn::head_capture h, qkgeom::capture_facts const& f) {
+    h.facts = f;
+    return h;
+}
+
+/// The head with a sliding window of `w` tokens under its bucket scheme.
+syn::head_capture with_window(syn::head_capture h, std::int64_t w) {
+    h.facts.sliding_window = w;
+    return h;
+}
+
+/// The head with context length `L` (0: max position + 1).
+syn::head_capture with_context(syn::head_capture h, std::int64_t L) {
+    h.facts.context_length = L;
+    return h;
+}
+
+/// The message of the std::invalid_argument that f throws; empty when f
+/// returns (any other exception propagates and fails the test).
+template <class F>
+std::string invalid_argument_of(F&& f) {
+    try {
+        f();
+    } catch (std::invalid_argument const& e) {
+        return e.what();
+    }
+    return {};
 }
 
 /// Keeps the key rows for which keep(i) holds (queries untouched).
@@ -121,25 +162,25 @@ template <class F>
 syn::head_capture filter_keys(syn::head_capture const& h, F&& keep) {
     syn::head_capture out = h;
     std::vector<index_t> rows;
-    for (index_t i = 0; i < h.k.rows(); ++i)
+    for (index_t i = 0; i < h.keys.vectors.rows(); ++i)
         if (keep(i)) rows.push_back(i);
-    out.k = h.k(rows, Eigen::all);
-    out.k_position.clear();
-    out.k_bucket.clear();
-    out.k_example.clear();
+    out.keys.vectors = h.keys.vectors(rows, Eigen::all);
+    out.keys.position.values().clear();
+    out.keys.bucket.values().clear();
+    out.keys.example_id.values().clear();
     for (auto i : rows) {
-        auto const s = static_cast<std::size_t>(i);
-        out.k_position.push_back(h.k_position[s]);
-        out.k_bucket.push_back(h.k_bucket[s]);
-        out.k_example.push_back(h.k_example[s]);
+        out.keys.position.values().push_back(h.keys.position[i]);
+        out.keys.bucket.values().push_back(h.keys.bucket[i]);
+        out.keys.example_id.values().push_back(h.keys.example_id[i]);
     }
     return out;
 }
 
 // --- an independent brute-force reference of method §5–6 ----------------------
-// The triple loop query bucket × key bucket × key pair, written from the SPEC
-// without the library's grouping, Gram identity or bookkeeping: the dense H,
-// δ = H(k_i − k_j), m = w_b·δ, v = δᵀV_bδ, PP in long double.
+// The triple loop query bucket × key bucket × key pair, written from the
+// method document (docs/method.md) without the library's grouping, Gram
+// identity or bookkeeping: the dense H, δ = H(k_i − k_j), m = w_b·δ,
+// v = δᵀV_bδ, PP in long double.
 struct ref_cell {
     double sum = 0, emp_sum = 0;
     std::int64_t n = 0, emp_n = 0;
@@ -158,8 +199,8 @@ ref_result brute_force(qkgeom::householder_result const& model, syn::head_captur
                        std::int64_t span_buckets, bool with_queries) {
     index_t const d = model.beta.size();
     Eigen::MatrixXd const H = model.H.dense(d);
-    std::set<std::int64_t> key_buckets(h.k_bucket.begin(), h.k_bucket.end());
-    index_t const nk = h.k.rows();
+    std::set<std::int64_t> key_buckets(h.keys.bucket.begin(), h.keys.bucket.end());
+    index_t const nk = h.keys.vectors.rows();
     ref_result out;
     for (auto const& s : model.buckets) {
         std::int64_t const b = s.bucket;
@@ -171,11 +212,11 @@ ref_result brute_force(qkgeom::householder_result const& model, syn::head_captur
             continue;
         }
         std::vector<index_t> qrows;
-        for (index_t r = 0; r < h.q.rows(); ++r)
-            if (h.q_bucket[static_cast<std::size_t>(r)] == b) qrows.push_back(r);
+        for (index_t r = 0; r < h.queries.vectors.rows(); ++r)
+            if (h.queries.bucket[r] == b) qrows.push_back(r);
         auto const nq = static_cast<double>(qrows.size());
         auto evaluate = [&](index_t i, index_t j, ref_cell& cell) {
-            Eigen::VectorXd const diff = (h.k.row(i) - h.k.row(j)).transpose();
+            Eigen::VectorXd const diff = (h.keys.vectors.row(i) - h.keys.vectors.row(j)).transpose();
             if ((diff.array() == 0.0).all()) {  // method §9.9
                 ++out.skipped;
                 return;
@@ -193,12 +234,12 @@ ref_result brute_force(qkgeom::householder_result const& model, syn::head_captur
             cell.sum += pp;
             ++cell.n;
             ++out.n_pairs;
-            double const ti = double(h.k_position[static_cast<std::size_t>(i)]);
-            double const tj = double(h.k_position[static_cast<std::size_t>(j)]);
+            double const ti = double(h.keys.position[i]);
+            double const tj = double(h.keys.position[j]);
             out.points.push_back({std::abs(ti - tj), s.tau - 0.5 * (ti + tj), pp});
             if (with_queries && qrows.size() >= 2) {  // method §9.14
                 double wins = 0;
-                for (auto r : qrows) wins += h.q.row(r).dot(diff) > 0 ? 1 : 0;
+                for (auto r : qrows) wins += h.queries.vectors.row(r).dot(diff) > 0 ? 1 : 0;
                 double const p = wins / nq;
                 cell.emp_sum += 4 * p * (1 - p) * nq / (nq - 1);
                 ++cell.emp_n;
@@ -206,9 +247,9 @@ ref_result brute_force(qkgeom::householder_result const& model, syn::head_captur
         };
         auto in = [&](std::int64_t c) { return std::find(adm.begin(), adm.end(), c) != adm.end(); };
         auto same_example = [&](index_t i, index_t j) {
-            return h.k_example[static_cast<std::size_t>(i)] == h.k_example[static_cast<std::size_t>(j)];
+            return h.keys.example_id[i] == h.keys.example_id[j];
         };
-        auto bucket = [&](index_t i) { return h.k_bucket[static_cast<std::size_t>(i)]; };
+        auto bucket = [&](index_t i) { return h.keys.bucket[i]; };
         if (policy == pair_policy::same_bucket) {
             double sum = 0, emp = 0;
             int n = 0, n_emp = 0;
@@ -467,11 +508,12 @@ TEST_CASE("the closed form agrees with Monte Carlo from the bucket Gaussians", "
     auto const model = model_of(h);
     Eigen::MatrixXd const H = model.H.dense(d);
     // the model's Gaussian, rebuilt from the rows
-    Eigen::VectorXd t(h.q.rows());
-    for (index_t i = 0; i < t.size(); ++i) t(i) = double(h.q_position[static_cast<std::size_t>(i)]);
-    Eigen::MatrixXd const Y = h.q * H;  // rows (H q)ᵀ, H symmetric
+    Eigen::VectorXd t(h.queries.vectors.rows());
+    for (index_t i = 0; i < t.size(); ++i) t(i) = double(h.queries.position[i]);
+    Eigen::MatrixXd const Y = h.queries.vectors * H;  // rows (H q)ᵀ, H symmetric
     Eigen::VectorXd const tc = t.array() - t.mean();
-    Eigen::VectorXd const beta = (h.q.rowwise() - h.q.colwise().mean()).transpose() * tc / tc.squaredNorm();
+    Eigen::MatrixXd const& Q = h.queries.vectors;
+    Eigen::VectorXd const beta = (Q.rowwise() - Q.colwise().mean()).transpose() * tc / tc.squaredNorm();
     REQUIRE((H * beta.normalized() - Eigen::VectorXd::Unit(d, 0)).norm() < 1e-12);
     Eigen::VectorXd const y0 = Y.col(0);
     double const slope = (y0.array() - y0.mean()).matrix().dot(tc) / tc.squaredNorm();
@@ -480,16 +522,17 @@ TEST_CASE("the closed form agrees with Monte Carlo from the bucket Gaussians", "
 
     // 25 key pairs of one example in key bucket 0
     std::vector<std::pair<index_t, index_t>> pairs;
-    for (index_t i = 0; i < h.k.rows() && pairs.size() < 25; ++i)
-        for (index_t j = i + 1; j < h.k.rows() && pairs.size() < 25; ++j)
-            if (h.k_bucket[static_cast<std::size_t>(i)] == 0 && h.k_bucket[static_cast<std::size_t>(j)] == 0 &&
-                h.k_example[static_cast<std::size_t>(i)] == h.k_example[static_cast<std::size_t>(j)])
+    for (index_t i = 0; i < h.keys.vectors.rows() && pairs.size() < 25; ++i)
+        for (index_t j = i + 1; j < h.keys.vectors.rows() && pairs.size() < 25; ++j)
+            if (h.keys.bucket[i] == 0 && h.keys.bucket[j] == 0 &&
+                h.keys.example_id[i] == h.keys.example_id[j])
                 pairs.emplace_back(i, j);
     REQUIRE(pairs.size() == 25);
     auto const np = static_cast<index_t>(pairs.size());
     Eigen::MatrixXd D(d, np);  // δ̃ = H(k_i − k_j) per column
     for (index_t c = 0; c < np; ++c)
-        D.col(c) = H * (h.k.row(pairs[std::size_t(c)].first) - h.k.row(pairs[std::size_t(c)].second)).transpose();
+        D.col(c) = H * (h.keys.vectors.row(pairs[std::size_t(c)].first) -
+                        h.keys.vectors.row(pairs[std::size_t(c)].second)).transpose();
     // the library's PP of each pair in every query bucket
     std::map<std::int64_t, Eigen::VectorXd> lib_pp;
     for (index_t c = 0; c < np; ++c) {
@@ -512,8 +555,8 @@ TEST_CASE("the closed form agrees with Monte Carlo from the bucket Gaussians", "
     double worst_bridge = 0;
     for (std::int64_t b = 1; b <= 8; ++b) {
         std::vector<index_t> rows;
-        for (index_t i = 0; i < h.q.rows(); ++i)
-            if (h.q_bucket[static_cast<std::size_t>(i)] == b) rows.push_back(i);
+        for (index_t i = 0; i < h.queries.vectors.rows(); ++i)
+            if (h.queries.bucket[i] == b) rows.push_back(i);
         Eigen::MatrixXd const Yb = Y(rows, Eigen::all);
         Eigen::VectorXd mean = Yb.colwise().mean().transpose();
         Eigen::VectorXd var = (Yb.rowwise() - Yb.colwise().mean()).colwise().squaredNorm().transpose() /
@@ -568,10 +611,10 @@ TEST_CASE("gaussian_gap is small on a Gaussian head and large on a bimodal one",
 
     auto bimodal = h;
     syn::normal_stream rng(77);
-    for (index_t i = 0; i < bimodal.q.rows(); ++i) {
+    for (index_t i = 0; i < bimodal.queries.vectors.rows(); ++i) {
         double const sign = rng() > 0 ? 1.0 : -1.0;
         for (index_t j = 0; j < s.d; ++j)
-            if (j != s.rotary) bimodal.q(i, j) = 1.5 * sign * ((j % 3 == 0) ? -1.0 : 1.0);
+            if (j != s.rotary) bimodal.queries.vectors(i, j) = 1.5 * sign * ((j % 3 == 0) ? -1.0 : 1.0);
     }
     auto const nb = run(model_of(bimodal), bimodal, {});
     INFO("bimodal head: gaussian_gap " << nb.gaussian_gap);
@@ -637,10 +680,11 @@ TEST_CASE("Theorem 4.4: the profile decays with a query drift and is flat withou
 
 // ---------------------------------------------------------------------------
 // 4. Exact enumeration = the brute-force triple loop (written above from the
-// SPEC), for both pair policies, three semantic models, full attention and
-// sliding windows (W < B, W not a multiple of B, W spanning several
-// buckets). Relative 1e-12: the two compute the same sums in a different
-// order (double vs long double erfc).
+// method document (docs/method.md)), for both pair policies, three semantic
+// models, full attention and sliding windows (W < B, W not a multiple of B,
+// W spanning several buckets; the window is a fact of the head, converted
+// under its bucket scheme). Relative 1e-12: the two compute the same sums in
+// a different order (double vs long double erfc).
 // ---------------------------------------------------------------------------
 TEST_CASE("exact enumeration equals a brute-force triple loop", "[plasticity][exact]") {
     head_setup s;
@@ -651,25 +695,25 @@ TEST_CASE("exact enumeration equals a brute-force triple loop", "[plasticity][ex
     s.context = 512;
     s.buckets = {bucket_scheme::uniform, 64, 3.0};
     auto const h = make_head(s);
-    REQUIRE(h.k.rows() > 40);
+    REQUIRE(h.keys.vectors.rows() > 40);
+    REQUIRE(h.facts.buckets == s.buckets);  // the window is converted under the capture's scheme
     for (auto model : {semantic_model::diag, semantic_model::full, semantic_model::global_linear}) {
         auto const mdl = model_of(h, model);
         for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
             for (std::int64_t window : {0, 30, 100, 200}) {
                 DYNAMIC_SECTION("model " << int(model) << " policy " << int(policy) << " window " << window) {
+                    auto const hw = with_window(h, window);
                     plasticity_options o;
                     o.pairs = policy;
-                    o.sliding_window = window;
-                    o.buckets = s.buckets;
                     o.enumeration = qkgeom::enumeration_policy::exact;
                     std::int64_t const span = window == 0 ? 0 : std::max<std::int64_t>(1, (window + 63) / 64);
-                    auto const ref = brute_force(mdl, h, policy, span, true);
+                    auto const ref = brute_force(mdl, hw, policy, span, true);
                     REQUIRE(ref.n_pairs > 0);
                     // the empirical check's two product forms (docs/plasticity.md)
                     for (auto form : {qkgeom::empirical_columns::keys, qkgeom::empirical_columns::pairs}) {
                         INFO("form " << int(form));
                         o.empirical = form;
-                        auto const r = run(mdl, h, o);
+                        auto const r = run(mdl, hw, o);
                         CHECK_FALSE(r.sampled);
                         check_against(r, ref, 1e-12);
                     }
@@ -696,7 +740,7 @@ TEST_CASE("the Gram path equals the direct path, tiled or not", "[plasticity][de
     s.context = 160;
     s.buckets = {bucket_scheme::all, 32, 1.0};
     auto const h = make_head(s);
-    REQUIRE(h.k.rows() == 2 * 160);
+    REQUIRE(h.keys.vectors.rows() == 2 * 160);
     for (auto model : {semantic_model::diag, semantic_model::full}) {
         auto const mdl = model_of(h, model);
         for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
@@ -742,11 +786,10 @@ TEST_CASE("sampled estimates converge to exact and their intervals cover it", "[
     s.buckets = {bucket_scheme::all, 32, 1.0};
     auto const full = make_head(s);
     auto const h = filter_keys(full, [&](index_t i) {
-        auto const u = static_cast<std::size_t>(i);
         std::int64_t const cap[] = {32, 12, 6};
-        return full.k_bucket[u] == 0 && full.k_position[u] < cap[full.k_example[u]];
+        return full.keys.bucket[i] == 0 && full.keys.position[i] < cap[full.keys.example_id[i]];
     });
-    REQUIRE(h.k.rows() == 50);
+    REQUIRE(h.keys.vectors.rows() == 50);
     auto const model = model_of(h);
     plasticity_options ex;
     ex.enumeration = qkgeom::enumeration_policy::exact;
@@ -828,15 +871,15 @@ TEST_CASE("sliding windows keep exactly the key buckets inside the span", "[plas
     s.context = 16 * 12;
     s.buckets = {bucket_scheme::uniform, 16, 16.0};
     auto const h = make_head(s);
-    REQUIRE(h.k.rows() == 2 * 192);
+    REQUIRE(h.keys.vectors.rows() == 2 * 192);
     auto const model = model_of(h);
     std::vector<std::pair<std::int64_t, std::int64_t>> const cases{{5, 1}, {16, 1}, {17, 2}, {40, 3}, {100, 7}, {0, 99}};
+    REQUIRE(h.facts.buckets == s.buckets);
     for (auto const& [W, span] : cases) {
         DYNAMIC_SECTION("window " << W << " tokens = " << span << " buckets") {
+            auto const hw = with_window(h, W);
             plasticity_options o;
-            o.buckets = s.buckets;
-            o.sliding_window = W;
-            auto const r = run(model, h, o, false);
+            auto const r = run(model, hw, o, false);
             std::map<std::int64_t, std::vector<std::int64_t>> got;
             for (auto const& c : r.cells) {
                 got[c.q_bucket].push_back(c.k_bucket);
@@ -851,7 +894,7 @@ TEST_CASE("sliding windows keep exactly the key buckets inside the span", "[plas
             CHECK(r.n_query_buckets_skipped == 1);  // bucket 0: no earlier key bucket
             // prefix: one cell per query bucket over the keys of the window
             o.pairs = pair_policy::prefix;
-            auto const p = run(model, h, o, false);
+            auto const p = run(model, hw, o, false);
             for (auto const& c : p.cells) {
                 std::int64_t const m = 16 * std::min(span, c.q_bucket);
                 CHECK(c.k_bucket == -1);
@@ -879,17 +922,17 @@ TEST_CASE("AP aggregates, quantiles and weighting policies equal a hand computat
     auto const h = make_head(s);
     auto const model = model_of(h);
     std::int64_t max_pos = 0;
-    for (auto t : h.q_position) max_pos = std::max(max_pos, t);
-    for (auto t : h.k_position) max_pos = std::max(max_pos, t);
+    for (auto t : h.queries.position) max_pos = std::max(max_pos, t);
+    for (auto t : h.keys.position) max_pos = std::max(max_pos, t);
     for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
         for (std::int64_t L : {std::int64_t{0}, std::int64_t{1000}, std::int64_t{450}}) {
             DYNAMIC_SECTION("policy " << int(policy) << " L " << L) {
+                auto const hL = with_context(h, L);  // 0: max position + 1
                 plasticity_options o;
                 o.pairs = policy;
-                o.context_length = L;
-                auto const qc = run(model, h, o);
+                auto const qc = run(model, hL, o);
                 o.weighting = qkgeom::ap_weighting::cell_mean;
-                auto const cm = run(model, h, o);
+                auto const cm = run(model, hL, o);
                 std::int64_t const Lu = L > 0 ? L : max_pos + 1;
                 CHECK(qc.context_length == Lu);
                 std::array<double, 5> qn{}, qd{};
@@ -899,10 +942,10 @@ TEST_CASE("AP aggregates, quantiles and weighting policies equal a hand computat
                 for (auto const& pb : qc.profile) {
                     INFO("query bucket " << pb.q_bucket);
                     std::int64_t n = 0, S = 0;
-                    for (std::size_t i = 0; i < h.q_bucket.size(); ++i)
-                        if (h.q_bucket[i] == pb.q_bucket) {
+                    for (index_t i = 0; i < h.queries.bucket.size(); ++i)
+                        if (h.queries.bucket[i] == pb.q_bucket) {
                             ++n;
-                            S += h.q_position[i];
+                            S += h.queries.position[i];
                         }
                     CHECK(pb.n_queries == n);
                     CHECK(std::abs(pb.tau - double(S) / double(n)) <= 1e-12 * pb.tau);
@@ -960,9 +1003,7 @@ TEST_CASE("AP aggregates, quantiles and weighting policies equal a hand computat
         }
     }
     // L = 450 < positions: quantiles are clipped to k − 1, the last quintile is populated
-    plasticity_options o;
-    o.context_length = 450;
-    CHECK(std::isfinite(run(model, h, o).ap_quintile[4]));
+    CHECK(std::isfinite(run(model, with_context(h, 450), {}).ap_quintile[4]));
 }
 
 TEST_CASE("quantile indices use exact integer arithmetic at the boundaries", "[plasticity][aggregates]") {
@@ -976,26 +1017,25 @@ TEST_CASE("quantile indices use exact integer arithmetic at the boundaries", "[p
         {95, 100},             // beyond L: clipped to 4 and 9
     };
     std::array<int, 5> const quint{1, 0, 2, 4, 4}, dec{2, 1, 4, 8, 9};
-    syn::head_capture h;
+    syn::head_capture h;  // buckets are labels here (no scheme in the facts)
     std::mt19937_64 gen(3);
     std::normal_distribution<double> nd;
     std::vector<std::vector<double>> rows;
     for (std::size_t b = 0; b < pos.size(); ++b)
         for (auto t : pos[b]) {
-            h.q_position.push_back(t);
-            h.q_bucket.push_back(std::int64_t(b) + 1);
+            h.queries.position.values().push_back(t);
+            h.queries.bucket.values().push_back(std::int64_t(b) + 1);
         }
-    h.q = Eigen::MatrixXd::NullaryExpr(index_t(h.q_position.size()), 3, [&] { return nd(gen); });
+    h.queries.vectors = Eigen::MatrixXd::NullaryExpr(h.queries.position.size(), 3, [&] { return nd(gen); });
     for (std::int64_t e = 0; e < 2; ++e)
         for (std::int64_t t = 0; t < 4; ++t) {
-            h.k_position.push_back(t);
-            h.k_bucket.push_back(0);
-            h.k_example.push_back(e);
+            h.keys.position.values().push_back(t);
+            h.keys.bucket.values().push_back(0);
+            h.keys.example_id.values().push_back(e);
         }
-    h.k = Eigen::MatrixXd::NullaryExpr(8, 3, [&] { return nd(gen); });
-    plasticity_options o;
-    o.context_length = 91;
-    auto const r = run(model_of(h), h, o);
+    h.keys.vectors = Eigen::MatrixXd::NullaryExpr(8, 3, [&] { return nd(gen); });
+    h.facts.context_length = 91;
+    auto const r = run(model_of(h), h, {});
     REQUIRE(r.profile.size() == 5);
     for (std::size_t b = 0; b < 5; ++b) {
         INFO("bucket " << b + 1 << " tau " << r.profile[b].tau);
@@ -1021,16 +1061,15 @@ TEST_CASE("identical keys are skipped and counted on the direct and the Gram pat
     s.context = 512;
     s.buckets = {bucket_scheme::uniform, 64, 3.0};
     auto base = make_head(s);
-    base.k.array() += 3.0;
+    base.keys.vectors.array() += 3.0;
     auto h = base;
     std::vector<index_t> const dup{2, 10, 25, 5, 5};  // row 5 three times in all
     for (auto i : dup) {
-        auto const u = static_cast<std::size_t>(i);
-        h.k.conservativeResize(h.k.rows() + 1, Eigen::NoChange);
-        h.k.row(h.k.rows() - 1) = h.k.row(i);
-        h.k_position.push_back(h.k_position[u]);
-        h.k_bucket.push_back(h.k_bucket[u]);
-        h.k_example.push_back(h.k_example[u]);
+        h.keys.vectors.conservativeResize(h.keys.vectors.rows() + 1, Eigen::NoChange);
+        h.keys.vectors.row(h.keys.vectors.rows() - 1) = h.keys.vectors.row(i);
+        h.keys.position.values().push_back(h.keys.position[i]);
+        h.keys.bucket.values().push_back(h.keys.bucket[i]);
+        h.keys.example_id.values().push_back(h.keys.example_id[i]);
     }
     auto const model = model_of(h);
     for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
@@ -1072,13 +1111,13 @@ TEST_CASE("heatmap bins: half-open, last closed, each evaluation once", "[plasti
     syn::head_capture h;
     std::mt19937_64 gen(9);
     std::normal_distribution<double> nd;
-    h.q_position = {10, 14, 11, 13};
-    h.q_bucket = {1, 1, 1, 1};
-    h.q = Eigen::MatrixXd::NullaryExpr(4, 3, [&] { return nd(gen); });
-    h.k_position = {0, 4, 8, 0, 9};
-    h.k_bucket = {0, 0, 0, 0, 0};
-    h.k_example = {0, 0, 0, 1, 1};
-    h.k = Eigen::MatrixXd::NullaryExpr(5, 3, [&] { return nd(gen); });
+    h.queries.position = {10, 14, 11, 13};
+    h.queries.bucket = {1, 1, 1, 1};
+    h.queries.vectors = Eigen::MatrixXd::NullaryExpr(4, 3, [&] { return nd(gen); });
+    h.keys.position = {0, 4, 8, 0, 9};
+    h.keys.bucket = {0, 0, 0, 0, 0};
+    h.keys.example_id = {0, 0, 0, 1, 1};
+    h.keys.vectors = Eigen::MatrixXd::NullaryExpr(5, 3, [&] { return nd(gen); });
     auto const model = model_of(h);
     REQUIRE(model.buckets.size() == 1);
     REQUIRE(model.buckets[0].tau == 12.0);
@@ -1099,10 +1138,11 @@ TEST_CASE("heatmap bins: half-open, last closed, each evaluation once", "[plasti
     CHECK(r.heatmap.sum(0, 0) == 0.0);
     check_against(r, ref, 1e-12);
 
-    // default grid: 16 bins over [0, L] and [−L, L]
+    // default grid (model_heatmap_grid): no bucket scheme in the facts, so
+    // 16 distance bins over [0, L] and 32 offset bins over [−L, L]
     auto const d = run(model, h, {});
     REQUIRE(d.heatmap.distance_edges.size() == 17);
-    REQUIRE(d.heatmap.offset_edges.size() == 17);
+    REQUIRE(d.heatmap.offset_edges.size() == 33);
     CHECK(d.heatmap.distance_edges.front() == 0.0);
     CHECK(d.heatmap.distance_edges.back() == double(d.context_length));
     CHECK(d.heatmap.offset_edges.front() == -double(d.context_length));
@@ -1130,7 +1170,8 @@ TEST_CASE("heatmap bins: half-open, last closed, each evaluation once", "[plasti
         CHECK(gr.heatmap.n_outside > 0);
         CHECK(gr.heatmap.count.sum() + gr.heatmap.n_outside == gr.n_pairs);
         check_against(gr, brute_force(gm, g, policy, 0, true), 1e-12);
-        // sampled: each draw once; the default grid [0, L] × [−L, L] holds every point
+        // sampled: each draw once; the default grid ([0, min(L, B)] for
+        // same_bucket, [0, L] for prefix, × [−L, L]) holds every point
         plasticity_options so;
         so.pairs = policy;
         so.enumeration = qkgeom::enumeration_policy::sampled;
@@ -1157,66 +1198,67 @@ TEST_CASE("bad input is a clear error", "[plasticity][errors]") {
     s.buckets = {bucket_scheme::uniform, 64, 3.0};
     auto const h = make_head(s);
     auto const model = model_of(h);
+    REQUIRE(h.facts.buckets == s.buckets);  // the capture's scheme: buckets are checked against positions
+    auto const labels = with_facts(h, {});    // no scheme: buckets are labels
     plasticity_options const none;
     using Catch::Contains;
     // q/k dimensions
-    Eigen::MatrixXd const k5 = h.k.leftCols(5);
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, k5, h.k_position, h.k_bucket, h.k_example),
+    Eigen::MatrixXd const k5 = h.keys.vectors.leftCols(5);
+    qkgeom::token_rows<Eigen::MatrixXd> const keys5{k5, h.keys.position, h.keys.bucket, h.keys.example_id};
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, keys5, h.facts),
                       Contains("head dimension") && Contains("d = 6") && Contains("value 5"));
-    Eigen::MatrixXd const q5 = h.q.leftCols(5);
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, h.k_example, q5,
-                                                   h.q_position, h.q_bucket),
-                      Contains("queries: head dimension"));
-    CHECK_THROWS_WITH(qkgeom::analyze_head(h.q, h.q_position, h.q_bucket, k5, h.k_position, h.k_bucket, h.k_example),
-                      Contains("differ in head dimension"));
+    auto q5 = h;
+    q5.queries.vectors = Eigen::MatrixXd(h.queries.vectors.leftCols(5));
+    CHECK_THROWS_WITH(run(model, q5, none), Contains("queries: head dimension"));
+    auto hk5 = h;
+    hk5.keys.vectors = k5;
+    CHECK_THROWS_WITH(qkgeom::analyze_head(hk5), Contains("differ in head dimension"));
     // keys without example ids, or too few
-    std::vector<std::int64_t> const no_ids;
-    std::vector<std::int64_t> short_ids(h.k_example.begin(), h.k_example.end() - 1);
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, no_ids),
+    auto no_ids = h.keys;
+    no_ids.example_id = qkgeom::example_ids{};
+    auto short_ids = h.keys;
+    short_ids.example_id.values().pop_back();
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, no_ids, h.facts),
                       Contains("example ids") && Contains("length"));
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h.k, h.k_position, h.k_bucket, short_ids),
-                      Contains("example ids") && Contains(std::to_string(short_ids.size())));
-    std::vector<std::int64_t> short_buckets(h.k_bucket.begin(), h.k_bucket.end() - 1);
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h.k, h.k_position, short_buckets, h.k_example),
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, short_ids, h.facts),
+                      Contains("example ids") && Contains(std::to_string(short_ids.example_id.size())));
+    auto short_buckets = h.keys;
+    short_buckets.bucket.values().pop_back();
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, short_buckets, h.facts),
                       Contains("buckets") && Contains("length"));
-    std::vector<std::int64_t> short_pos(h.k_position.begin(), h.k_position.end() - 1);
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h.k, short_pos, h.k_bucket, h.k_example),
+    auto short_pos = h.keys;
+    short_pos.position.values().pop_back();
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, short_pos, h.facts),
                       Contains("positions") && Contains("length"));
-    // buckets that do not match positions under the declared scheme
-    plasticity_options o;
-    o.buckets = s.buckets;
-    CHECK_NOTHROW(run(model, h, o));
+    // buckets that do not match positions under the capture's scheme
+    CHECK_NOTHROW(run(model, h, none));
     auto bad = h;
-    bad.k_bucket[3] += 1;
-    CHECK_THROWS_WITH(run(model, bad, o), Contains("keys buckets") && Contains("does not match position") &&
-                                              Contains("row 3"));
-    CHECK_NOTHROW(run(model, bad, none));  // without a scheme buckets are labels
+    bad.keys.bucket.values()[3] += 1;
+    CHECK_THROWS_WITH(run(model, bad, none), Contains("keys: bucket does not match position") && Contains("row 3") &&
+                                                 Contains("bucket (value " + std::to_string(bad.keys.bucket[3]) + ")"));
+    CHECK_NOTHROW(run(model, with_facts(bad, {}), none));  // without a scheme buckets are labels
     auto badq = h;
-    badq.q_bucket[0] = 7;
-    CHECK_THROWS_WITH(run(model, badq, o), Contains("queries buckets") && Contains("does not match position"));
-    plasticity_options wide = o;
-    wide.buckets = bucket_spec{bucket_scheme::uniform, 32, 3.0};
-    CHECK_THROWS_WITH(run(model, h, wide), Contains("does not match position") && Contains("width 32"));
+    badq.queries.bucket.values()[0] = 7;
+    CHECK_THROWS_WITH(run(model, badq, none),
+                      Contains("queries: bucket does not match position") && Contains("bucket (value 7)"));
+    CHECK_THROWS_WITH(run(model, with_facts(h, {bucket_spec{bucket_scheme::uniform, 32, 3.0}}), none),
+                      Contains("does not match position") && Contains("width 32"));
     // NaN / Inf in a key
-    auto nan_key = h;
-    nan_key.k(3, 2) = k_nan;
+    auto nan_key = labels;
+    nan_key.keys.vectors(3, 2) = k_nan;
     CHECK_THROWS_WITH(run(model, nan_key, none), Contains("non-finite") && Contains("row 3") && Contains("column 2"));
-    auto inf_key = h;
-    inf_key.k(0, 0) = std::numeric_limits<double>::infinity();
+    auto inf_key = labels;
+    inf_key.keys.vectors(0, 0) = std::numeric_limits<double>::infinity();
     CHECK_THROWS_WITH(run(model, inf_key, none, false), Contains("non-finite"));
-    // negative positions and buckets, bad options
-    auto neg = h;
-    neg.k_position[1] = -1;
+    // negative positions and buckets, bad facts and options
+    auto neg = labels;
+    neg.keys.position.values()[1] = -1;
     CHECK_THROWS_WITH(run(model, neg, none), Contains("negative position"));
-    auto negb = h;
-    negb.k_bucket[1] = -2;
+    auto negb = labels;
+    negb.keys.bucket.values()[1] = -2;
     CHECK_THROWS_WITH(run(model, negb, none), Contains("negative bucket"));
-    plasticity_options w;
-    w.sliding_window = 100;
-    CHECK_THROWS_WITH(run(model, h, w), Contains("sliding window needs the bucket scheme"));
-    w.sliding_window = -1;
-    w.buckets = s.buckets;
-    CHECK_THROWS_WITH(run(model, h, w), Contains("sliding_window must be >= 0"));
+    CHECK_THROWS_WITH(run(model, with_window(labels, 100), none), Contains("sliding window needs the bucket scheme"));
+    CHECK_THROWS_WITH(run(model, with_window(h, -1), none), Contains("sliding_window must be >= 0"));
     plasticity_options sp;
     sp.samples_per_cell = 0;
     CHECK_THROWS_WITH(run(model, h, sp), Contains("samples_per_cell"));
@@ -1257,17 +1299,15 @@ std::vector<syn::head_capture> make_layer(std::int64_t layer, std::uint64_t mode
     return syn::generate_layer(L, cap);
 }
 
-qkgeom::head_id id_of(syn::head_capture const& h) { return {h.layer, h.q_head, h.k_head}; }
-
 qkgeom::head_analysis analyze_rows(syn::head_capture const& h, qkgeom::analysis_options const& o = {}) {
-    return qkgeom::analyze_head(h.q, h.q_position, h.q_bucket, h.k, h.k_position, h.k_bucket, h.k_example, o, id_of(h));
+    return qkgeom::analyze_head(h, o);
 }
 
 /// The head's moments reduced in three shards (by example) merged out of order.
 qkgeom::head_moments sharded_moments(syn::head_capture const& h) {
-    std::array<qkgeom::head_moments, 3> shard{qkgeom::head_moments(h.q.cols(), id_of(h)),
-                                              qkgeom::head_moments(h.q.cols(), id_of(h)),
-                                              qkgeom::head_moments(h.q.cols(), id_of(h))};
+    std::array<qkgeom::head_moments, 3> shard{qkgeom::head_moments(h.queries.vectors.cols(), h.id),
+                                              qkgeom::head_moments(h.queries.vectors.cols(), h.id),
+                                              qkgeom::head_moments(h.queries.vectors.cols(), h.id)};
     auto add = [&](qkgeom::kind k, Eigen::MatrixXd const& x, std::vector<std::int64_t> const& t,
                    std::vector<std::int64_t> const& b, std::vector<std::int64_t> const& e) {
         for (std::size_t s = 0; s < 3; ++s) {
@@ -1283,12 +1323,19 @@ qkgeom::head_moments sharded_moments(syn::head_capture const& h) {
             shard[s].add(k, xs, ts, bs);
         }
     };
-    add(qkgeom::kind::query, h.q, h.q_position, h.q_bucket, h.q_example);
-    add(qkgeom::kind::key, h.k, h.k_position, h.k_bucket, h.k_example);
+    add(qkgeom::kind::query, h.queries.vectors, h.queries.position.values(), h.queries.bucket.values(),
+        h.queries.example_id.values());
+    add(qkgeom::kind::key, h.keys.vectors, h.keys.position.values(), h.keys.bucket.values(),
+        h.keys.example_id.values());
     qkgeom::head_moments m = shard[2];
     m += shard[0];
     m += shard[1];
     return m;
+}
+
+/// The moments path: merged moments and the key rows under the head's facts.
+qkgeom::head_analysis analyze_moments(syn::head_capture const& h, qkgeom::analysis_options const& o = {}) {
+    return qkgeom::analyze_head(sharded_moments(h), h.keys, h.facts, o);
 }
 
 bool row_only_metric(std::string_view name) {
@@ -1306,15 +1353,14 @@ TEST_CASE("analyze_head and summarise_model: summaries are means over heads", "[
     // no gaussian_gap: NaN metrics that the means must skip)
     for (std::size_t i = 0; i < l2.size(); ++i)
         heads.push_back(i < 2 ? analyze_rows(l2[i])
-                              : qkgeom::analyze_head(sharded_moments(l2[i]), l2[i].k, l2[i].k_position, l2[i].k_bucket,
-                                                     l2[i].k_example));
+                              : analyze_moments(l2[i]));
     REQUIRE(heads.size() == 8);
     // analyze_head wires the plasticity exactly as a direct call
     auto const direct = run(model_of(l0[2]), l0[2], {});
     CHECK(heads[2].plasticity.ap_overall == direct.ap_overall);
     CHECK(heads[2].plasticity.gaussian_gap == direct.gaussian_gap);
     CHECK(heads[2].d_model == 12);
-    CHECK(heads[2].id == id_of(l0[2]));
+    CHECK(heads[2].id == l0[2].id);
     CHECK(std::isfinite(heads[2].diagnostics.pos_ks_p));
     CHECK(std::isnan(heads[7].diagnostics.pos_ks_p));
     CHECK(heads[2].plasticity.ap_drop > heads[1].plasticity.ap_drop);  // drifting vs flat head
@@ -1375,13 +1421,12 @@ TEST_CASE("analyze_head and summarise_model: summaries are means over heads", "[
 
 TEST_CASE("analyze_head from merged moments + keys equals the rows version on every closed form",
           "[plasticity][analyze]") {
-    // L is given: its default differs between the two paths (see the next test)
+    // L is given (a fact of the head): its default differs between the two paths (see the next test)
     auto const layer = make_layer(1, 5);
-    for (auto const& h : {layer[0], layer[2]}) {
+    for (auto const& h : {with_context(layer[0], 1024), with_context(layer[2], 1024)}) {
         qkgeom::analysis_options o;
-        o.plasticity.context_length = 1024;
         auto const rows = analyze_rows(h, o);
-        auto const mom = qkgeom::analyze_head(sharded_moments(h), h.k, h.k_position, h.k_bucket, h.k_example, o);
+        auto const mom = analyze_moments(h, o);
         CHECK(mom.id == rows.id);
         auto const a = qkgeom::head_metric_values(rows), b = qkgeom::head_metric_values(mom);
         for (std::size_t m = 0; m < a.size(); ++m) {
@@ -1417,18 +1462,24 @@ TEST_CASE("analyze_head from merged moments + keys equals the rows version on ev
 // or key position + 1. The moments path knows the largest query position from
 // the moments (moments::t_max), so it needs no query rows for it.
 TEST_CASE("the default context length of the rows and of the moments path", "[plasticity][analyze]") {
-    auto const h = make_layer(1, 5)[0];
+    auto const h = with_context(make_layer(1, 5)[0], 0);  // facts.context_length = 0: from the rows
+    REQUIRE(h.facts.buckets);
     auto const rows = analyze_rows(h);
-    auto const mom = qkgeom::analyze_head(sharded_moments(h), h.k, h.k_position, h.k_bucket, h.k_example);
+    auto const mom = analyze_moments(h);
     std::int64_t max_q = 0, max_k = 0, max_tau = 0;
-    for (auto t : h.q_position) max_q = std::max(max_q, t);
-    for (auto t : h.k_position) max_k = std::max(max_k, t);
+    for (auto t : h.queries.position) max_q = std::max(max_q, t);
+    for (auto t : h.keys.position) max_k = std::max(max_k, t);
     for (auto const& b : mom.householder.buckets) max_tau = std::max(max_tau, std::int64_t(std::ceil(b.tau)));
     CHECK(rows.plasticity.context_length == std::max(max_q, max_k) + 1);
     CHECK(mom.plasticity.context_length == std::max(max_q, max_k) + 1);
     CHECK(max_tau <= max_q);
     for (auto const* r : {&rows.plasticity, &mom.plasticity}) {
-        CHECK(r->heatmap.distance_edges.back() == double(r->context_length));
+        // the default heatmap grid follows that L: distances over [0, min(L, B)]
+        // (same_bucket, uniform buckets of B = 128), offsets over [−L, L]
+        double const L = double(r->context_length);
+        CHECK(r->heatmap.distance_edges.back() == std::min(L, double(h.facts.buckets->width)));
+        CHECK(r->heatmap.offset_edges.front() == -L);
+        CHECK(r->heatmap.offset_edges.back() == L);
         for (auto const& pb : r->profile) {
             std::int64_t const S = std::llround(pb.tau * double(pb.n_queries));  // sum of the bucket's positions
             CHECK(pb.decile == std::min<std::int64_t>(9, 10 * S / (pb.n_queries * r->context_length)));
@@ -1437,7 +1488,289 @@ TEST_CASE("the default context length of the rows and of the moments path", "[pl
 }
 
 // ---------------------------------------------------------------------------
-// The empirical check's single-precision kernels (detail/score_kernels.hpp)
+// Issue 13: one head, one input type. A position array passed where the
+// bucket array belongs does not compile (tests/compile_fail); an array of
+// positions wrapped as buckets does, and is caught at run time when the facts
+// name the bucket scheme: every bucket must equal bucket_of(position), and
+// the message names both arrays. A length that differs from the rows is
+// rejected naming the kind and the field.
+// ---------------------------------------------------------------------------
+TEST_CASE("a mislabelled bucket array (positions wrapped as buckets) is caught naming both arrays",
+          "[plasticity][errors][annotations]") {
+    using Catch::Contains;
+    head_setup s;
+    s.d = 6;
+    s.rotary = 2;
+    s.n_examples = 2;
+    s.context = 256;
+    s.buckets = {bucket_scheme::uniform, 64, 3.0};
+    auto const h = make_head(s);
+    REQUIRE(h.facts.buckets == s.buckets);
+    auto const model = model_of(h);
+    REQUIRE_NOTHROW(qkgeom::analyze_head(h));
+    // The first row whose position is not its own bucket (position ≥ 64).
+    auto first_mismatch = [&](qkgeom::token_positions const& pos) {
+        for (index_t i = 0; i < pos.size(); ++i)
+            if (qkgeom::bucket_of(s.buckets, pos[i]) != pos[i]) return i;
+        return index_t{-1};
+    };
+    // Both entry points (and the keys-only overload for keys) throw
+    // std::invalid_argument naming the function, the kind, both arrays,
+    // the row and the offending value.
+    auto caught = [&](syn::head_capture const& bad, std::string const& kind_name, index_t row, std::int64_t value) {
+        auto names = [&](std::string const& fn, std::string const& msg) {
+            INFO("message: " << msg);
+            CHECK_THAT(msg, Contains(fn + ": " + kind_name + ": bucket does not match position") &&
+                                Contains("positions") && Contains("buckets") &&
+                                Contains("at row " + std::to_string(row) + " ") && Contains("width 64") &&
+                                Contains("bucket (value " + std::to_string(value) + ")"));
+        };
+        names("qkgeom::analyze_head", invalid_argument_of([&] { (void)qkgeom::analyze_head(bad); }));
+        names("qkgeom::attention_plasticity",
+              invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, bad); }));
+        if (kind_name == "keys")
+            names("qkgeom::attention_plasticity",
+                  invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, bad.keys, bad.facts); }));
+    };
+    SECTION("keys") {
+        auto bad = h;
+        bad.keys.bucket = qkgeom::token_buckets(h.keys.position.values());  // the positions, labelled buckets
+        index_t const row = first_mismatch(h.keys.position);
+        REQUIRE(row >= 0);
+        caught(bad, "keys", row, h.keys.position[row]);
+        // without a scheme the facts cannot tell: buckets are labels
+        CHECK_NOTHROW(qkgeom::attention_plasticity(model, bad.keys, qkgeom::capture_facts{}));
+    }
+    SECTION("queries") {
+        auto bad = h;
+        bad.queries.bucket = qkgeom::token_buckets(h.queries.position.values());
+        index_t const row = first_mismatch(h.queries.position);
+        REQUIRE(row >= 0);
+        caught(bad, "queries", row, h.queries.position[row]);
+    }
+    SECTION("swapped: buckets as positions and positions as buckets") {
+        auto bad = h;
+        bad.keys.position = qkgeom::token_positions(h.keys.bucket.values());
+        bad.keys.bucket = qkgeom::token_buckets(h.keys.position.values());
+        // row 0 of each example may agree (bucket 0 at position 0); the first
+        // row that does not: bucket_of(bucket) != position
+        index_t row = -1;
+        for (index_t i = 0; i < h.keys.position.size() && row < 0; ++i)
+            if (qkgeom::bucket_of(s.buckets, h.keys.bucket[i]) != h.keys.position[i]) row = i;
+        REQUIRE(row >= 0);
+        caught(bad, "keys", row, h.keys.position[row]);
+    }
+    SECTION("a length that differs from the rows names the kind and the field") {
+        auto const n_k = h.keys.vectors.rows(), n_q = h.queries.vectors.rows();
+        auto rejected = [&](syn::head_capture const& bad, std::string const& what, index_t rows, index_t length) {
+            auto names = [&](std::string const& fn, std::string const& msg) {
+                INFO("message: " << msg);
+                CHECK_THAT(msg, Contains(fn + ": " + what + ": length differs from the " + std::to_string(rows) +
+                                         " rows") &&
+                                    Contains("length (value " + std::to_string(length) + ")"));
+            };
+            names("qkgeom::analyze_head", invalid_argument_of([&] { (void)qkgeom::analyze_head(bad); }));
+            names("qkgeom::attention_plasticity",
+                  invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, bad); }));
+        };
+        {
+            auto bad = h;  // one key vector fewer than annotations
+            bad.keys.vectors = Eigen::MatrixXd(h.keys.vectors.topRows(n_k - 1));
+            rejected(bad, "keys: positions", n_k - 1, n_k);
+        }
+        {
+            auto bad = h;
+            bad.keys.bucket.values().pop_back();
+            rejected(bad, "keys: buckets", n_k, n_k - 1);
+        }
+        {
+            auto bad = h;
+            bad.keys.example_id.values().push_back(0);
+            rejected(bad, "keys: example ids", n_k, n_k + 1);
+        }
+        {
+            auto bad = h;  // one query vector more than annotations
+            bad.queries.vectors.conservativeResize(n_q + 1, Eigen::NoChange);
+            bad.queries.vectors.row(n_q).setOnes();
+            rejected(bad, "queries: positions", n_q + 1, n_q);
+        }
+        {
+            auto bad = h;
+            bad.queries.position.values().pop_back();
+            rejected(bad, "queries: positions", n_q, n_q - 1);
+        }
+        {
+            auto bad = h;
+            bad.queries.bucket.values().pop_back();
+            rejected(bad, "queries: buckets", n_q, n_q - 1);
+        }
+        {
+            auto bad = h;  // query example ids are optional, but when given, one per row
+            bad.queries.example_id.values().pop_back();
+            rejected(bad, "queries: example ids", n_q, n_q - 1);
+        }
+        auto no_query_ids = h;
+        no_query_ids.queries.example_id = qkgeom::example_ids{};
+        CHECK_NOTHROW(qkgeom::analyze_head(no_query_ids));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The default heatmap grid is the model-wide model_heatmap_grid(facts, L,
+// pairs) (method §6, §9.13): 16 distance bins over [0, min(L, B)] for
+// same_bucket pairs of uniform/all buckets of width B, else over [0, L], and
+// 32 offset bins over [−L, L]; so heads of one capture (same L) share a grid
+// whatever their largest position.
+// ---------------------------------------------------------------------------
+TEST_CASE("model_heatmap_grid is the default grid, the same for heads of one context length",
+          "[plasticity][heatmap]") {
+    auto uniform_edges = [](double lo, double hi, std::size_t bins) {
+        std::vector<double> e(bins + 1);
+        for (std::size_t i = 0; i <= bins; ++i) e[i] = lo + (hi - lo) * double(i) / double(bins);
+        return e;
+    };
+    auto check_grid = [&](qkgeom::heatmap_grid const& g, double L, double span) {
+        REQUIRE(g.distance_edges.size() == 17);
+        REQUIRE(g.offset_edges.size() == 33);
+        CHECK(g.distance_edges.front() == 0.0);
+        CHECK(g.distance_edges.back() == span);
+        CHECK(g.offset_edges.front() == -L);
+        CHECK(g.offset_edges.back() == L);
+        auto const de = uniform_edges(0, span, 16), oe = uniform_edges(-L, L, 32);
+        for (std::size_t i = 0; i < de.size(); ++i) CHECK(std::abs(g.distance_edges[i] - de[i]) <= 1e-12 * span);
+        for (std::size_t i = 0; i < oe.size(); ++i) CHECK(std::abs(g.offset_edges[i] - oe[i]) <= 1e-12 * L);
+    };
+    using qkgeom::model_heatmap_grid;
+    qkgeom::capture_facts f;
+    f.buckets = bucket_spec{bucket_scheme::uniform, 128, 4.0};
+    check_grid(model_heatmap_grid(f, 1000, pair_policy::same_bucket), 1000, 128);
+    check_grid(model_heatmap_grid(f, 100, pair_policy::same_bucket), 100, 100);  // min(L, B)
+    check_grid(model_heatmap_grid(f, 1000, pair_policy::prefix), 1000, 1000);
+    f.buckets = bucket_spec{bucket_scheme::all, 32, 1.0};
+    check_grid(model_heatmap_grid(f, 1000, pair_policy::same_bucket), 1000, 32);
+    check_grid(model_heatmap_grid(f, 1000, pair_policy::prefix), 1000, 1000);
+    f.buckets = bucket_spec{bucket_scheme::log, 16, 4.0};
+    check_grid(model_heatmap_grid(f, 1000, pair_policy::same_bucket), 1000, 1000);
+    check_grid(model_heatmap_grid(f, 1000, pair_policy::prefix), 1000, 1000);
+    f.buckets.reset();  // no scheme: distances over [0, L]
+    check_grid(model_heatmap_grid(f, 1000, pair_policy::same_bucket), 1000, 1000);
+    CHECK_THROWS_WITH(model_heatmap_grid(f, 0, pair_policy::same_bucket),
+                      Catch::Contains("context length") && Catch::Contains("value 0"));
+
+    // Two heads with the same facts.context_length and different largest
+    // positions: identical edges, those of model_heatmap_grid.
+    head_setup s;
+    s.d = 6;
+    s.rotary = 2;
+    s.n_examples = 3;
+    s.context = 1024;
+    s.buckets = {bucket_scheme::uniform, 64, 3.0};
+    auto const a = make_head(s);
+    s.context = 640;
+    s.seed = 2;
+    auto const b = with_context(make_head(s), 1024);
+    REQUIRE(a.facts.context_length == 1024);
+    REQUIRE(b.facts.context_length == 1024);
+    auto max_position = [](syn::head_capture const& h) {
+        std::int64_t m = 0;
+        for (auto t : h.queries.position) m = std::max(m, t);
+        for (auto t : h.keys.position) m = std::max(m, t);
+        return m;
+    };
+    REQUIRE(max_position(a) > 1000);
+    REQUIRE(max_position(b) < 640);
+    for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
+        INFO("policy " << int(policy));
+        plasticity_options o;
+        o.pairs = policy;
+        auto const ra = run(model_of(a), a, o), rb = run(model_of(b), b, o);
+        CHECK(ra.context_length == 1024);
+        CHECK(rb.context_length == 1024);
+        auto const want = model_heatmap_grid(a.facts, 1024, policy);
+        CHECK(ra.heatmap.distance_edges == rb.heatmap.distance_edges);
+        CHECK(ra.heatmap.offset_edges == rb.heatmap.offset_edges);
+        CHECK(ra.heatmap.distance_edges == want.distance_edges);
+        CHECK(ra.heatmap.offset_edges == want.offset_edges);
+        CHECK(ra.heatmap.distance_edges.back() == (policy == pair_policy::same_bucket ? 64.0 : 1024.0));
+        CHECK(rb.heatmap.count.sum() + rb.heatmap.n_outside == rb.n_pairs);
+        // with L from the rows the grids follow each head's own L
+        auto const rb0 = run(model_of(b), with_context(b, 0), o);
+        CHECK(rb0.context_length == max_position(b) + 1);
+        CHECK(rb0.heatmap.offset_edges == model_heatmap_grid(b.facts, rb0.context_length, policy).offset_edges);
+        CHECK(rb0.heatmap.offset_edges != ra.heatmap.offset_edges);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// capture_store::head (capture.hpp) is a head_capture of views of the stored
+// rows (f32, widened exactly): analyze_head of it equals analyze_head of the
+// same rows copied into an owning head_capture<row_matrix>.
+// ---------------------------------------------------------------------------
+TEST_CASE("capture_store::head feeds analyze_head as the owning rows do", "[plasticity][analyze][capture]") {
+    using qkgeom::kind;
+    qkgeom::model_layout const layout = qkgeom::uniform_layout(1, 2, 1, 6);
+    std::vector<qkgeom::head_id> const heads{{0, 0, 0}, {0, 1, 0}};
+    qkgeom::capture_sampler const smp{{bucket_scheme::uniform, 32, 4.0}, 5};
+    qkgeom::capture_store<float> st(layout, heads, smp);
+    // Rows with a drift along coordinate 0 (queries and keys) and an offset,
+    // in two steps of 160 positions for 4 examples.
+    std::mt19937_64 gen(31);
+    std::normal_distribution<double> nd;
+    for (std::int64_t step = 0; step < 2; ++step) {
+        std::vector<std::int64_t> pos, ex;
+        for (std::int64_t e = 0; e < 4; ++e)
+            for (std::int64_t t = 0; t < 160; ++t) {
+                pos.push_back(step * 160 + t);
+                ex.push_back(e);
+            }
+        for (kind k : {kind::query, kind::key})
+            for (std::int64_t hd = 0; hd < (k == kind::query ? 2 : 1); ++hd) {
+                if (!st.wants(0, k, hd)) continue;
+                Eigen::MatrixXd x(static_cast<index_t>(pos.size()), 6);
+                for (index_t i = 0; i < x.rows(); ++i) {
+                    double const t = double(pos[static_cast<std::size_t>(i)]);
+                    for (index_t c = 0; c < 6; ++c) x(i, c) = nd(gen) + (c == 0 ? 4e-3 * t : 0.0) + (c == 1 ? 1.0 : 0.0);
+                }
+                st.add(0, k, hd, x, pos, ex);
+            }
+    }
+    // The same rows, copied (float → double is exact).
+    auto owning_rows = [](qkgeom::captured_rows<float> const& r) {
+        qkgeom::row_matrix m(r.rows(), r.dim);
+        for (index_t i = 0; i < m.rows(); ++i)
+            for (index_t c = 0; c < m.cols(); ++c)
+                m(i, c) = double(r.values[static_cast<std::size_t>(i * r.dim + c)]);
+        return qkgeom::token_rows<qkgeom::row_matrix>{m, r.position, r.bucket, r.example_id};
+    };
+    for (auto const& id : heads) {
+        INFO("q_head " << id.q_head);
+        auto const view = st.head(id);
+        qkgeom::head_capture<qkgeom::row_matrix> const own{view.id, view.facts,
+                                                           owning_rows(st.rows(0, kind::query, id.q_head)),
+                                                           owning_rows(st.rows(0, kind::key, id.k_head))};
+        REQUIRE(own.queries.vectors.rows() > 100);
+        REQUIRE(own.keys.vectors.rows() > 100);
+        REQUIRE(view.facts.buckets == smp.buckets);
+        auto const a = qkgeom::analyze_head(view);
+        auto const b = qkgeom::analyze_head(own);
+        CHECK(a.id == id);
+        CHECK(b.id == id);
+        CHECK(a.n_q_tokens == b.n_q_tokens);
+        CHECK(a.n_k_tokens == b.n_k_tokens);
+        CHECK(std::isfinite(b.householder.q_R2_pos));
+        CHECK(std::abs(a.householder.q_R2_pos - b.householder.q_R2_pos) <= 1e-12);
+        CHECK(a.plasticity.context_length == b.plasticity.context_length);
+        CHECK(std::isfinite(b.plasticity.ap_overall));
+        CHECK(same_value(a.plasticity.ap_overall, b.plasticity.ap_overall, 1e-12));
+        REQUIRE(b.plasticity.n_pairs > 0);
+        check_same(a.plasticity, b.plasticity, 1e-12);
+        // the direct call on the view's rows, with the view's model
+        check_same(qkgeom::attention_plasticity(a.householder, view), a.plasticity, 1e-12);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The empirical check's single-precision kernels (simd/score_kernels.hpp)
 // at every instruction-set level this CPU has: each score within the
 // certified bound γ_{d+3}‖q‖‖k‖ of the double product (f32_dot_error_factor is
 // twice that) for shapes around the panel, block and chunk edges, and the
@@ -1525,12 +1858,13 @@ TEST_CASE("the empirical check counts as double precision at every level", "[pla
     std::mt19937_64 gen(3);
     std::normal_distribution<double> nd(0.0, 1.0);
     std::map<std::pair<std::int64_t, std::int64_t>, std::vector<index_t>> groups;
-    for (index_t i = 0; i < h.k.rows(); ++i)
-        groups[{h.k_example[static_cast<std::size_t>(i)], h.k_bucket[static_cast<std::size_t>(i)]}].push_back(i);
+    for (index_t i = 0; i < h.keys.vectors.rows(); ++i)
+        groups[{h.keys.example_id[i], h.keys.bucket[i]}].push_back(i);
     int near = 0;
     for (auto const& [key, idx] : groups) {
         if (idx.size() < 2) continue;
-        for (index_t l = 0; l < s.d; ++l) h.k(idx[1], l) = h.k(idx[0], l) * (1.0 + 1e-6 * nd(gen));
+        for (index_t l = 0; l < s.d; ++l)
+            h.keys.vectors(idx[1], l) = h.keys.vectors(idx[0], l) * (1.0 + 1e-6 * nd(gen));
         ++near;
     }
     REQUIRE(near > 40);
@@ -1539,22 +1873,23 @@ TEST_CASE("the empirical check counts as double precision at every level", "[pla
     // pair-difference form (whose own error is ≈ 1e-5‖q‖‖δ‖ here).
     auto plant_orthogonal = [&] {
         index_t planted = 0;
-        std::vector<index_t> order(static_cast<std::size_t>(h.q.rows()));  // query rows, latest bucket first
+        // query rows, latest bucket first
+        std::vector<index_t> order(static_cast<std::size_t>(h.queries.vectors.rows()));
         std::iota(order.begin(), order.end(), index_t{0});
         std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
-            return h.q_bucket[static_cast<std::size_t>(a)] > h.q_bucket[static_cast<std::size_t>(b)];
+            return h.queries.bucket[a] > h.queries.bucket[b];
         });
         std::size_t next = 0;
         for (auto const& [key, idx] : groups) {
             if (idx.size() < 2) continue;
-            Eigen::RowVectorXd const delta = h.k.row(idx[0]) - h.k.row(idx[1]);
+            Eigen::RowVectorXd const delta = h.keys.vectors.row(idx[0]) - h.keys.vectors.row(idx[1]);
             for (int t = 0; t < 3; ++t, ++next) {
-                if (next >= order.size() || h.q_bucket[static_cast<std::size_t>(order[next])] <= key.second) break;
+                if (next >= order.size() || h.queries.bucket[order[next]] <= key.second) break;
                 index_t const r = order[next];
-                Eigen::RowVectorXd q = h.q.row(r);
+                Eigen::RowVectorXd q = h.queries.vectors.row(r);
                 q -= (q.dot(delta) / delta.squaredNorm()) * delta;
                 q += ((t % 2 == 0) ? 1e-9 : -1e-9) * q.norm() / delta.norm() * delta;
-                h.q.row(r) = q;
+                h.queries.vectors.row(r) = q;
                 ++planted;
             }
         }
@@ -1567,18 +1902,18 @@ TEST_CASE("the empirical check counts as double precision at every level", "[pla
     // themselves stay small (d·max|q|·max|k| ≈ 1e31): still the fallback
     for (int scenario = 0; scenario < 4; ++scenario) {
         if (scenario == 1) REQUIRE(plant_orthogonal() > 40);
-        if (scenario == 2) h.q(0, 5) = 1e-310;
+        if (scenario == 2) h.queries.vectors(0, 5) = 1e-310;
         if (scenario == 3) {
-            h.q(0, 5) = 0.5;
-            h.k *= 1e-10;
-            h.q(1, 3) = 1e39;
+            h.queries.vectors(0, 5) = 0.5;
+            h.keys.vectors *= 1e-10;
+            h.queries.vectors(1, 3) = 1e39;
         }
         INFO("scenario " << scenario);
         auto const mdl = model_of(h);
         for (auto policy : {pair_policy::same_bucket, pair_policy::prefix}) {
+            REQUIRE(h.facts.buckets == s.buckets);  // buckets checked against positions, as before
             plasticity_options o;
             o.pairs = policy;
-            o.buckets = s.buckets;
             o.enumeration = qkgeom::enumeration_policy::exact;
             auto const ref = brute_force(mdl, h, policy, 0, true);
             std::vector<plasticity_result> results;

@@ -374,33 +374,37 @@ TEST_CASE("synthetic: GQA mapping, query heads of a group share identical key ro
     REQUIRE(hs.size() == 6);
     for (std::int64_t h = 0; h < 6; ++h) {
         auto const& c = hs[static_cast<std::size_t>(h)];
-        CHECK(c.q_head == h);
-        CHECK(c.k_head == h / 3);
-        CHECK(c.layer == L.layer);
-        CHECK(c.q.rows() == static_cast<index_t>(c.q_position.size()));
-        CHECK(c.k.rows() == static_cast<index_t>(c.k_position.size()));
-        CHECK(c.q.cols() == 16);
+        CHECK(c.id.q_head == h);
+        CHECK(c.id.k_head == h / 3);
+        CHECK(c.id.layer == L.layer);
+        // The facts carry the capture's bucket scheme and context length (no window).
+        CHECK(c.facts.buckets == cap.buckets);
+        CHECK(c.facts.context_length == cap.context_length);
+        CHECK(c.facts.sliding_window == 0);
+        CHECK(c.queries.vectors.rows() == static_cast<index_t>(c.queries.position.size()));
+        CHECK(c.keys.vectors.rows() == static_cast<index_t>(c.keys.position.size()));
+        CHECK(c.queries.vectors.cols() == 16);
         // Same positions for every head of one (layer, kind) (method §0.1).
-        CHECK(c.q_position == hs[0].q_position);
-        CHECK(c.q_example == hs[0].q_example);
-        CHECK(c.k_position == hs[0].k_position);
+        CHECK(c.queries.position == hs[0].queries.position);
+        CHECK(c.queries.example_id == hs[0].queries.example_id);
+        CHECK(c.keys.position == hs[0].keys.position);
         // Keys: identical within a group, shared drift and mixing.
         auto const& lead = hs[static_cast<std::size_t>(3 * (h / 3))];
-        CHECK(c.k == lead.k);
+        CHECK(c.keys.vectors == lead.keys.vectors);
         CHECK(c.truth.mixing == lead.truth.mixing);
         CHECK(c.truth.drift == lead.truth.drift);
         CHECK(c.truth.m_k == lead.truth.m_k);
     }
-    CHECK(hs[0].q != hs[1].q);          // query heads differ
-    CHECK(hs[0].k != hs[3].k);          // kv heads differ
-    CHECK(hs[0].q_position != hs[0].k_position);  // kinds are sampled independently
+    CHECK(hs[0].queries.vectors != hs[1].queries.vectors);  // query heads differ
+    CHECK(hs[0].keys.vectors != hs[3].keys.vectors);        // kv heads differ
+    CHECK(hs[0].queries.position != hs[0].keys.position);  // kinds are sampled independently
     // bucket ids follow bucket_of.
-    for (std::size_t i = 0; i < hs[0].q_position.size(); ++i)
-        REQUIRE(hs[0].q_bucket[i] == qkgeom::bucket_of(cap.buckets, hs[0].q_position[i]));
+    for (index_t i = 0; i < hs[0].queries.position.size(); ++i)
+        REQUIRE(hs[0].queries.bucket[i] == qkgeom::bucket_of(cap.buckets, hs[0].queries.position[i]));
     // Kept positions are keep_token's.
     std::vector<std::int64_t> ex0;
-    for (std::size_t i = 0; i < hs[0].k_position.size(); ++i)
-        if (hs[0].k_example[i] == 2) ex0.push_back(hs[0].k_position[i]);
+    for (index_t i = 0; i < hs[0].keys.position.size(); ++i)
+        if (hs[0].keys.example_id[i] == 2) ex0.push_back(hs[0].keys.position[i]);
     CHECK(ex0 == qkgeom::kept_positions(cap.buckets, cap.seed, 2, L.layer, kind::key, cap.context_length));
 }
 
@@ -416,25 +420,25 @@ TEST_CASE("synthetic: generation is deterministic, generate_head equals generate
     auto const a = syn::generate_layer(L, cap);
     auto const b = syn::generate_layer(L, cap);
     for (std::size_t h = 0; h < a.size(); ++h) {
-        CHECK(a[h].q == b[h].q);
-        CHECK(a[h].k == b[h].k);
+        CHECK(a[h].queries.vectors == b[h].queries.vectors);
+        CHECK(a[h].keys.vectors == b[h].keys.vectors);
         auto const one = syn::generate_head(L, cap, static_cast<std::int64_t>(h));
-        CHECK(one.q == a[h].q);
-        CHECK(one.k == a[h].k);
-        CHECK(one.q_position == a[h].q_position);
-        CHECK(one.k_head == a[h].k_head);
+        CHECK(one.queries.vectors == a[h].queries.vectors);
+        CHECK(one.keys.vectors == a[h].keys.vectors);
+        CHECK(one.queries.position == a[h].queries.position);
+        CHECK(one.id.k_head == a[h].id.k_head);
         CHECK(one.truth.m_q == a[h].truth.m_q);
         CHECK(one.truth.beta == a[h].truth.beta);
     }
     syn::capture_spec cap2 = cap;
     cap2.seed = 2;
     auto const c = syn::generate_head(L, cap2);
-    CHECK(c.q_position != a[0].q_position);
+    CHECK(c.queries.position != a[0].queries.position);
     CHECK(c.truth.m_q == a[0].truth.m_q);  // the model does not depend on the capture seed
     syn::layer_spec L2 = L;
     L2.model_seed = 5;
     auto const d = syn::generate_head(L2, cap);
-    CHECK(d.q_position == a[0].q_position);  // ... nor the sampling on the model seed
+    CHECK(d.queries.position == a[0].queries.position);  // ... nor the sampling on the model seed
     CHECK(d.truth.m_q != a[0].truth.m_q);
     CHECK(d.truth.mixing != a[0].truth.mixing);
 }
@@ -507,7 +511,7 @@ TEST_CASE("synthetic: OLS slope of Q on position approaches truth.beta", "[synth
     auto const h = syn::generate_head(L, cap);
     auto const& tr = h.truth;
     REQUIRE(tr.n_q > 6000);
-    ols_fit const f = ols(h.q, h.q_position);
+    ols_fit const f = ols(h.queries.vectors, h.queries.position.values());
     // Per coordinate: se_j = s_j / (sd(t)·√n) — with s_j the residual sd of the
     // coordinate (noise s(b), rotary rope_sd and bucket means m(b), mixed by M).
     // For an unmixed plain coordinate with noise_sd = 1 this is about
@@ -538,33 +542,34 @@ TEST_CASE("synthetic: rotation truth (a, mu_q_a, alpha_k, bias_strength) against
         CHECK(tr.alpha_k == Approx(std::abs(L.kv_heads[0].key.slope)));  // same-sign slopes: a points along them
         CHECK(tr.bias_strength == tr.mu_q_a * tr.alpha_k);
 
-        auto const n_q = static_cast<double>(h.q.rows()), n_k = static_cast<double>(h.k.rows());
+        auto const n_q = static_cast<double>(h.queries.vectors.rows());
+        auto const n_k = static_cast<double>(h.keys.vectors.rows());
         // Pooled sample Cov(x, t) points along a (method §3), up to the sampling offset term.
-        Eigen::MatrixXd pool(h.q.rows() + h.k.rows(), L.d);
-        pool << h.q, h.k;
-        std::vector<std::int64_t> tpool = h.q_position;
-        tpool.insert(tpool.end(), h.k_position.begin(), h.k_position.end());
+        Eigen::MatrixXd pool(h.queries.vectors.rows() + h.keys.vectors.rows(), L.d);
+        pool << h.queries.vectors, h.keys.vectors;
+        std::vector<std::int64_t> tpool = h.queries.position.values();
+        tpool.insert(tpool.end(), h.keys.position.begin(), h.keys.position.end());
         ols_fit const fp = ols(pool, tpool);
         Eigen::VectorXd const a_hat = fp.slope.normalized();
         CHECK(a_hat.dot(tr.a) > 0.98);
 
         // mean of q·a: given the positions, only the noise s(b)·ε is random: se = sqrt(sigma2_pos / n).
-        Eigen::VectorXd const qa = h.q * tr.a, ka = h.k * tr.a;
+        Eigen::VectorXd const qa = h.queries.vectors * tr.a, ka = h.keys.vectors * tr.a;
         double const se_mu = std::sqrt(tr.sigma2_pos / n_q);
         CHECK(std::abs(qa.mean() - tr.mu_q_a) < 5 * se_mu);
         CHECK(std::abs(ka.mean() - tr.mu_k_a) < 5 * std::sqrt(1.0 / n_k));  // key noise_sd = 1, no ramp
         // slopes of the a-projections.
-        ols_fit const fq = ols(h.q * tr.a, h.q_position);
-        ols_fit const fk = ols(h.k * tr.a, h.k_position);
+        ols_fit const fq = ols(h.queries.vectors * tr.a, h.queries.position.values());
+        ols_fit const fk = ols(h.keys.vectors * tr.a, h.keys.position.values());
         CHECK(std::abs(fq.slope(0) - tr.alpha_q) < 5 * fq.se_slope(0));
         CHECK(std::abs(fk.slope(0) - tr.alpha_k) < 5 * fk.se_slope(0));
         double const bias_hat = qa.mean() * fk.slope(0);
         double const se_bias = std::abs(tr.alpha_k) * se_mu + std::abs(tr.mu_q_a) * fk.se_slope(0);
         CHECK(std::abs(bias_hat - tr.bias_strength) < 5 * se_bias);
         // Pearson r of q·a with t.
-        Eigen::VectorXd tq(h.q.rows());
+        Eigen::VectorXd tq(h.queries.vectors.rows());
         for (index_t i = 0; i < tq.size(); ++i)
-            tq(i) = static_cast<double>(h.q_position[static_cast<std::size_t>(i)]);
+            tq(i) = static_cast<double>(h.queries.position[i]);
         Eigen::VectorXd const qc = qa.array() - qa.mean(), tc = tq.array() - tq.mean();
         double const r_hat = qc.dot(tc) / (qc.norm() * tc.norm());
         CHECK(std::abs(r_hat - tr.r_q_a) < 5 * (1 - tr.r_q_a * tr.r_q_a) / std::sqrt(n_q));
@@ -607,7 +612,7 @@ TEST_CASE("synthetic: Householder truth (beta_pos, alpha_pos, sigma2_pos) on the
     CHECK(tr.alpha_pos == Approx(bhat.dot(tr.alpha)).epsilon(1e-12));
     // sigma2_pos = mean over queries of s(b_i)².
     double s2 = 0;
-    for (auto b : h.q_bucket) {
+    for (auto b : h.queries.bucket) {
         double const s = tr.sigma_q(static_cast<index_t>(b - tr.buckets.front()));
         s2 += s * s;
     }
@@ -615,7 +620,7 @@ TEST_CASE("synthetic: Householder truth (beta_pos, alpha_pos, sigma2_pos) on the
     CHECK(tr.sigma_q(0) == qp.noise_sd);
     CHECK(tr.sigma_q(tr.sigma_q.size() - 1) == Approx(qp.noise_sd * (1 + qp.noise_sd_ramp)));
     // The projection y = β̂·q is exactly alpha_pos + beta_pos t + s(b)ε.
-    ols_fit const f = ols(h.q * bhat, h.q_position);
+    ols_fit const f = ols(h.queries.vectors * bhat, h.queries.position.values());
     double const n = static_cast<double>(f.n);
     CHECK(std::abs(f.slope(0) - tr.beta_pos) < 5 * f.se_slope(0));
     CHECK(std::abs(f.intercept(0) - tr.alpha_pos) <
@@ -632,8 +637,8 @@ TEST_CASE("synthetic: conditional means and covariances match the sample moments
     auto const h = syn::generate_head(L, cap);
     auto const& tr = h.truth;
     for (int kindi = 0; kindi < 2; ++kindi) {
-        Eigen::MatrixXd const& x = kindi == 0 ? h.q : h.k;
-        auto const& pos = kindi == 0 ? h.q_position : h.k_position;
+        Eigen::MatrixXd const& x = kindi == 0 ? h.queries.vectors : h.keys.vectors;
+        auto const& pos = kindi == 0 ? h.queries.position.values() : h.keys.position.values();
         Eigen::VectorXd const& mu = kindi == 0 ? tr.mu_q : tr.mu_k;
         Eigen::MatrixXd const& cov = kindi == 0 ? tr.cov_q : tr.cov_k;
         Eigen::VectorXd const& cov_t = kindi == 0 ? tr.cov_qt : tr.cov_kt;
