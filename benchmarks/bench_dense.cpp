@@ -18,8 +18,8 @@ namespace {
 using namespace qkbench;
 
 struct dense_case {
-    rows_f32 k;
-    std::vector<std::int64_t> k_pos, k_bucket, k_example;
+    /// The keys (no query rows: no empirical check) and the facts (L = 2m).
+    qkgeom::head_capture<rows_f32> head;
     qkgeom::householder_result model;
     std::int64_t L = 0;
 };
@@ -39,14 +39,16 @@ dense_case make_dense(index_t m, index_t d = 128) {
         for (index_t j = 0; j < d; ++j) q(i, j) = float(nd(gen) + (j == 0 ? 1e-3 * double(qp[std::size_t(i)]) : 0.0));
     }
     c.model = qkgeom::householder(q, qp, qb);
-    c.k.resize(m, d);
-    c.k_pos.resize(std::size_t(m));
-    c.k_bucket.assign(std::size_t(m), 0);
-    c.k_example.assign(std::size_t(m), 0);
+    auto& k = c.head.keys;
+    k.vectors.resize(m, d);
+    k.position.values().resize(std::size_t(m));
+    k.bucket.values().assign(std::size_t(m), 0);
+    k.example_id.values().assign(std::size_t(m), 0);
     for (index_t i = 0; i < m; ++i) {
-        c.k_pos[std::size_t(i)] = i;
-        for (index_t j = 0; j < d; ++j) c.k(i, j) = float(nd(gen) + (j == 0 ? -2e-3 * double(i) : 0.0));
+        k.position.values()[std::size_t(i)] = i;
+        for (index_t j = 0; j < d; ++j) k.vectors(i, j) = float(nd(gen) + (j == 0 ? -2e-3 * double(i) : 0.0));
     }
+    c.head.facts.context_length = c.L;
     return c;
 }
 
@@ -59,34 +61,35 @@ void dense_counters(benchmark::State& st, index_t m, index_t d) {
         benchmark::Counter(pairs * 2.0 * double(d) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-qkgeom::plasticity_options dense_options(dense_case const& c) {
+qkgeom::plasticity_options dense_options() {
     qkgeom::plasticity_options o;
     o.enumeration = qkgeom::enumeration_policy::exact;
-    o.context_length = c.L;
     return o;
 }
 
 void bm_dense_plasticity(benchmark::State& st) {
     index_t const m = index_t(st.range(0));
     auto const c = make_dense(m);
-    auto const opt = dense_options(c);
+    auto const opt = dense_options();
     for (auto _ : st) {
-        auto const r = qkgeom::attention_plasticity(c.model, c.k, c.k_pos, c.k_bucket, c.k_example, opt);
+        // The head without query rows: attention_plasticity(model, keys, facts)
+        // without that overload's copy of the key rows.
+        auto const r = qkgeom::attention_plasticity(c.model, c.head, opt);
         benchmark::DoNotOptimize(r.ap_overall);
     }
-    dense_counters(st, m, c.k.cols());
+    dense_counters(st, m, c.head.keys.vectors.cols());
 }
 
 void bm_dense_gram(benchmark::State& st) {
     index_t const m = index_t(st.range(0));
     auto const c = make_dense(m);
-    auto const opt = dense_options(c);
-    qkgeom::index_t const d = c.k.cols();
+    auto const opt = dense_options();
+    qkgeom::index_t const d = c.head.keys.vectors.cols();
     auto const& s = c.model.buckets.back();
-    Eigen::MatrixXd K = c.k.cast<double>();
+    Eigen::MatrixXd K = c.head.keys.vectors.cast<double>();
     for (auto _ : st) {
         double sink = 0;
-        qkgeom::detail::dense_group g(K, s.mean, s.var, Eigen::MatrixXd{});
+        qkgeom::detail::dense_group_t<> g(K, s.mean, s.var, Eigen::MatrixXd{});
         g.for_each_tile(opt.tile_keys, [&](index_t, index_t, index_t, index_t, Eigen::MatrixXd const& G) { sink += G(0, 0); });
         benchmark::DoNotOptimize(sink);
     }

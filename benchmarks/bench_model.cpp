@@ -26,15 +26,18 @@ namespace {
 
 using namespace qkbench;
 
-struct kind_rows {
-    rows_f32 x;
-    std::vector<std::int64_t> position, bucket, example;
-};
+/// The rows of one kind of one head: f32 vectors with positions, buckets, example ids.
+using kind_rows = qkgeom::token_rows<rows_f32>;
+
+/// A head as the analysis takes it from memory: views of the rows held by
+/// model_data (the kv head's rows shared by its GQA group), annotations and facts.
+using head_view = qkgeom::head_capture<qkgeom::matrix_view<float>>;
 
 struct model_data {
     model_shape shape;
     std::vector<kind_rows> q;  ///< per query head, layer-major
     std::vector<kind_rows> k;  ///< per kv head, layer-major
+    std::vector<head_view> heads;  ///< per query head: views of q[i] and keys_of(i), built once
     std::size_t bytes = 0;     ///< f32 bytes of all rows
     [[nodiscard]] kind_rows const& keys_of(std::size_t head) const {
         auto const layer = std::int64_t(head) / shape.n_q_heads, h = std::int64_t(head) % shape.n_q_heads;
@@ -44,10 +47,15 @@ struct model_data {
     /// Bytes one analysis pass reads: every head's queries and its kv head's keys.
     [[nodiscard]] std::size_t pass_bytes() const {
         std::size_t b = 0;
-        for (std::size_t i = 0; i < q.size(); ++i) b += std::size_t(q[i].x.size() + keys_of(i).x.size()) * 4;
+        for (std::size_t i = 0; i < q.size(); ++i) b += std::size_t(q[i].vectors.size() + keys_of(i).vectors.size()) * 4;
         return b;
     }
 };
+
+qkgeom::head_id id_of(model_shape const& s, std::size_t i) {
+    auto const layer = std::int64_t(i) / s.n_q_heads, h = std::int64_t(i) % s.n_q_heads;
+    return {layer, h, h / (s.n_q_heads / s.n_kv_heads)};
+}
 
 model_data const& the_model() {
     static model_data const m = [] {
@@ -57,23 +65,26 @@ model_data const& the_model() {
             auto heads = make_layer(out.shape, l);
             std::int64_t const group = out.shape.n_q_heads / out.shape.n_kv_heads;
             for (auto& h : heads) {
-                out.bytes += std::size_t(h.q.size()) * 4;
-                out.q.push_back({std::move(h.q), std::move(h.q_position), std::move(h.q_bucket), std::move(h.q_example)});
-                if (h.q_head % group == 0) {
-                    out.bytes += std::size_t(h.k.size()) * 4;
-                    out.k.push_back(
-                        {std::move(h.k), std::move(h.k_position), std::move(h.k_bucket), std::move(h.k_example)});
+                out.bytes += std::size_t(h.queries.vectors.size()) * 4;
+                out.q.push_back(std::move(h.queries));
+                if (h.id.q_head % group == 0) {
+                    out.bytes += std::size_t(h.keys.vectors.size()) * 4;
+                    out.k.push_back(std::move(h.keys));
                 }
             }
         }
+        // The heads as analysed, prepared outside every timed loop (as the
+        // positional arrays were passed before): views of the rows, copies
+        // of the annotations, the facts of the capture.
+        auto view = [](kind_rows const& r) {
+            return qkgeom::token_rows<qkgeom::matrix_view<float>>{qkgeom::as_matrix(r.vectors), r.position, r.bucket,
+                                                                   r.example_id};
+        };
+        for (std::size_t i = 0; i < out.q.size(); ++i)
+            out.heads.push_back({id_of(out.shape, i), capture_facts_of(out.shape), view(out.q[i]), view(out.keys_of(i))});
         return out;
     }();
     return m;
-}
-
-qkgeom::head_id id_of(model_shape const& s, std::size_t i) {
-    auto const layer = std::int64_t(i) / s.n_q_heads, h = std::int64_t(i) % s.n_q_heads;
-    return {layer, h, h / (s.n_q_heads / s.n_kv_heads)};
 }
 
 void model_counters(benchmark::State& st, model_data const& m, std::size_t bytes) {
@@ -89,12 +100,7 @@ void bm_model_memory(benchmark::State& st) {
     auto const jobs = unsigned(st.range(0));
     for (auto _ : st) {
         std::vector<qkgeom::head_analysis> res(m.q.size());
-        parallel_for(m.q.size(), jobs, [&](std::size_t i) {
-            auto const& q = m.q[i];
-            auto const& k = m.keys_of(i);
-            res[i] = qkgeom::analyze_head(q.x, q.position, q.bucket, k.x, k.position, k.bucket, k.example, opt,
-                                          id_of(m.shape, i));
-        });
+        parallel_for(m.q.size(), jobs, [&](std::size_t i) { res[i] = qkgeom::analyze_head(m.heads[i], opt); });
         auto const summary = qkgeom::summarise_model(res);
         benchmark::DoNotOptimize(summary.all.mean[0]);
     }
@@ -111,9 +117,9 @@ void bm_model_moments(benchmark::State& st) {
         parallel_for(m.q.size(), jobs, [&](std::size_t i) {
             auto const& q = m.q[i];
             auto const& k = m.keys_of(i);
-            qkgeom::head_moments hm(q.x.cols(), id_of(m.shape, i));
-            hm.add(qkgeom::kind::query, q.x, q.position, q.bucket);
-            hm.add(qkgeom::kind::key, k.x, k.position, k.bucket);
+            qkgeom::head_moments hm(q.vectors.cols(), id_of(m.shape, i));
+            hm.add(qkgeom::kind::query, q);
+            hm.add(qkgeom::kind::key, k);
             res[i] = std::move(hm);
         });
         benchmark::DoNotOptimize(res.back().q.buckets.begin()->second.c_xx.data());
@@ -128,7 +134,7 @@ void bm_model_stream_read(benchmark::State& st) {
     for (auto _ : st) {
         double total = 0;
         for (std::size_t i = 0; i < m.q.size(); ++i)
-            for (auto const* x : {&m.q[i].x, &m.keys_of(i).x}) {
+            for (auto const* x : {&m.q[i].vectors, &m.keys_of(i).vectors}) {
                 float const* p = x->data();
                 std::size_t const n = std::size_t(x->size());
                 float acc[16] = {};
@@ -168,11 +174,11 @@ struct dataset_dir {
             e.layer = layer;
             e.head = head;
             e.k = kd;
-            e.vectors = r.x.cast<double>();
+            e.vectors = r.vectors.cast<double>();
             e.dtype = "f32";
             e.position = r.position;
             e.bucket = r.bucket;
-            e.example_id = r.example;
+            e.example_id = r.example_id;
             qkgeom::io::write_head(dir, mf, e, qkgeom::io::storage_format::npy, "f32");
         };
         for (std::size_t i = 0; i < m.q.size(); ++i) {
@@ -197,12 +203,10 @@ dataset_dir const& the_dataset() {
     return d;
 }
 
-/// Reads one head's entries as `qkgeom analyze` does.
-std::pair<qkgeom::io::head_entry, qkgeom::io::head_entry> read_pair(dataset_dir const& ds, model_shape const& s,
-                                                                    std::size_t i) {
-    auto const id = id_of(s, i);
-    return {qkgeom::io::read_head(ds.dir, ds.manifest, id.layer, id.q_head, qkgeom::kind::query),
-            qkgeom::io::read_head(ds.dir, ds.manifest, id.layer, id.k_head, qkgeom::kind::key)};
+/// Reads one head as `qkgeom analyze` does (io::read_capture: the query
+/// entry, the key entry of the kv head it reads, the facts of the manifest).
+qkgeom::head_capture<qkgeom::row_matrix> read_pair(dataset_dir const& ds, model_shape const& s, std::size_t i) {
+    return qkgeom::io::read_capture(ds.dir, ds.manifest, id_of(s, i));
 }
 
 void bm_model_files(benchmark::State& st) {
@@ -210,14 +214,11 @@ void bm_model_files(benchmark::State& st) {
     auto const& ds = the_dataset();
     auto const opt = cli_options(m.shape);
     auto const jobs = unsigned(st.range(0));
-    for (std::size_t i = 0; i < m.q.size(); ++i) benchmark::DoNotOptimize(read_pair(ds, m.shape, i).first.vectors.data());
+    for (std::size_t i = 0; i < m.q.size(); ++i)
+        benchmark::DoNotOptimize(read_pair(ds, m.shape, i).queries.vectors.data());
     for (auto _ : st) {
         std::vector<qkgeom::head_analysis> res(m.q.size());
-        parallel_for(m.q.size(), jobs, [&](std::size_t i) {
-            auto const [q, k] = read_pair(ds, m.shape, i);
-            res[i] = qkgeom::analyze_head(q.vectors, q.position, q.bucket, k.vectors, k.position, k.bucket,
-                                          k.example_id, opt, id_of(m.shape, i));
-        });
+        parallel_for(m.q.size(), jobs, [&](std::size_t i) { res[i] = qkgeom::analyze_head(read_pair(ds, m.shape, i), opt); });
         auto const summary = qkgeom::summarise_model(res);
         benchmark::DoNotOptimize(summary.all.mean[0]);
     }
@@ -225,12 +226,13 @@ void bm_model_files(benchmark::State& st) {
 }
 BENCHMARK(bm_model_files)->ArgName("threads")->Arg(1)->Arg(2)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
-// Reading the files alone (read_head: parse, validate, widen to double).
+// Reading the files alone (read_capture: parse, validate, widen to double).
 void bm_model_files_read_only(benchmark::State& st) {
     auto const& m = the_model();
     auto const& ds = the_dataset();
     for (auto _ : st)
-        for (std::size_t i = 0; i < m.q.size(); ++i) benchmark::DoNotOptimize(read_pair(ds, m.shape, i).first.vectors.data());
+        for (std::size_t i = 0; i < m.q.size(); ++i)
+            benchmark::DoNotOptimize(read_pair(ds, m.shape, i).queries.vectors.data());
     model_counters(st, m, m.pass_bytes());
 }
 BENCHMARK(bm_model_files_read_only)->ArgName("threads")->Arg(1)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
@@ -245,18 +247,10 @@ void bm_model_scalar_baseline(benchmark::State& st) {
     for (auto _ : st) {
         for (std::size_t i = 0; i < n; ++i) {
             head_data h;
-            auto const id = id_of(m.shape, i);
-            h.layer = id.layer;
-            h.q_head = id.q_head;
-            h.k_head = id.k_head;
-            h.q = m.q[i].x;
-            h.q_position = m.q[i].position;
-            h.q_bucket = m.q[i].bucket;
-            auto const& k = m.keys_of(i);
-            h.k = k.x;
-            h.k_position = k.position;
-            h.k_bucket = k.bucket;
-            h.k_example = k.example;
+            h.id = id_of(m.shape, i);
+            h.facts = capture_facts_of(m.shape);
+            h.queries = {m.q[i].vectors, m.q[i].position, m.q[i].bucket, {}};
+            h.keys = m.keys_of(i);
             auto const r = scalar::analyze(h, m.shape.context_length);
             st.PauseTiming();
             auto const lib = analyze(h, cli_options(m.shape));

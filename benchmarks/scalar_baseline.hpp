@@ -90,10 +90,17 @@ inline index_t bin_of(std::vector<double> const& e, double v) {
 /// The whole per-head analysis, default options (same_bucket, exact, diag
 /// model, diagnostics and empirical check on), uniform buckets.
 inline result analyze(head_data const& h, std::int64_t context_length) {
-    index_t const d = h.q.cols();
-    qkgeom::head_moments hm(d, {h.layer, h.q_head, h.k_head});
-    hm.q = naive_moments(h.q, h.q_position, h.q_bucket);
-    hm.k = naive_moments(h.k, h.k_position, h.k_bucket);
+    rows_f32 const& q = h.queries.vectors;
+    rows_f32 const& k = h.keys.vectors;
+    std::vector<std::int64_t> const& q_position = h.queries.position.values();
+    std::vector<std::int64_t> const& q_bucket = h.queries.bucket.values();
+    std::vector<std::int64_t> const& k_position = h.keys.position.values();
+    std::vector<std::int64_t> const& k_bucket = h.keys.bucket.values();
+    std::vector<std::int64_t> const& k_example = h.keys.example_id.values();
+    index_t const d = q.cols();
+    qkgeom::head_moments hm(d, h.id);
+    hm.q = naive_moments(q, q_position, q_bucket);
+    hm.k = naive_moments(k, k_position, k_bucket);
     result out;
     auto const p = qkgeom::pca(hm);
     auto const rot = qkgeom::planar_rotation(hm);
@@ -103,19 +110,19 @@ inline result analyze(head_data const& h, std::int64_t context_length) {
     Eigen::MatrixXd const H = model.H.dense(d);
 
     // --- diagnostics: coordinate-1 residual and the first min(64, d−1) semantic coordinates
-    index_t const nq = h.q.rows(), msem = std::min<index_t>(64, d - 1);
+    index_t const nq = q.rows(), msem = std::min<index_t>(64, d - 1);
     Eigen::VectorXd const bh = model.beta / model.beta_pos;
     std::vector<std::vector<double>> cols(static_cast<std::size_t>(msem + 1), std::vector<double>(static_cast<std::size_t>(nq)));
     std::vector<double> row(static_cast<std::size_t>(d)), y(static_cast<std::size_t>(d));
     for (index_t i = 0; i < nq; ++i) {
-        for (index_t a = 0; a < d; ++a) row[static_cast<std::size_t>(a)] = double(h.q(i, a));
+        for (index_t a = 0; a < d; ++a) row[static_cast<std::size_t>(a)] = double(q(i, a));
         for (index_t a = 0; a < d; ++a) {
             double s = 0;
             for (index_t c = 0; c < d; ++c) s += H(a, c) * row[static_cast<std::size_t>(c)];
             y[static_cast<std::size_t>(a)] = s;
         }
         cols[0][static_cast<std::size_t>(i)] =
-            dot(bh.data(), row.data(), d) - model.alpha_pos - model.beta_pos * double(h.q_position[static_cast<std::size_t>(i)]);
+            dot(bh.data(), row.data(), d) - model.alpha_pos - model.beta_pos * double(q_position[static_cast<std::size_t>(i)]);
         for (index_t j = 1; j <= msem; ++j) cols[static_cast<std::size_t>(j)][static_cast<std::size_t>(i)] = y[static_cast<std::size_t>(j)];
     }
     std::vector<double> ps;
@@ -138,10 +145,10 @@ inline result analyze(head_data const& h, std::int64_t context_length) {
     out.sem_median_ks_p = qkgeom::detail::median(ps);
 
     // --- plasticity, same_bucket, exact
-    index_t const nk = h.k.rows();
+    index_t const nk = k.rows();
     std::vector<double> krot(static_cast<std::size_t>(nk * d)), korig(static_cast<std::size_t>(nk * d));
     for (index_t i = 0; i < nk; ++i) {
-        for (index_t a = 0; a < d; ++a) korig[static_cast<std::size_t>(i * d + a)] = double(h.k(i, a));
+        for (index_t a = 0; a < d; ++a) korig[static_cast<std::size_t>(i * d + a)] = double(k(i, a));
         for (index_t a = 0; a < d; ++a) {
             double s = 0;
             for (index_t c = 0; c < d; ++c) s += H(a, c) * korig[static_cast<std::size_t>(i * d + c)];
@@ -149,9 +156,9 @@ inline result analyze(head_data const& h, std::int64_t context_length) {
         }
     }
     std::map<std::int64_t, std::vector<index_t>> q_of;
-    for (index_t i = 0; i < nq; ++i) q_of[h.q_bucket[static_cast<std::size_t>(i)]].push_back(i);
+    for (index_t i = 0; i < nq; ++i) q_of[q_bucket[static_cast<std::size_t>(i)]].push_back(i);
     std::map<std::int64_t, std::map<std::int64_t, std::vector<index_t>>> groups;
-    for (index_t i = 0; i < nk; ++i) groups[h.k_bucket[static_cast<std::size_t>(i)]][h.k_example[static_cast<std::size_t>(i)]].push_back(i);
+    for (index_t i = 0; i < nk; ++i) groups[k_bucket[static_cast<std::size_t>(i)]][k_example[static_cast<std::size_t>(i)]].push_back(i);
     auto const L = double(context_length);
     std::vector<double> de(17), oe(17);
     for (int i = 0; i <= 16; ++i) {
@@ -186,12 +193,12 @@ inline result analyze(head_data const& h, std::int64_t context_length) {
                         double const pp = qkgeom::pairwise_plasticity(m / std::sqrt(v));
                         cs += pp;
                         ++cn;
-                        double const ti = double(h.k_position[static_cast<std::size_t>(i)]), tj = double(h.k_position[static_cast<std::size_t>(j)]);
+                        double const ti = double(k_position[static_cast<std::size_t>(i)]), tj = double(k_position[static_cast<std::size_t>(j)]);
                         index_t const bx = bin_of(de, std::abs(ti - tj)), by = bin_of(oe, s.tau - 0.5 * (ti + tj));
                         if (bx >= 0 && by >= 0) heat(bx, by) += pp;
                         std::int64_t wins = 0;
                         for (index_t r : qrows) {
-                            for (index_t u = 0; u < d; ++u) qd[static_cast<std::size_t>(u)] = double(h.q(r, u));
+                            for (index_t u = 0; u < d; ++u) qd[static_cast<std::size_t>(u)] = double(q(r, u));
                             double const si = dot(qd.data(), &korig[static_cast<std::size_t>(i * d)], d);
                             double const sj = dot(qd.data(), &korig[static_cast<std::size_t>(j * d)], d);
                             wins += si > sj ? 1 : 0;

@@ -28,13 +28,13 @@ namespace qkbench {
 using qkgeom::index_t;
 using rows_f32 = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-/// One head pair as a capture holds it: f32 rows and integer annotations.
-struct head_data {
-    std::int64_t layer = 0, q_head = 0, k_head = 0;
-    rows_f32 q, k;
-    std::vector<std::int64_t> q_position, q_bucket, q_example;
-    std::vector<std::int64_t> k_position, k_bucket, k_example;
-    [[nodiscard]] std::size_t bytes() const { return std::size_t(q.size() + k.size()) * sizeof(float); }
+/// One head pair as a capture holds it: f32 rows and integer annotations,
+/// with its identity and capture facts (a qkgeom::head_capture: every
+/// analysis takes it as it is).
+struct head_data : qkgeom::head_capture<rows_f32> {
+    [[nodiscard]] std::size_t bytes() const {
+        return std::size_t(queries.vectors.size() + keys.vectors.size()) * sizeof(float);
+    }
 };
 
 /// The shape of the synthetic model: `n_layers` × `n_q_heads` query heads
@@ -91,19 +91,25 @@ inline qkgeom::synthetic::capture_spec capture_of(model_shape const& s) {
     return c;
 }
 
+/// The capture facts of a capture of this shape (what `qkgeom analyze` reads
+/// from the manifest): the bucket scheme and L; no sliding window.
+inline qkgeom::capture_facts capture_facts_of(model_shape const& s) {
+    qkgeom::capture_facts f;
+    f.buckets = capture_of(s).buckets;
+    f.context_length = s.context_length;
+    return f;
+}
+
+/// The synthetic head with its rows stored as f32 (its facts are those of
+/// capture_facts_of: the capture's bucket scheme and context length).
 inline head_data to_head_data(qkgeom::synthetic::head_capture&& hc) {
     head_data h;
-    h.layer = hc.layer;
-    h.q_head = hc.q_head;
-    h.k_head = hc.k_head;
-    h.q = hc.q.cast<float>();
-    h.k = hc.k.cast<float>();
-    h.q_position = std::move(hc.q_position);
-    h.q_bucket = std::move(hc.q_bucket);
-    h.q_example = std::move(hc.q_example);
-    h.k_position = std::move(hc.k_position);
-    h.k_bucket = std::move(hc.k_bucket);
-    h.k_example = std::move(hc.k_example);
+    h.id = hc.id;
+    h.facts = hc.facts;
+    h.queries = {hc.queries.vectors.cast<float>(), std::move(hc.queries.position), std::move(hc.queries.bucket),
+                 std::move(hc.queries.example_id)};
+    h.keys = {hc.keys.vectors.cast<float>(), std::move(hc.keys.position), std::move(hc.keys.bucket),
+              std::move(hc.keys.example_id)};
     return h;
 }
 
@@ -126,16 +132,12 @@ using qkgeom::parallel_for;  // qkgeom/parallel.hpp
 
 /// Analyse one head with the library (default options = what `qkgeom analyze` does).
 inline qkgeom::head_analysis analyze(head_data const& h, qkgeom::analysis_options const& opt) {
-    return qkgeom::analyze_head(h.q, h.q_position, h.q_bucket, h.k, h.k_position, h.k_bucket, h.k_example, opt,
-                                {h.layer, h.q_head, h.k_head});
+    return qkgeom::analyze_head(h, opt);
 }
 
-/// The options `qkgeom analyze` uses for a capture of this shape.
-inline qkgeom::analysis_options cli_options(model_shape const& s) {
-    qkgeom::analysis_options o;
-    o.plasticity.buckets = capture_of(s).buckets;
-    o.plasticity.context_length = s.context_length;
-    return o;
-}
+/// The options `qkgeom analyze` uses for a capture of this shape: the
+/// defaults (the bucket scheme and L are capture facts of the head,
+/// capture_facts_of).
+inline qkgeom::analysis_options cli_options(model_shape const&) { return {}; }
 
 }  // namespace qkbench

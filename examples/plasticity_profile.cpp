@@ -26,11 +26,11 @@ int main() {
     capture.buckets = {.scheme = qkgeom::bucket_scheme::uniform, .width = 256, .rate = 2.0};
     qkgeom::synthetic::head_capture const c = qkgeom::synthetic::generate_head(layer, capture);
 
-    qkgeom::analysis_options opt;
-    opt.plasticity.buckets = capture.buckets;  // validates every bucket id against its position
-    qkgeom::head_analysis const h =
-        qkgeom::analyze_head(c.q, c.q_position, c.q_bucket, c.k, c.k_position, c.k_bucket, c.k_example, opt,
-                             {.layer = c.layer, .q_head = c.q_head, .k_head = c.k_head});
+    // The head is one value: identity, capture facts (c.facts.buckets is the
+    // capture's scheme, so every bucket id is validated against its position;
+    // c.facts.context_length is L) and the query and key rows.
+    qkgeom::analysis_options const opt;
+    qkgeom::head_analysis const h = qkgeom::analyze_head(c, opt);
     qkgeom::plasticity_result const& p = h.plasticity;
 
     std::printf("q rows %lld, k rows %lld, d %lld, %s enumeration, L = %lld\n",

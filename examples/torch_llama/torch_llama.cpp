@@ -134,20 +134,18 @@ int main() {
     }
 
     // Analyse the captured heads (method §2–6).
-    qkgeom::analysis_options opt;
-    opt.plasticity.buckets = sampler.buckets;
-    opt.plasticity.context_length = manifest.context_length;
-    auto const& store = rows.store();
+    qkgeom::analysis_options const opt;
     std::vector<qkgeom::head_analysis> heads;
     double max_rel = 0;
     std::printf("device: %s; steps %lld, rows captured %lld\n", dev.str().c_str(),
                 static_cast<long long>(rows.steps()), static_cast<long long>(rows.rows_captured()));
     std::printf("layer q_head k_head  n_q  n_k  q_R2_pos position_r bias_strength ap_overall  ap_drop\n");
     for (auto const& h : rows.heads()) {
-        auto const& q = store.rows(h.layer, qkgeom::kind::query, h.q_head);
-        auto const& k = store.rows(h.layer, qkgeom::kind::key, h.k_head);
-        auto const a = qkgeom::analyze_head(q.matrix(), q.position, q.bucket, k.matrix(), k.position, k.bucket,
-                                            k.example_id, opt, qkgeom::head_id{h.layer, h.q_head, h.k_head});
+        // The head as one value: views of its query rows and of its key head's
+        // rows, with the capture facts (the sampler's bucket scheme, the
+        // layer's window, L = the manifest's context length).
+        auto const head = rows.head(h);
+        auto const a = qkgeom::analyze_head(head, opt);
         std::printf("%5lld %6lld %6lld %4lld %4lld %9.4f %10.4f %13.4g %10.4f %8.4f\n", static_cast<long long>(h.layer),
                     static_cast<long long>(h.q_head), static_cast<long long>(h.k_head),
                     static_cast<long long>(a.n_q_tokens), static_cast<long long>(a.n_k_tokens), a.householder.q_R2_pos,
@@ -156,8 +154,8 @@ int main() {
         // The device moments saw the same kept rows: their pooled statistics agree.
         auto const pooled_dev = moments.moments(h).pooled();
         qkgeom::head_moments ref(cfg.head_dim);
-        ref.add(qkgeom::kind::query, q.matrix(), q.position, q.bucket);
-        ref.add(qkgeom::kind::key, k.matrix(), k.position, k.bucket);
+        ref.add(qkgeom::kind::query, head.queries);
+        ref.add(qkgeom::kind::key, head.keys);
         auto const pooled_rows = ref.pooled();
         max_rel = std::max(max_rel, (pooled_dev.c_xx - pooled_rows.c_xx).cwiseAbs().maxCoeff() /
                                         pooled_rows.c_xx.cwiseAbs().maxCoeff());

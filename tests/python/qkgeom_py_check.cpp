@@ -201,9 +201,9 @@ int cmd_dataset(std::filesystem::path const& dir) {
             std::printf("\n%s", name);
             for (auto x : v) std::printf(" %" PRId64, x);
         };
-        ints("position", e.position);
-        ints("bucket", e.bucket);
-        ints("example_id", e.example_id);
+        ints("position", e.position.values());
+        ints("bucket", e.bucket.values());
+        ints("example_id", e.example_id.values());
         std::printf("\n");
     }
     return 0;

@@ -3,7 +3,8 @@
 // sampling (without replacement, uniform inclusion within a binomial bound,
 // deterministic per seed), the step sampler (kept fraction per bucket within a
 // binomial bound, the same tokens for every head of a (layer, kind), different
-// tokens across seeds) and the row store (kept rows equal the input rows).
+// tokens across seeds), the row store (kept rows equal the input rows) and
+// capture_store::head (a planned head as one head_capture).
 #include <qkgeom/capture.hpp>
 #include <qkgeom/parallel.hpp>
 
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -27,7 +29,7 @@ namespace {
 
 using qkgeom::bucket_scheme;
 using qkgeom::bucket_spec;
-using qkgeom::head_pair;
+using qkgeom::head_id;
 using qkgeom::kind;
 using qkgeom::layer_eligibility;
 using Catch::Matchers::Contains;
@@ -105,7 +107,7 @@ TEST_CASE("capture: head sampling is seeded, without replacement, uniform (metho
     m.layers[3].sliding_window = 256;  // 5 eligible layers × 8 heads = 40
     auto const pool = qkgeom::eligible_heads(m);
     REQUIRE(pool.size() == 40);
-    std::set<head_pair> const pool_set(pool.begin(), pool.end());
+    std::set<head_id> const pool_set(pool.begin(), pool.end());
 
     // Fewer eligible than asked: all of them.
     CHECK(qkgeom::sample_heads(m, 40, 9) == pool);
@@ -119,7 +121,7 @@ TEST_CASE("capture: head sampling is seeded, without replacement, uniform (metho
     CHECK(a != qkgeom::sample_heads(m, 12, 2025));
     CHECK(a.size() == 12);
     CHECK(std::is_sorted(a.begin(), a.end()));
-    CHECK(std::set<head_pair>(a.begin(), a.end()).size() == 12);
+    CHECK(std::set<head_id>(a.begin(), a.end()).size() == 12);
     for (auto const& h : a) CHECK(pool_set.count(h) == 1);
 
     // Uniform without replacement: each head is included with probability
@@ -127,7 +129,7 @@ TEST_CASE("capture: head sampling is seeded, without replacement, uniform (metho
     // 40 heads at 4.5 sd: a false alarm has probability < 40 · 7e-6.
     // Pairs are included with probability (12·11)/(40·39): check one pair too.
     constexpr int S = 4000;
-    std::map<head_pair, int> inc;
+    std::map<head_id, int> inc;
     int pair_both = 0;
     for (int s = 0; s < S; ++s) {
         auto const smp = qkgeom::sample_heads(m, 12, static_cast<std::uint64_t>(s));
@@ -232,7 +234,7 @@ TEST_CASE("capture: the same tokens for every head of a (layer, kind), different
     CHECK(other.rows(0, kind::query, 0).position != st.rows(0, kind::query, 0).position);
     // The store keeps exactly keep_token's tokens.
     auto const& r = st.rows(1, kind::key, 1);
-    std::size_t j = 0;
+    qkgeom::index_t j = 0;
     for (std::int64_t step = 0; step < 3; ++step)
         for (std::int64_t e = 0; e < 2; ++e)
             for (std::int64_t t = step * 200; t < step * 200 + 200; ++t)
@@ -248,7 +250,7 @@ TEST_CASE("capture: the same tokens for every head of a (layer, kind), different
 
 TEST_CASE("capture: stored rows equal the input rows at the kept tokens", "[capture]") {
     auto layout = qkgeom::uniform_layout(1, 4, 1, 6, 64);
-    std::vector<head_pair> const heads{{0, 2, 0}};
+    std::vector<head_id> const heads{{0, 2, 0}};
     qkgeom::capture_store<float> st(layout, heads, {{bucket_scheme::uniform, 8, 2.0}, 3});
     CHECK(st.wants(0, kind::query, 2));
     CHECK(st.wants(0, kind::key, 0));
@@ -271,9 +273,10 @@ TEST_CASE("capture: stored rows equal the input rows at the kept tokens", "[capt
     auto const m = r.matrix();
     for (std::size_t j = 0; j < kept.size(); ++j) {
         auto const i = kept[j];
-        CHECK(r.position[j] == pos[static_cast<std::size_t>(i)]);
-        CHECK(r.example_id[j] == ex[static_cast<std::size_t>(i)]);
-        CHECK(r.bucket[j] == pos[static_cast<std::size_t>(i)] / 8);
+        auto const jr = static_cast<qkgeom::index_t>(j);
+        CHECK(r.position[jr] == pos[static_cast<std::size_t>(i)]);
+        CHECK(r.example_id[jr] == ex[static_cast<std::size_t>(i)]);
+        CHECK(r.bucket[jr] == pos[static_cast<std::size_t>(i)] / 8);
         for (std::int64_t c = 0; c < 6; ++c) REQUIRE(m(static_cast<qkgeom::index_t>(j), c) == buf[static_cast<std::size_t>(i * 9 + c)]);
     }
 
@@ -304,6 +307,68 @@ TEST_CASE("capture: stored rows equal the input rows at the kept tokens", "[capt
                Contains("GQA") && Contains("value 1"));
 }
 
+TEST_CASE("capture: capture_store::head is the planned head as one value (rows, scheme, window)", "[capture]") {
+    // Layer 0 full attention, layer 1 sliding (window 32); GQA 4 q heads : 2 kv heads.
+    qkgeom::model_layout const layout{5, {{4, 2, std::nullopt}, {4, 2, 32}}};
+    std::vector<head_id> const heads{{0, 3, 1}, {1, 0, 0}, {1, 2, 1}};
+    qkgeom::capture_sampler const smp{{bucket_scheme::uniform, 8, 3.0}, 17};
+    qkgeom::capture_store<float> st(layout, heads, smp);
+    std::mt19937_64 gen(23);
+    std::normal_distribution<double> nd;
+    for (std::int64_t step = 0; step < 2; ++step) {
+        std::vector<std::int64_t> pos, ex;
+        for (std::int64_t e = 0; e < 3; ++e)
+            for (std::int64_t t = 0; t < 120; ++t) {
+                pos.push_back(step * 120 + t);
+                ex.push_back(e);
+            }
+        for (std::int64_t l = 0; l < 2; ++l)
+            for (kind k : {kind::query, kind::key})
+                for (std::int64_t h = 0; h < (k == kind::query ? 4 : 2); ++h) {
+                    if (!st.wants(l, k, h)) continue;
+                    Eigen::MatrixXd x(static_cast<Eigen::Index>(pos.size()), 5);
+                    for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = nd(gen);
+                    st.add(l, k, h, x, pos, ex);
+                }
+    }
+    auto same_rows = [](auto const& tr, qkgeom::captured_rows<float> const& r) {
+        auto const& v = tr.vectors;
+        if (v.rows() != r.rows() || v.cols() != r.dim) return false;
+        auto const m = r.matrix();
+        for (qkgeom::index_t i = 0; i < v.rows(); ++i)
+            for (qkgeom::index_t c = 0; c < v.cols(); ++c)
+                if (v(i, c) != m(i, c)) return false;
+        return tr.position == r.position && tr.bucket == r.bucket && tr.example_id == r.example_id;
+    };
+    for (auto const& id : heads) {
+        INFO("layer " << id.layer << " q_head " << id.q_head << " k_head " << id.k_head);
+        auto const h = st.head(id);
+        CHECK(h.id == id);
+        auto const& q = st.rows(id.layer, kind::query, id.q_head);
+        auto const& k = st.rows(id.layer, kind::key, id.k_head);
+        REQUIRE(q.rows() > 0);
+        REQUIRE(k.rows() > 0);
+        CHECK(same_rows(h.queries, q));
+        CHECK(same_rows(h.keys, k));
+        // Keys are the k head's rows, not the q head's (the two kinds are sampled independently).
+        CHECK_FALSE(h.keys.position == h.queries.position);
+        REQUIRE(h.facts.buckets.has_value());
+        CHECK(*h.facts.buckets == smp.buckets);
+        CHECK(h.facts.sliding_window == (id.layer == 1 ? 32 : 0));
+        CHECK(h.facts.context_length == 0);
+    }
+    // A head outside the plan, including a planned q head with another k head.
+    CHECK_THROWS_AS(st.head({0, 1, 0}), std::invalid_argument);
+    CHECK_THAT(error_of([&] { (void)st.head({0, 1, 0}); }),
+               Contains("qkgeom::capture_store::head") && Contains("not a planned head") && Contains("layer 0") &&
+                   Contains("k_head 0") && Contains("q_head (value 1)"));
+    CHECK_THAT(error_of([&] { (void)st.head({1, 2, 0}); }),
+               Contains("not a planned head") && Contains("layer 1") && Contains("k_head 0") &&
+                   Contains("q_head (value 2)"));
+    CHECK_THAT(error_of([&] { (void)st.head({2, 0, 0}); }),
+               Contains("not a planned head") && Contains("layer 2") && Contains("q_head (value 0)"));
+}
+
 TEST_CASE("capture: stores merge by appending, the merge order is irrelevant to the kept set", "[capture]") {
     auto const layout = qkgeom::uniform_layout(1, 2, 2, 4);
     auto const heads = qkgeom::eligible_heads(layout);
@@ -327,8 +392,8 @@ TEST_CASE("capture: stores merge by appending, the merge order is irrelevant to 
         std::multiset<std::vector<double>> s;
         for (std::int64_t i = 0; i < r.rows(); ++i) {
             std::vector<double> row(r.values.begin() + i * 4, r.values.begin() + i * 4 + 4);
-            row.push_back(static_cast<double>(r.position[static_cast<std::size_t>(i)]));
-            row.push_back(static_cast<double>(r.example_id[static_cast<std::size_t>(i)]));
+            row.push_back(static_cast<double>(r.position[static_cast<qkgeom::index_t>(i)]));
+            row.push_back(static_cast<double>(r.example_id[static_cast<qkgeom::index_t>(i)]));
             s.insert(row);
         }
         return s;

@@ -1,6 +1,6 @@
 // Runtime tests of the dataset I/O layer: .npy, safetensors, JSON and the
-// dataset layout (round-trips, and every malformed input fails with an
-// input_error whose message names the problem).
+// dataset layout (round-trips, read_capture of one head, and every malformed
+// input fails with an input_error whose message names the problem).
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/json.hpp>
 #include <qkgeom/io/npy.hpp>
@@ -541,9 +541,9 @@ io::head_entry test_entry(io::manifest const& m, std::int64_t layer, std::int64_
     for (qkgeom::index_t i = 0; i < e.vectors.size(); ++i)
         e.vectors.data()[i] = d(rng) / 16.0;  // exactly representable in f16 and bf16
     for (std::int64_t i = 0; i < n; ++i) {
-        e.position.push_back(i * 5);
-        e.bucket.push_back(qkgeom::bucket_of(m.buckets, i * 5));
-        e.example_id.push_back(i % 3);
+        e.position.values().push_back(i * 5);
+        e.bucket.values().push_back(qkgeom::bucket_of(m.buckets, i * 5));
+        e.example_id.values().push_back(i % 3);
     }
     return e;
 }
@@ -644,9 +644,9 @@ TEST_CASE("dataset: list_heads finds both forms", "[io][dataset]") {
     write_bytes(tmp.path / "l00h00x.safetensors", {});
     auto const ids = io::list_heads(tmp.path);
     REQUIRE(ids.size() == 3);
-    CHECK(ids[0] == io::head_id{0, 1, qkgeom::kind::query, io::storage_format::npy});
-    CHECK(ids[1] == io::head_id{0, 1, qkgeom::kind::key, io::storage_format::safetensors});
-    CHECK(ids[2] == io::head_id{1, 3, qkgeom::kind::query, io::storage_format::npy});
+    CHECK(ids[0] == io::entry_id{0, 1, qkgeom::kind::query, io::storage_format::npy});
+    CHECK(ids[1] == io::entry_id{0, 1, qkgeom::kind::key, io::storage_format::safetensors});
+    CHECK(ids[2] == io::entry_id{1, 3, qkgeom::kind::query, io::storage_format::npy});
 }
 
 TEST_CASE("dataset: invalid heads fail naming file, field and value", "[io][dataset]") {
@@ -674,7 +674,7 @@ TEST_CASE("dataset: invalid heads fail naming file, field and value", "[io][data
     }
     SECTION("bucket inconsistent with position") {
         rewrite([&] {
-            auto b = e.bucket;
+            auto b = e.bucket.values();
             b[3] += 1;
             io::write_npy(sub / "bucket.npy", b, {static_cast<std::int64_t>(b.size())});
         });
@@ -683,7 +683,7 @@ TEST_CASE("dataset: invalid heads fail naming file, field and value", "[io][data
     }
     SECTION("negative position") {
         rewrite([&] {
-            auto p = e.position;
+            auto p = e.position.values();
             p[0] = -1;
             io::write_npy(sub / "position.npy", p, {static_cast<std::int64_t>(p.size())});
         });
@@ -734,7 +734,7 @@ TEST_CASE("dataset: invalid heads fail naming file, field and value", "[io][data
         std::vector<float> v(30, 0.0f);
         v[5] = std::nan("");
         f.tensors["vectors"] = io::make_tensor(std::span<float const>(v), {10, 3});
-        f.tensors["example_id"] = io::make_tensor(std::span<std::int64_t const>(e.example_id), {10});
+        f.tensors["example_id"] = io::make_tensor(std::span<std::int64_t const>(e.example_id.values()), {10});
         io::write_safetensors(tmp.path / "l00h01q.safetensors", f);
         require_input_error(read, "l00h01q.safetensors: vectors[row 1, col 2]: non-finite value");
     }
@@ -1089,7 +1089,7 @@ TEST_CASE("dataset: npz entries, stored and deflated, listed and exclusive", "[i
     }
     auto const ids = io::list_heads(tmp.path);
     REQUIRE(ids.size() == 1);
-    CHECK(ids[0] == io::head_id{0, 1, qkgeom::kind::query, io::storage_format::npz});
+    CHECK(ids[0] == io::entry_id{0, 1, qkgeom::kind::query, io::storage_format::npz});
     CHECK(std::string(io::storage_format_name(io::storage_format::npz)) == "npz");
 
     auto read = [&] { (void)io::read_head(tmp.path, 0, 1, qkgeom::kind::query); };
@@ -1104,10 +1104,10 @@ TEST_CASE("dataset: npz entries, stored and deflated, listed and exclusive", "[i
     require_input_error(read, "l00h01q.npz: example_id.npy: required member is missing");
 
     auto bad = e;
-    bad.position[2] = 1000;
+    bad.position.values()[2] = 1000;
     io::npz_file g = io::read_npz(tmp.path / "l00h01q.npz");
-    g.add("example_id", arr(e.example_id, {static_cast<std::int64_t>(e.example_id.size())}));
-    g.members[1].array = arr(bad.position, {static_cast<std::int64_t>(bad.position.size())});
+    g.add("example_id", arr(e.example_id.values(), {static_cast<std::int64_t>(e.example_id.size())}));
+    g.members[1].array = arr(bad.position.values(), {static_cast<std::int64_t>(bad.position.size())});
     io::write_npz(tmp.path / "l00h01q.npz", g);
     require_input_error(read, "l00h01q.npz[position.npy]: position[2]: position beyond manifest context_length = 64 (value 1000)");
 }
@@ -1226,6 +1226,107 @@ TEST_CASE("dataset: layout_of and sampled_heads follow the manifest", "[io][data
     auto broken = test_manifest();
     broken.n_q_heads.pop_back();
     CHECK_THROWS_AS(io::layout_of(broken), std::invalid_argument);
+}
+
+TEST_CASE("dataset: read_capture reads one head as one value (rows, GQA, facts of the manifest)", "[io][dataset]") {
+    temp_dir tmp;
+    auto const m = full_manifest();  // layer 0 full attention, layer 1 window 16; 4 q heads read 2 kv heads
+    io::write_manifest(tmp.path, m);
+    // Layer 1: q head 3 reads k head 1 (query entry npy, key entry safetensors, both windowed).
+    auto q1 = test_entry(m, 1, 3, qkgeom::kind::query, 12);
+    auto k1 = test_entry(m, 1, 1, qkgeom::kind::key, 9);
+    q1.sliding_window = 16;
+    k1.sliding_window = 16;
+    io::write_head(tmp.path, m, q1, io::storage_format::npy, "f16");
+    io::write_head(tmp.path, m, k1, io::storage_format::safetensors, "bf16");
+    // Layer 0: q head 1 reads k head 0 (npz), full attention.
+    auto const q0 = test_entry(m, 0, 1, qkgeom::kind::query, 7);
+    auto const k0 = test_entry(m, 0, 0, qkgeom::kind::key, 11);
+    io::write_head(tmp.path, m, q0, io::storage_format::npz);
+    io::write_head(tmp.path, m, k0, io::storage_format::npz, "f64");
+
+    auto same = [](qkgeom::token_rows<qkgeom::row_matrix> const& r, io::head_entry const& e) {
+        CHECK(r.vectors == e.vectors);  // exact: values representable in every dtype
+        CHECK(r.position == e.position);
+        CHECK(r.bucket == e.bucket);
+        CHECK(r.example_id == e.example_id);
+    };
+    {
+        qkgeom::head_id const id{1, 3, 1};
+        auto const h = io::read_capture(tmp.path, m, id);
+        CHECK(h.id == id);
+        same(h.queries, q1);
+        same(h.keys, k1);
+        REQUIRE(h.facts.buckets.has_value());
+        CHECK(*h.facts.buckets == m.buckets);
+        CHECK(h.facts.context_length == 64);
+        CHECK(h.facts.sliding_window == 16);  // the layer's window
+        CHECK(h.facts == io::facts_of(m, 1));
+    }
+    {
+        qkgeom::head_id const id{0, 1, 0};
+        auto const h = io::read_capture(tmp.path, m, id);
+        CHECK(h.id == id);
+        same(h.queries, q0);
+        same(h.keys, k0);
+        REQUIRE(h.facts.buckets.has_value());
+        CHECK(*h.facts.buckets == m.buckets);
+        CHECK(h.facts.context_length == 64);
+        CHECK(h.facts.sliding_window == 0);  // full attention
+        CHECK(h.facts == io::facts_of(m, 0));
+    }
+    // The heads a capture holds: its head sample, or every head of every layer.
+    CHECK(io::planned_heads(m) == io::sampled_heads(m));
+    CHECK(io::planned_heads(test_manifest()) ==
+          qkgeom::eligible_heads(io::layout_of(test_manifest()), qkgeom::layer_eligibility::all_layers));
+
+    // A k_head that breaks the GQA mapping (q head 3 of layer 1 reads k head 1) is rejected before any file is read.
+    for (std::int64_t bad_k : {0, 2}) {
+        INFO("k_head " << bad_k);
+        CHECK_THROWS_AS(io::read_capture(tmp.path, m, {1, 3, bad_k}), std::invalid_argument);
+        CHECK_THROWS_WITH(io::read_capture(tmp.path, m, {1, 3, bad_k}),
+                          Contains("qkgeom::io::read_capture") &&
+                              Contains("k_head does not follow the GQA mapping of layer 1 q_head 3") &&
+                              Contains("(value " + std::to_string(bad_k) + ")"));
+    }
+    // A head whose entries are missing: the reader names the entry.
+    require_input_error([&] { (void)io::read_capture(tmp.path, m, {0, 2, 1}); }, "head entry not found");
+}
+
+TEST_CASE("dataset: read_capture rejects query and key entries with different sliding windows", "[io][dataset]") {
+    temp_dir tmp;
+    auto const m = test_manifest();  // records no per-layer windows: the entries' windows are the only record
+    io::write_manifest(tmp.path, m);
+    auto q = test_entry(m, 0, 2, qkgeom::kind::query);
+    auto k = test_entry(m, 0, 1, qkgeom::kind::key);
+    q.sliding_window = 16;
+    io::write_head(tmp.path, m, q, io::storage_format::npy);
+    auto check_rejected = [&](std::string const& value) {
+        try {
+            (void)io::read_capture(tmp.path, m, {0, 2, 1});
+            FAIL("expected qkgeom::input_error for the sliding window " << value);
+        } catch (qkgeom::input_error const& e) {
+            INFO("message: " << e.what());
+            CHECK(fs::path(e.source()).filename() == "l00h01k");
+            CHECK(e.field() == "sliding_window");
+            CHECK(e.value() == value);
+            CHECK_THAT(std::string(e.what()),
+                       Contains("l00h01k: sliding_window: differs from the query entry's sliding window (value " +
+                                value + ")"));
+        }
+    };
+    io::write_head(tmp.path, m, k, io::storage_format::npy);  // key: full attention, query: 16
+    check_rejected("none");
+    fs::remove_all(tmp.path / "l00h01k");
+    k.sliding_window = 8;
+    io::write_head(tmp.path, m, k, io::storage_format::safetensors);  // key: 8, query: 16
+    check_rejected("8");
+    k.sliding_window = 16;
+    fs::remove(tmp.path / "l00h01k.safetensors");
+    io::write_head(tmp.path, m, k, io::storage_format::safetensors);
+    auto const h = io::read_capture(tmp.path, m, {0, 2, 1});
+    CHECK(h.facts.sliding_window == 16);
+    CHECK(h.keys.position == k.position);
 }
 
 TEST_CASE("dataset: check_compatible names the first differing field and both values", "[io][dataset]") {

@@ -141,9 +141,9 @@ void check_store_equals_reference(qkgeom::torch_capture<Scalar>& cap, std::vecto
         for (auto [k, head] : {std::pair{kind::query, h.q_head}, std::pair{kind::key, h.k_head}}) {
             auto const ref = reference_rows(cap.sampler(), steps, h.layer, k, head);
             auto const& got = store.rows(h.layer, k, head);
-            REQUIRE(got.position == ref.position);
-            REQUIRE(got.bucket == ref.bucket);
-            REQUIRE(got.example_id == ref.example_id);
+            REQUIRE(got.position.values() == ref.position);
+            REQUIRE(got.bucket.values() == ref.bucket);
+            REQUIRE(got.example_id.values() == ref.example_id);
             REQUIRE(got.values.size() == ref.values.size());
             for (std::size_t i = 0; i < ref.values.size(); ++i)
                 REQUIRE(static_cast<double>(got.values[i]) == ref.values[i]);  // exact (bf16/f16/f32 -> float)
@@ -401,18 +401,58 @@ TEST_CASE("device plasticity errors", "[errors]") {
     hm.add(kind::query, q, t, b);
     auto const model = qkgeom::householder(hm);
     qkgeom::plasticity_options o;
-    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, at::zeros({40, 4}), t, b, e, o); }),
+    qkgeom::capture_facts const facts;
+    auto keys = [&](at::Tensor x) {
+        return qkgeom::token_rows<at::Tensor>{std::move(x), qkgeom::token_positions(t), qkgeom::token_buckets(b),
+                                              qkgeom::example_ids(e)};
+    };
+    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, keys(at::zeros({40, 4})), facts, o); }),
                Contains("head dimension differs") && Contains("value 4"));
-    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, at::zeros({40}), t, b, e, o); }),
+    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, keys(at::zeros({40})), facts, o); }),
                Contains("keys: must have rank 2") && Contains("value 1"));
     o.enumeration = qkgeom::enumeration_policy::sampled;
-    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, at::zeros({40, 3}), t, b, e, o); }),
+    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, keys(at::zeros({40, 3})), facts, o); }),
                Contains("enumerates every pair"));
     o.enumeration = qkgeom::enumeration_policy::exact;
     at::Tensor bad = at::zeros({40, 3});
     bad[3][1] = std::nan("");
-    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, bad, t, b, e, o); }),
+    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, keys(bad), facts, o); }),
                Contains("not finite"));
+
+    // A mislabelled key bucket array: the positions wrapped as buckets. With
+    // the capture's scheme in the facts, bucket_of(position) is checked per row
+    // and the message names both arrays (row 1: position 1 is bucket 0, not 1).
+    at::Tensor const k3 = at::randn({40, 3}, at::TensorOptions().dtype(at::kDouble));
+    qkgeom::token_rows<at::Tensor> const mislabelled{k3, qkgeom::token_positions(t), qkgeom::token_buckets(t),
+                                                     qkgeom::example_ids(e)};
+    qkgeom::capture_facts scheme;
+    scheme.buckets = qkgeom::bucket_spec{qkgeom::bucket_scheme::uniform, 10, 1.0};
+    CHECK_THROWS_AS(qkgeom::torch_attention_plasticity(model, mislabelled, scheme, o), std::invalid_argument);
+    auto const msg = error_of([&] { (void)qkgeom::torch_attention_plasticity(model, mislabelled, scheme, o); });
+    CHECK_THAT(msg, Contains("qkgeom::torch_attention_plasticity: keys: bucket does not match position 1 at row 1") &&
+                        Contains("(scheme uniform, width 10 gives 0)") && Contains("positions") &&
+                        Contains("buckets") && Contains("swapped or mislabelled") && Contains("(value 1)"));
+    // The CPU path rejects the same rows with the same words.
+    Eigen::MatrixXd k3e(40, 3);
+    for (std::int64_t i = 0; i < 40; ++i)
+        for (std::int64_t j = 0; j < 3; ++j) k3e(i, j) = k3[i][j].item<double>();
+    qkgeom::token_rows<Eigen::MatrixXd> const mislabelled_e{k3e, qkgeom::token_positions(t), qkgeom::token_buckets(t),
+                                                            qkgeom::example_ids(e)};
+    CHECK_THAT(error_of([&] { (void)qkgeom::attention_plasticity(model, mislabelled_e, scheme, o); }),
+               Contains("keys: bucket does not match position 1 at row 1") && Contains("positions and buckets"));
+    // The correctly labelled rows pass under the same facts.
+    qkgeom::token_rows<at::Tensor> const labelled{k3, qkgeom::token_positions(t), qkgeom::token_buckets(b),
+                                                  qkgeom::example_ids(e)};
+    CHECK_NOTHROW(qkgeom::torch_attention_plasticity(model, labelled, scheme, o));
+    // A length that differs from the rows names the array; a window needs the scheme.
+    qkgeom::token_rows<at::Tensor> const short_pos{k3.narrow(0, 0, 39), qkgeom::token_positions(t),
+                                                   qkgeom::token_buckets(b), qkgeom::example_ids(e)};
+    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, short_pos, facts, o); }),
+               Contains("keys: positions: length differs from the 39 rows") && Contains("value 40"));
+    qkgeom::capture_facts window_only;
+    window_only.sliding_window = 8;
+    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, labelled, window_only, o); }),
+               Contains("sliding window needs the bucket scheme") && Contains("value 8"));
 }
 
 // ---------------------------------------------------------------------------
@@ -661,6 +701,14 @@ plasticity_case make_plasticity_case(qkgeom::semantic_model sm, std::uint64_t se
     return c;
 }
 
+/// The key rows of a case with `vectors` (an Eigen matrix for the CPU path,
+/// a tensor for the device path).
+template <class M>
+qkgeom::token_rows<M> key_rows(M vectors, plasticity_case const& c) {
+    return {std::move(vectors), qkgeom::token_positions(c.pos), qkgeom::token_buckets(c.bucket),
+            qkgeom::example_ids(c.example)};
+}
+
 void check_cells(qkgeom::torch_plasticity_result const& got, qkgeom::plasticity_result const& ref, double tol) {
     REQUIRE(got.cells.size() == ref.cells.size());
     REQUIRE(got.n_pairs == ref.n_pairs);
@@ -692,22 +740,22 @@ void check_plasticity_on(at::Device dev) {
                 qkgeom::plasticity_options o;
                 o.enumeration = qkgeom::enumeration_policy::exact;
                 o.pairs = pp;
-                o.buckets = qkgeom::bucket_spec{qkgeom::bucket_scheme::uniform, 16, 1.0};
-                o.sliding_window = window;
-                auto const ref = qkgeom::attention_plasticity(c.model, c.keys_e, c.pos, c.bucket, c.example, o);
+                qkgeom::capture_facts facts;
+                facts.buckets = qkgeom::bucket_spec{qkgeom::bucket_scheme::uniform, 16, 1.0};
+                facts.sliding_window = window;
+                auto const ref = qkgeom::attention_plasticity(c.model, key_rows(c.keys_e, c), facts, o);
                 REQUIRE(ref.n_pairs_skipped > 0);  // the duplicates are exercised
                 qkgeom::torch_plasticity_options t64;
                 t64.tile_keys = 7;  // many tiles, ragged edges
-                auto const g64 = qkgeom::torch_attention_plasticity(c.model, c.keys.to(dev), c.pos, c.bucket,
-                                                                    c.example, o, t64);
+                auto const g64 = qkgeom::torch_attention_plasticity(c.model, key_rows(c.keys.to(dev), c), facts, o, t64);
                 check_cells(g64, ref, 1e-12);
                 // f32 keys, f32 GEMM: against the CPU on the same f32 values
                 at::Tensor const k32 = c.keys.to(at::kFloat);
                 Eigen::MatrixXd k32e(k32.size(0), k32.size(1));
                 for (std::int64_t i = 0; i < k32.size(0); ++i)
                     for (std::int64_t j = 0; j < k32.size(1); ++j) k32e(i, j) = static_cast<double>(k32[i][j].item<float>());
-                auto const ref32 = qkgeom::attention_plasticity(c.model, k32e, c.pos, c.bucket, c.example, o);
-                auto const g32 = qkgeom::torch_attention_plasticity(c.model, k32.to(dev), c.pos, c.bucket, c.example, o);
+                auto const ref32 = qkgeom::attention_plasticity(c.model, key_rows(k32e, c), facts, o);
+                auto const g32 = qkgeom::torch_attention_plasticity(c.model, key_rows(k32.to(dev), c), facts, o);
                 check_cells(g32, ref32, 1e-6);
             }
         }
@@ -724,11 +772,17 @@ TEST_CASE("device Gram plasticity takes tensors for the annotations", "[plastici
     auto const c = make_plasticity_case(qkgeom::semantic_model::diag, 22);
     qkgeom::plasticity_options o;
     o.enumeration = qkgeom::enumeration_policy::exact;
-    auto const ref = qkgeom::attention_plasticity(c.model, c.keys_e, c.pos, c.bucket, c.example, o);
+    auto const ref = qkgeom::attention_plasticity(c.model, key_rows(c.keys_e, c), qkgeom::capture_facts{}, o);
     auto const lt = at::TensorOptions().dtype(at::kLong);
-    auto const g = qkgeom::torch_attention_plasticity(c.model, c.keys.to(at::kBFloat16).to(at::kDouble),
-                                                      at::tensor(c.pos, lt), at::tensor(c.bucket, lt),
-                                                      at::tensor(c.example, lt).to(at::kInt), o);
+    // The per-row arrays copy LibTorch integer tensors (explicitly, by meaning).
+    qkgeom::token_rows<at::Tensor> const keys{c.keys.to(at::kBFloat16).to(at::kDouble),
+                                              qkgeom::token_positions(at::tensor(c.pos, lt)),
+                                              qkgeom::token_buckets(at::tensor(c.bucket, lt)),
+                                              qkgeom::example_ids(at::tensor(c.example, lt).to(at::kInt))};
+    CHECK(keys.position.values() == c.pos);
+    CHECK(keys.bucket.values() == c.bucket);
+    CHECK(keys.example_id.values() == c.example);
+    auto const g = qkgeom::torch_attention_plasticity(c.model, keys, qkgeom::capture_facts{}, o);
     REQUIRE(g.cells.size() == ref.cells.size());
 }
 
@@ -777,5 +831,24 @@ TEST_CASE("a rows capture writes a dataset that reads back exactly", "[manifest]
         ++entries;
     }
     CHECK(entries == static_cast<std::int64_t>(cap.store().entries().size()));
+    // Each analysed head as one value: the capture's head (views of the store,
+    // the manifest's facts) equals the head read back from the dataset.
+    for (auto const& h : cap.heads()) {
+        auto const live = cap.head(h);
+        auto const back = qkgeom::io::read_capture(dir, m, h);
+        REQUIRE(live.id == h);
+        REQUIRE(back.id == h);
+        REQUIRE(live.facts == back.facts);
+        REQUIRE(live.facts.context_length == 8 * kT);
+        for (auto [a, b] : {std::pair{&live.queries, &back.queries}, std::pair{&live.keys, &back.keys}}) {
+            REQUIRE(a->position == b->position);
+            REQUIRE(a->bucket == b->bucket);
+            REQUIRE(a->example_id == b->example_id);
+            REQUIRE(a->vectors.rows() == b->vectors.rows());
+            REQUIRE(a->vectors.cols() == b->vectors.cols());
+            for (qkgeom::index_t i = 0; i < b->vectors.rows(); ++i)
+                for (qkgeom::index_t j = 0; j < b->vectors.cols(); ++j) REQUIRE(a->vectors(i, j) == b->vectors(i, j));
+        }
+    }
     std::filesystem::remove_all(dir);
 }
