@@ -115,7 +115,7 @@ head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options co
     if (opt.diagnostics)
         out.diagnostics = detail::diagnostics_of(out.householder, head.queries.vectors, head.queries.position,
                                                  opt.ks_alpha, true);
-    out.plasticity = detail::plasticity_of(out.householder, head, opt.plasticity, false);
+    out.plasticity = detail::plasticity_of(out.householder, &head.queries, head.keys, head.facts, opt.plasticity, false);
     return out;
 }
 

@@ -94,17 +94,19 @@ query_store read_queries(std::string_view fn, index_t d, token_rows<QM> const& q
     return qs;
 }
 
-/// `attention_plasticity` of a head; `values`: scan the rows for non-finite
-/// values (false when the caller has validated them, e.g. analyze_head).
+/// `attention_plasticity` of a head's keys and (when `queries` is not null)
+/// its queries; `values`: scan the rows for non-finite values (false when
+/// the caller has validated them, e.g. analyze_head).
 template <RowMatrix QM, RowMatrix KM>
-plasticity_result plasticity_of(householder_result const& model, head_capture<QM, KM> const& head,
-                                plasticity_options const& opt, bool values) {
+plasticity_result plasticity_of(householder_result const& model, token_rows<QM> const* queries,
+                                token_rows<KM> const& keys, capture_facts const& facts, plasticity_options const& opt,
+                                bool values) {
     constexpr std::string_view fn = "qkgeom::attention_plasticity";
     check_plasticity_options(fn, opt);
-    check_facts(fn, head.facts);
-    key_store const ks = read_keys(fn, model, head.keys, head.facts, values);
-    query_store const qs = read_queries(fn, ks.d, head.queries, head.facts, values);
-    return evaluate_plasticity(model, ks, qs, head.facts, opt);
+    check_facts(fn, facts);
+    key_store const ks = read_keys(fn, model, keys, facts, values);
+    query_store const qs = queries != nullptr ? read_queries(fn, ks.d, *queries, facts, values) : query_store{};
+    return evaluate_plasticity(model, ks, qs, facts, opt);
 }
 
 }  // namespace detail
@@ -133,7 +135,7 @@ plasticity_result plasticity_of(householder_result const& model, head_capture<QM
 template <RowMatrix QM, RowMatrix KM>
 plasticity_result attention_plasticity(householder_result const& model, head_capture<QM, KM> const& head,
                                        plasticity_options const& opt = {}) {
-    return detail::plasticity_of(model, head, opt, true);
+    return detail::plasticity_of(model, &head.queries, head.keys, head.facts, opt, true);
 }
 
 /// \brief Attention plasticity from the key rows only (no empirical
@@ -149,8 +151,7 @@ plasticity_result attention_plasticity(householder_result const& model, head_cap
 template <RowMatrix KM>
 plasticity_result attention_plasticity(householder_result const& model, token_rows<KM> const& keys,
                                        capture_facts const& facts, plasticity_options const& opt = {}) {
-    head_capture<row_matrix, KM> const head{{}, facts, {}, keys};
-    return detail::plasticity_of(model, head, opt, true);
+    return detail::plasticity_of(model, static_cast<token_rows<row_matrix> const*>(nullptr), keys, facts, opt, true);
 }
 
 }  // namespace qkgeom
