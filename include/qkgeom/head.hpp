@@ -135,6 +135,15 @@ using token_positions = token_indices<detail::position_tag>;  ///< token index i
 using token_buckets = token_indices<detail::bucket_tag>;      ///< position bucket (≥ 0, method §0.1)
 using example_ids = token_indices<detail::example_tag>;       ///< input sequence of the token
 
+namespace detail {
+/// Whether T is a token_indices array of another meaning than `Tag` (a
+/// bucket or example-id array passed where positions belong, ...).
+template <class T, class Tag>
+inline constexpr bool other_meaning = false;
+template <class Other, class Tag>
+inline constexpr bool other_meaning<token_indices<Other>, Tag> = !std::is_same_v<Other, Tag>;
+}  // namespace detail
+
 /// \brief The rows of one kind (queries or keys) of a head: vectors and, per
 /// row, position, bucket and example id. `Matrix` is any RowMatrix (Eigen,
 /// xtensor, `matrix_view`, spans with extents, LibTorch tensors ...).

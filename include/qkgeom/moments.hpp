@@ -34,6 +34,7 @@
 #include <numeric>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace qkgeom {
@@ -379,6 +380,10 @@ struct bucketed_moments {
     ///         (buckets earlier in the batch may then already be updated).
     template <RowMatrix X, IndexVector P, IndexVector B>
     void add(X const& rows, P const& positions, B const& bucket_ids) {
+        static_assert(!detail::other_meaning<std::remove_cvref_t<P>, detail::position_tag>,
+                      "qkgeom::bucketed_moments::add: the positions argument is a token_buckets or example_ids array");
+        static_assert(!detail::other_meaning<std::remove_cvref_t<B>, detail::bucket_tag>,
+                      "qkgeom::bucketed_moments::add: the buckets argument is a token_positions or example_ids array");
         auto const r = as_matrix(rows);
         auto const p = as_indices(positions);
         auto const b = as_indices(bucket_ids);
