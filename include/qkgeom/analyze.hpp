@@ -110,12 +110,12 @@ head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options co
     hm.add(kind::query, head.queries);
     hm.add(kind::key, head.keys);
     head_analysis out = detail::closed_forms(hm, opt);
-    // The rows were validated by the moments pass (hm.add): the later passes
-    // check shapes and integers only.
+    // The rows were validated by the moments pass (hm.add) and the
+    // annotations above: the later passes check shapes only.
     if (opt.diagnostics)
         out.diagnostics = detail::diagnostics_of(out.householder, head.queries.vectors, head.queries.position,
                                                  opt.ks_alpha, true);
-    out.plasticity = detail::plasticity_of(out.householder, &head.queries, head.keys, head.facts, opt.plasticity, false);
+    out.plasticity = detail::plasticity_of(out.householder, &head.queries, head.keys, head.facts, opt.plasticity, true);
     return out;
 }
 

@@ -36,12 +36,14 @@ inline void check_plasticity_options(std::string_view fn, plasticity_options con
     if (opt.max_exact_pairs < 0) fail_arg(fn, "max_exact_pairs must be >= 0", opt.max_exact_pairs);
 }
 
-/// The keys of a head, validated (shape, finite values unless `values` is
-/// false, annotations against the facts), widened and rotated (k̃ = H k, H
-/// never formed densely).
+/// The keys of a head, widened and rotated (k̃ = H k, H never formed
+/// densely). Unless `checked` (the caller validated values and annotations,
+/// e.g. analyze_head), the finite values and the annotations against the
+/// facts are validated here; shapes always are. `with_range`: fold the
+/// f32 range of the rows into the read (the empirical check needs it).
 template <RowMatrix KM>
 key_store read_keys(std::string_view fn, householder_result const& model, token_rows<KM> const& keys,
-                    capture_facts const& facts, bool values) {
+                    capture_facts const& facts, bool checked, bool with_range) {
     index_t const d = model.beta.size();
     if (d < 1) fail_arg(fn, "the Householder model is empty (d)", d);
     auto const kr = as_matrix(keys.vectors);
@@ -50,25 +52,28 @@ key_store read_keys(std::string_view fn, householder_result const& model, token_
                          ", keys have",
                  kr.cols());
     auto const kp = as_indices(keys.position);
-    check_batch(std::string(fn) + ": keys", d, kr, kp, static_cast<decltype(kp) const*>(nullptr), values);
-    check_annotations(fn, "keys", kr.rows(), keys.position, keys.bucket, keys.example_id, true, facts);
+    check_batch(std::string(fn) + ": keys", d, kr, kp, static_cast<decltype(kp) const*>(nullptr), !checked);
+    if (!checked) check_annotations(fn, "keys", kr.rows(), keys.position, keys.bucket, keys.example_id, true, facts);
     key_store ks;
     ks.d = d;
     ks.position = keys.position.values();
     ks.bucket = keys.bucket.values();
     ks.example = keys.example_id.values();
     ks.orig.resize(kr.rows(), d);
-    for (index_t i = 0; i < kr.rows(); ++i) kr.read_row(i, ks.orig.row(i).data());
+    for (index_t i = 0; i < kr.rows(); ++i) {
+        kr.read_row(i, ks.orig.row(i).data());
+        if (with_range) ks.range.add(ks.orig.row(i).data(), d);  // the row is in L1
+    }
     ks.rot = ks.orig;
     model.H.apply_rows(ks.rot);
     return ks;
 }
 
-/// The query rows of a head by bucket (original basis), validated, for the
-/// empirical cross-check; none when `queries` has no rows.
+/// The query rows of a head by bucket (original basis), for the empirical
+/// cross-check; none when `queries` has no rows. Validation as read_keys.
 template <RowMatrix QM>
 query_store read_queries(std::string_view fn, index_t d, token_rows<QM> const& queries, capture_facts const& facts,
-                         bool values) {
+                         bool checked) {
     query_store qs;
     auto const qr = as_matrix(queries.vectors);
     if (qr.rows() == 0 && queries.position.empty()) return qs;
@@ -76,8 +81,10 @@ query_store read_queries(std::string_view fn, index_t d, token_rows<QM> const& q
         fail_arg(fn, "queries: head dimension differs from the keys' (" + std::to_string(d) + "); queries have",
                  qr.cols());
     auto const qp = as_indices(queries.position);
-    check_batch(std::string(fn) + ": queries", d, qr, qp, static_cast<decltype(qp) const*>(nullptr), values);
-    check_annotations(fn, "queries", qr.rows(), queries.position, queries.bucket, queries.example_id, false, facts);
+    check_batch(std::string(fn) + ": queries", d, qr, qp, static_cast<decltype(qp) const*>(nullptr), !checked);
+    if (!checked)
+        check_annotations(fn, "queries", qr.rows(), queries.position, queries.bucket, queries.example_id, false,
+                          facts);
     std::map<std::int64_t, std::vector<index_t>> rows_of;
     for (index_t i = 0; i < qr.rows(); ++i) {
         rows_of[queries.bucket[i]].push_back(i);
@@ -95,17 +102,18 @@ query_store read_queries(std::string_view fn, index_t d, token_rows<QM> const& q
 }
 
 /// `attention_plasticity` of a head's keys and (when `queries` is not null)
-/// its queries; `values`: scan the rows for non-finite values (false when
-/// the caller has validated them, e.g. analyze_head).
+/// its queries. `checked`: the caller has validated the facts, the row
+/// values and the annotations (analyze_head); only shapes are checked again.
 template <RowMatrix QM, RowMatrix KM>
 plasticity_result plasticity_of(householder_result const& model, token_rows<QM> const* queries,
                                 token_rows<KM> const& keys, capture_facts const& facts, plasticity_options const& opt,
-                                bool values) {
+                                bool checked) {
     constexpr std::string_view fn = "qkgeom::attention_plasticity";
     check_plasticity_options(fn, opt);
-    check_facts(fn, facts);
-    key_store const ks = read_keys(fn, model, keys, facts, values);
-    query_store const qs = queries != nullptr ? read_queries(fn, ks.d, *queries, facts, values) : query_store{};
+    if (!checked) check_facts(fn, facts);
+    bool const with_queries = queries != nullptr && !queries->position.empty();
+    key_store const ks = read_keys(fn, model, keys, facts, checked, with_queries);
+    query_store const qs = queries != nullptr ? read_queries(fn, ks.d, *queries, facts, checked) : query_store{};
     return evaluate_plasticity(model, ks, qs, facts, opt);
 }
 
@@ -135,7 +143,7 @@ plasticity_result plasticity_of(householder_result const& model, token_rows<QM> 
 template <RowMatrix QM, RowMatrix KM>
 plasticity_result attention_plasticity(householder_result const& model, head_capture<QM, KM> const& head,
                                        plasticity_options const& opt = {}) {
-    return detail::plasticity_of(model, &head.queries, head.keys, head.facts, opt, true);
+    return detail::plasticity_of(model, &head.queries, head.keys, head.facts, opt, false);
 }
 
 /// \brief Attention plasticity from the key rows only (no empirical
@@ -151,7 +159,7 @@ plasticity_result attention_plasticity(householder_result const& model, head_cap
 template <RowMatrix KM>
 plasticity_result attention_plasticity(householder_result const& model, token_rows<KM> const& keys,
                                        capture_facts const& facts, plasticity_options const& opt = {}) {
-    return detail::plasticity_of(model, static_cast<token_rows<row_matrix> const*>(nullptr), keys, facts, opt, true);
+    return detail::plasticity_of(model, static_cast<token_rows<row_matrix> const*>(nullptr), keys, facts, opt, false);
 }
 
 }  // namespace qkgeom

@@ -195,8 +195,9 @@ inline void check_annotations(std::string_view fn, std::string_view kind_name, i
     }
     if (!facts.buckets) return;
     bucket_spec const& s = *facts.buckets;
+    check_bucket_spec(fn, s);  // once; the positions are non-negative (above)
     for (index_t i = 0; i < n; ++i) {
-        std::int64_t const expect = bucket_of(s, pos[i]);
+        std::int64_t const expect = bucket_of_unchecked(s, pos[i]);
         if (bucket[i] != expect)
             fail_arg(fn, where + "bucket does not match position " + std::to_string(pos[i]) + " at row " +
                              std::to_string(i) + " (scheme " + std::string(bucket_scheme_name(s.scheme)) +

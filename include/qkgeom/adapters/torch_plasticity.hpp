@@ -219,10 +219,7 @@ inline torch_plasticity_result torch_attention_plasticity(householder_result con
         detail::torch_bucket_eval e;
         e.w = detail::torch_vector(sb.mean, dev);
         if (sb.cov.size() != 0) {
-            Eigen::MatrixXd V = Eigen::MatrixXd::Zero(d, d);
-            V(0, 0) = sb.var(0);
-            V.bottomRightCorner(d - 1, d - 1) = sb.cov;
-            e.V = detail::torch_matrix_of(V, dev);
+            e.V = detail::torch_matrix_of(detail::full_bucket_covariance(sb, d), dev);
         } else {
             e.var = detail::torch_vector(sb.var, dev);
         }

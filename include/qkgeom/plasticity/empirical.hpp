@@ -147,7 +147,7 @@ public:
         : ks_(ks), qs_(qs), plan_(plan), opt_(opt), level_(simd::active()), blk_(scores::blocking_of(level_)),
           column_(static_cast<std::size_t>(ks.orig.rows()), -1) {
         if (qs.by_bucket.empty()) return;
-        certifiable_ = f32_certifiable(qs.range, k_range(), ks.d);
+        certifiable_ = f32_certifiable(qs.range, ks.range, ks.d);
         q_max_abs_ = qs.range.max_abs;
         k_norm_all_ = ks.orig.rowwise().norm();
     }
@@ -205,12 +205,6 @@ private:
         index_t n = 0;                             // pairs (unpadded)
         std::vector<float> packed, kk;
     };
-
-    [[nodiscard]] f32_range k_range() const {
-        f32_range r;
-        for (index_t i = 0; i < ks_.orig.rows(); ++i) r.add(ks_.orig.row(i).data(), ks_.d);
-        return r;
-    }
 
     /// The pair-difference form applies to same_bucket, exact enumeration,
     /// groups below dense_min_keys and a dispatched level; `automatic` takes

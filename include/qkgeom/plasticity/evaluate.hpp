@@ -26,19 +26,24 @@
 
 namespace qkgeom::detail {
 
+/// The d × d covariance blockdiag(σ²_pos, Σ_b) of a bucket of the `full`
+/// semantic model (method §4–5); shared with the LibTorch path.
+template <class = void>
+Eigen::MatrixXd full_bucket_covariance(bucket_semantics const& s, index_t d) {
+    Eigen::MatrixXd V = Eigen::MatrixXd::Zero(d, d);
+    V(0, 0) = s.var(0);
+    V.bottomRightCorner(d - 1, d - 1) = s.cov;
+    return V;
+}
+
 /// The Gaussian model of one query bucket in the rotated basis (method §4–5).
 template <class = void>
 bucket_eval bucket_eval_of(bucket_semantics const& s, index_t d) {
     bucket_eval e;
     e.w = s.mean;
     e.tau = s.tau;
-    if (s.cov.size() != 0) {
-        e.V = Eigen::MatrixXd::Zero(d, d);
-        e.V(0, 0) = s.var(0);
-        e.V.bottomRightCorner(d - 1, d - 1) = s.cov;
-    } else {
-        e.var = s.var;
-    }
+    if (s.cov.size() != 0) e.V = full_bucket_covariance(s, d);
+    else e.var = s.var;
     return e;
 }
 

@@ -24,14 +24,6 @@ using row_block = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::R
 /// Query rows of one bucket (original basis), for the empirical cross-check.
 using query_rows = row_block;
 
-/// The keys of one head, rotated (k̃ = H k) and in the original basis, with
-/// their integer annotations.
-struct key_store {
-    index_t d = 0;
-    row_block rot, orig;
-    std::vector<std::int64_t> position, bucket, example;
-};
-
 /// Whether single-precision scores of these rows can be certified: every
 /// nonzero |x| ≥ 2⁻¹²⁶ (f32 rounding is then relative) and
 /// d·max|q|·max|k| ≤ 2¹²⁶ (no partial sum overflows). Otherwise every
@@ -46,6 +38,15 @@ inline bool f32_certifiable(f32_range const& q, f32_range const& k, index_t d) {
     return q.min_nonzero >= 0x1p-126 && k.min_nonzero >= 0x1p-126 &&
            double(d) * q.max_abs * k.max_abs <= 0x1p126;
 }
+
+/// The keys of one head, rotated (k̃ = H k) and in the original basis, with
+/// their integer annotations.
+struct key_store {
+    index_t d = 0;
+    row_block rot, orig;
+    std::vector<std::int64_t> position, bucket, example;
+    f32_range range;  ///< of `orig`, folded into the read when the empirical check will run
+};
 
 /// The query rows of a head by bucket, and their range.
 struct query_store {
