@@ -10,6 +10,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "test_util.hpp"
+
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -25,6 +27,8 @@
 #include <string>
 #include <vector>
 
+using qkgeom_test::invalid_argument_of;
+
 namespace {
 
 using qkgeom::bucket_scheme;
@@ -33,16 +37,6 @@ using qkgeom::head_id;
 using qkgeom::kind;
 using qkgeom::layer_eligibility;
 using Catch::Matchers::Contains;
-
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (std::invalid_argument const& e) {
-        return e.what();
-    }
-    return "<no exception>";
-}
 
 }  // namespace
 
@@ -62,25 +56,25 @@ TEST_CASE("capture: GQA mapping is floor(h_q / (n_q / n_kv)) (method §0)", "[ca
             // Every key head serves exactly g query heads, contiguous blocks.
             for (auto c : per_kv) CHECK(c == g);
         }
-    CHECK_THAT(error_of([] { (void)qkgeom::gqa_group_size(12, 5); }),
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::gqa_group_size(12, 5); }),
                Contains("n_q_heads = 12") && Contains("multiple of n_kv_heads") && Contains("value 5"));
-    CHECK_THAT(error_of([] { (void)qkgeom::key_head_of(8, 8, 2); }), Contains("q_head") && Contains("value 8"));
-    CHECK_THAT(error_of([] { (void)qkgeom::key_head_of(-1, 8, 2); }), Contains("value -1"));
-    CHECK_THAT(error_of([] { (void)qkgeom::gqa_group_size(8, 0); }), Contains("n_kv_heads") && Contains("value 0"));
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::key_head_of(8, 8, 2); }), Contains("q_head") && Contains("value 8"));
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::key_head_of(-1, 8, 2); }), Contains("value -1"));
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::gqa_group_size(8, 0); }), Contains("n_kv_heads") && Contains("value 0"));
 }
 
 TEST_CASE("capture: layout validation names the layer and field", "[capture]") {
     auto m = qkgeom::uniform_layout(3, 8, 2, 64);
     CHECK_NOTHROW(qkgeom::check_layout(m));
     m.layers[2].n_kv_heads = 3;
-    CHECK_THAT(error_of([&] { qkgeom::check_layout(m); }), Contains("layers[2].n_q_heads = 8") && Contains("value 3"));
+    CHECK_THAT(invalid_argument_of([&] { qkgeom::check_layout(m); }), Contains("layers[2].n_q_heads = 8") && Contains("value 3"));
     m.layers[2].n_kv_heads = 2;
     m.layers[1].sliding_window = 0;
-    CHECK_THAT(error_of([&] { qkgeom::check_layout(m); }), Contains("layers[1].sliding_window") && Contains("value 0"));
+    CHECK_THAT(invalid_argument_of([&] { qkgeom::check_layout(m); }), Contains("layers[1].sliding_window") && Contains("value 0"));
     m.layers[1].sliding_window.reset();
     m.head_dim = 0;
-    CHECK_THAT(error_of([&] { qkgeom::check_layout(m); }), Contains("head_dim") && Contains("value 0"));
-    CHECK_THAT(error_of([] { (void)qkgeom::uniform_layout(0, 8, 2, 64); }), Contains("n_layers"));
+    CHECK_THAT(invalid_argument_of([&] { qkgeom::check_layout(m); }), Contains("head_dim") && Contains("value 0"));
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::uniform_layout(0, 8, 2, 64); }), Contains("n_layers"));
 }
 
 TEST_CASE("capture: eligibility keeps full-attention layers unless asked (method §0.1)", "[capture]") {
@@ -113,7 +107,7 @@ TEST_CASE("capture: head sampling is seeded, without replacement, uniform (metho
     CHECK(qkgeom::sample_heads(m, 40, 9) == pool);
     CHECK(qkgeom::sample_heads(m, 1000, 9) == pool);
     CHECK(qkgeom::sample_heads(m, 0, 9).empty());
-    CHECK_THAT(error_of([&] { (void)qkgeom::sample_heads(m, -1, 9); }), Contains("count") && Contains("value -1"));
+    CHECK_THAT(invalid_argument_of([&] { (void)qkgeom::sample_heads(m, -1, 9); }), Contains("count") && Contains("value -1"));
 
     // Deterministic per seed, different across seeds, sorted, distinct, eligible.
     auto const a = qkgeom::sample_heads(m, 12, 2024);
@@ -281,29 +275,29 @@ TEST_CASE("capture: stored rows equal the input rows at the kept tokens", "[capt
     }
 
     // Errors: head outside the plan, lengths, width, non-finite kept values.
-    CHECK_THAT(error_of([&] { st.add(0, kind::query, 1, view, pos, ex); }),
+    CHECK_THAT(invalid_argument_of([&] { st.add(0, kind::query, 1, view, pos, ex); }),
                Contains("not in the capture plan") && Contains("value 1"));
     std::vector<std::int64_t> short_pos(pos.begin(), pos.end() - 1);
-    CHECK_THAT(error_of([&] { st.add_selected(0, kind::query, 2, view, short_pos, ex, kept); }),
+    CHECK_THAT(invalid_argument_of([&] { st.add_selected(0, kind::query, 2, view, short_pos, ex, kept); }),
                Contains("positions") && Contains("value 99"));
-    CHECK_THAT(error_of([&] { (void)st.sampler().select(short_pos, ex, 0, kind::query); }),
+    CHECK_THAT(invalid_argument_of([&] { (void)st.sampler().select(short_pos, ex, 0, kind::query); }),
                Contains("example_ids") && Contains("value 100"));
     auto const narrow = qkgeom::make_matrix_view(std::span<float const>(buf), T, 5, 9, 1);
-    CHECK_THAT(error_of([&] { st.add(0, kind::query, 2, narrow, pos, ex); }), Contains("head_dim") && Contains("value 5"));
+    CHECK_THAT(invalid_argument_of([&] { st.add(0, kind::query, 2, narrow, pos, ex); }), Contains("head_dim") && Contains("value 5"));
     auto bad = buf;
     auto const victim = kept.at(1);
     bad[static_cast<std::size_t>(victim * 9 + 4)] = std::numeric_limits<float>::quiet_NaN();
     auto const bad_view = qkgeom::make_matrix_view(std::span<float const>(bad), T, 6, 9, 1);
     auto const before = r.rows();
-    CHECK_THAT(error_of([&] { st.add(0, kind::query, 2, bad_view, pos, ex); }),
+    CHECK_THAT(invalid_argument_of([&] { st.add(0, kind::query, 2, bad_view, pos, ex); }),
                Contains("non-finite") && Contains("row " + std::to_string(victim)) && Contains("column 4"));
     CHECK(st.rows(0, kind::query, 2).rows() == before);  // nothing half-added
     CHECK(st.rows(0, kind::query, 2).values.size() == static_cast<std::size_t>(before * 6));
     std::vector<std::int64_t> neg = pos;
     neg[5] = -4;
-    CHECK_THAT(error_of([&] { st.add(0, kind::query, 2, view, neg, ex); }),
+    CHECK_THAT(invalid_argument_of([&] { st.add(0, kind::query, 2, view, neg, ex); }),
                Contains("positions[5]") && Contains("value -4"));
-    CHECK_THAT(error_of([&] { qkgeom::capture_store<float>(layout, {{0, 2, 1}}, {}); }),
+    CHECK_THAT(invalid_argument_of([&] { qkgeom::capture_store<float>(layout, {{0, 2, 1}}, {}); }),
                Contains("GQA") && Contains("value 1"));
 }
 
@@ -359,13 +353,13 @@ TEST_CASE("capture: capture_store::head is the planned head as one value (rows, 
     }
     // A head outside the plan, including a planned q head with another k head.
     CHECK_THROWS_AS(st.head({0, 1, 0}), std::invalid_argument);
-    CHECK_THAT(error_of([&] { (void)st.head({0, 1, 0}); }),
+    CHECK_THAT(invalid_argument_of([&] { (void)st.head({0, 1, 0}); }),
                Contains("qkgeom::capture_store::head") && Contains("not a planned head") && Contains("layer 0") &&
                    Contains("k_head 0") && Contains("q_head (value 1)"));
-    CHECK_THAT(error_of([&] { (void)st.head({1, 2, 0}); }),
+    CHECK_THAT(invalid_argument_of([&] { (void)st.head({1, 2, 0}); }),
                Contains("not a planned head") && Contains("layer 1") && Contains("k_head 0") &&
                    Contains("q_head (value 2)"));
-    CHECK_THAT(error_of([&] { (void)st.head({2, 0, 0}); }),
+    CHECK_THAT(invalid_argument_of([&] { (void)st.head({2, 0, 0}); }),
                Contains("not a planned head") && Contains("layer 2") && Contains("q_head (value 0)"));
 }
 
@@ -401,7 +395,7 @@ TEST_CASE("capture: stores merge by appending, the merge order is irrelevant to 
     CHECK(key(ab.rows(0, kind::key, 1)) == key(whole.rows(0, kind::key, 1)));
     CHECK(key(ba.rows(0, kind::key, 1)) == key(whole.rows(0, kind::key, 1)));
     qkgeom::capture_store<double> other(layout, heads, {smp.buckets, 12});
-    CHECK_THAT(error_of([&] { other += a; }), Contains("seed") && Contains("value 11"));
+    CHECK_THAT(invalid_argument_of([&] { other += a; }), Contains("seed") && Contains("value 11"));
 }
 
 TEST_CASE("parallel_for: every task runs exactly once, the first error stops new tasks and is rethrown", "[capture]") {
@@ -413,7 +407,7 @@ TEST_CASE("parallel_for: every task runs exactly once, the first error stops new
     qkgeom::parallel_for(0, 4, [](std::size_t) { FAIL("no task for n = 0"); });
     for (unsigned jobs : {1U, 2U}) {
         std::atomic<int> started{0};
-        CHECK_THAT(error_of([&] {
+        CHECK_THAT(invalid_argument_of([&] {
                        qkgeom::parallel_for(10000, jobs, [&](std::size_t i) {
                            started.fetch_add(1);
                            if (i == 3) throw std::invalid_argument("task 3 failed");

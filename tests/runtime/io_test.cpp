@@ -1251,30 +1251,21 @@ TEST_CASE("dataset: read_capture reads one head as one value (rows, GQA, facts o
         CHECK(r.bucket == e.bucket);
         CHECK(r.example_id == e.example_id);
     };
-    {
-        qkgeom::head_id const id{1, 3, 1};
+    auto check_head = [&](qkgeom::head_id const& id, io::head_entry const& q, io::head_entry const& k,
+                          std::int64_t window) {
+        INFO("layer " << id.layer << " q_head " << id.q_head);
         auto const h = io::read_capture(tmp.path, m, id);
         CHECK(h.id == id);
-        same(h.queries, q1);
-        same(h.keys, k1);
+        same(h.queries, q);
+        same(h.keys, k);
         REQUIRE(h.facts.buckets.has_value());
         CHECK(*h.facts.buckets == m.buckets);
         CHECK(h.facts.context_length == 64);
-        CHECK(h.facts.sliding_window == 16);  // the layer's window
-        CHECK(h.facts == io::facts_of(m, 1));
-    }
-    {
-        qkgeom::head_id const id{0, 1, 0};
-        auto const h = io::read_capture(tmp.path, m, id);
-        CHECK(h.id == id);
-        same(h.queries, q0);
-        same(h.keys, k0);
-        REQUIRE(h.facts.buckets.has_value());
-        CHECK(*h.facts.buckets == m.buckets);
-        CHECK(h.facts.context_length == 64);
-        CHECK(h.facts.sliding_window == 0);  // full attention
-        CHECK(h.facts == io::facts_of(m, 0));
-    }
+        CHECK(h.facts.sliding_window == window);  // the layer's window, 0 = full attention
+        CHECK(h.facts == io::facts_of(m, id.layer));
+    };
+    check_head({1, 3, 1}, q1, k1, 16);
+    check_head({0, 1, 0}, q0, k0, 0);
     // The heads a capture holds: its head sample, or every head of every layer.
     CHECK(io::planned_heads(m) == io::sampled_heads(m));
     CHECK(io::planned_heads(test_manifest()) ==

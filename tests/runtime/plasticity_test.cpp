@@ -34,6 +34,8 @@
 
 #include "test_util.hpp"
 
+using qkgeom_test::invalid_argument_of;
+
 using qkgeom::index_t;
 using qkgeom_test::rel_diff;
 
@@ -143,18 +145,6 @@ syn::head_capture with_window(syn::head_capture h, std::int64_t w) {
 syn::head_capture with_context(syn::head_capture h, std::int64_t L) {
     h.facts.context_length = L;
     return h;
-}
-
-/// The message of the std::invalid_argument that f throws; empty when f
-/// returns (any other exception propagates and fails the test).
-template <class F>
-std::string invalid_argument_of(F&& f) {
-    try {
-        f();
-    } catch (std::invalid_argument const& e) {
-        return e.what();
-    }
-    return {};
 }
 
 /// Keeps the key rows for which keep(i) holds (queries untouched).

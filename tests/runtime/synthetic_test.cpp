@@ -8,6 +8,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "test_util.hpp"
+
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -19,6 +21,8 @@
 #include <string>
 #include <vector>
 
+using qkgeom_test::invalid_argument_of;
+
 namespace {
 
 namespace syn = qkgeom::synthetic;
@@ -26,16 +30,6 @@ using qkgeom::bucket_scheme;
 using qkgeom::bucket_spec;
 using qkgeom::index_t;
 using qkgeom::kind;
-
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (std::invalid_argument const& e) {
-        return e.what();
-    }
-    return "<no std::invalid_argument thrown>";
-}
 
 // --- independent re-implementation of the documented keep hash (docs/buckets.md) ---
 std::uint64_t ref_splitmix(std::uint64_t x) {
@@ -264,24 +258,24 @@ TEST_CASE("buckets: empirical keep fraction matches keep_probability within 4 sd
 
 TEST_CASE("buckets: invalid arguments throw std::invalid_argument naming the value", "[buckets]") {
     using Catch::Matchers::Contains;
-    CHECK_THAT(error_of([] { (void)qkgeom::bucket_of({bucket_scheme::uniform, 0, 1.0}, 1); }),
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::bucket_of({bucket_scheme::uniform, 0, 1.0}, 1); }),
                Contains("qkgeom::bucket_of") && Contains("width") && Contains("value 0"));
-    CHECK_THAT(error_of([] { (void)qkgeom::bucket_of({bucket_scheme::log, -3, 1.0}, 1); }),
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::bucket_of({bucket_scheme::log, -3, 1.0}, 1); }),
                Contains("width") && Contains("-3"));
-    CHECK_THAT(error_of([] { (void)qkgeom::keep_probability({bucket_scheme::uniform, 4, 0.0}, 1); }),
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::keep_probability({bucket_scheme::uniform, 4, 0.0}, 1); }),
                Contains("rate"));
-    CHECK_THAT(error_of([] {
+    CHECK_THAT(invalid_argument_of([] {
                    (void)qkgeom::keep_token({bucket_scheme::uniform, 4, std::nan("")}, 1, 0, 0, kind::query, 1);
                }),
                Contains("rate"));
-    CHECK_THAT(error_of([] {
+    CHECK_THAT(invalid_argument_of([] {
                    (void)qkgeom::keep_token({bucket_scheme::uniform, 4, INFINITY}, 1, 0, 0, kind::query, 1);
                }),
                Contains("rate"));
-    CHECK_THAT(error_of([] { (void)qkgeom::bucket_of({}, -1); }), Contains("position") && Contains("-1"));
-    CHECK_THAT(error_of([] { (void)qkgeom::keep_token({}, 1, 0, 0, kind::key, -5); }),
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::bucket_of({}, -1); }), Contains("position") && Contains("-1"));
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::keep_token({}, 1, 0, 0, kind::key, -5); }),
                Contains("qkgeom::keep_token") && Contains("position") && Contains("-5"));
-    CHECK_THAT(error_of([] { (void)qkgeom::kept_positions({}, 1, 0, 0, kind::key, -2); }), Contains("length"));
+    CHECK_THAT(invalid_argument_of([] { (void)qkgeom::kept_positions({}, 1, 0, 0, kind::key, -2); }), Contains("length"));
 }
 
 // ===========================================================================
@@ -359,7 +353,7 @@ TEST_CASE("synthetic: GQA mapping, query heads of a group share identical key ro
     CHECK(syn::kv_head_of(7, 8, 2) == 1);
     CHECK(syn::kv_head_of(5, 6, 6) == 5);
     CHECK(syn::kv_head_of(5, 6, 1) == 0);
-    CHECK_THAT(error_of([] { (void)syn::kv_head_of(0, 6, 4); }), Catch::Matchers::Contains("n_q_heads"));
+    CHECK_THAT(invalid_argument_of([] { (void)syn::kv_head_of(0, 6, 4); }), Catch::Matchers::Contains("n_q_heads"));
 
     syn::layer_spec L;
     L.mix = true;
@@ -669,7 +663,7 @@ TEST_CASE("synthetic: invalid layer and capture specs throw naming the field", "
     syn::capture_spec cap;
     cap.n_examples = 1;
     cap.context_length = 64;
-    auto err = [&](syn::layer_spec const& L) { return error_of([&] { (void)syn::generate_layer(L, cap); }); };
+    auto err = [&](syn::layer_spec const& L) { return invalid_argument_of([&] { (void)syn::generate_layer(L, cap); }); };
     {
         syn::layer_spec L;
         L.n_q_heads = 6;
@@ -722,13 +716,13 @@ TEST_CASE("synthetic: invalid layer and capture specs throw naming the field", "
     }
     {
         syn::layer_spec L;
-        CHECK_THAT(error_of([&] { (void)syn::generate_head(L, cap, 4); }),
+        CHECK_THAT(invalid_argument_of([&] { (void)syn::generate_head(L, cap, 4); }),
                    Contains("qkgeom::synthetic::generate_head") && Contains("q_head"));
         syn::capture_spec bad = cap;
         bad.n_examples = 0;
-        CHECK_THAT(error_of([&] { (void)syn::generate_head(L, bad); }), Contains("n_examples"));
+        CHECK_THAT(invalid_argument_of([&] { (void)syn::generate_head(L, bad); }), Contains("n_examples"));
         bad = cap;
         bad.buckets.width = 0;
-        CHECK_THAT(error_of([&] { (void)syn::generate_head(L, bad); }), Contains("width"));
+        CHECK_THAT(invalid_argument_of([&] { (void)syn::generate_head(L, bad); }), Contains("width"));
     }
 }

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -39,6 +41,19 @@ double rel_diff(A const& a, B const& b) {
     double const num = (a - b).cwiseAbs().maxCoeff();
     double const den = std::max(b.cwiseAbs().maxCoeff(), 1e-300);
     return num / den;
+}
+
+/// The message of the std::invalid_argument that f throws, or
+/// "<no std::invalid_argument thrown>" when f returns (any other exception
+/// propagates and fails the test).
+template <class F>
+std::string invalid_argument_of(F&& f) {
+    try {
+        f();
+    } catch (std::invalid_argument const& e) {
+        return e.what();
+    }
+    return "<no std::invalid_argument thrown>";
 }
 
 inline double rel_diff(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
