@@ -455,14 +455,14 @@ public:
     /// \param[in] positions   T token positions.
     /// \param[in] example_ids T example ids.
     /// \param[in] kept        indices into the T tokens, as `select` returns them.
-    /// \pre every position listed in `kept` is ≥ 0 and `kept` holds no
-    ///      duplicates (true of `select`'s result; neither is checked here).
     /// \returns kept.size(), the number of rows stored.
     /// \throws std::invalid_argument when the head is not in the plan, the row
     ///         count differs from positions/example_ids, the width differs
-    ///         from head_dim, an index of `kept` is outside [0, T), or a kept
-    ///         value is not finite (naming row, column, value).
-    /// \throws std::bad_alloc if the rows cannot be stored.
+    ///         from head_dim, an index of `kept` is outside [0, T) or listed
+    ///         twice, a kept position is negative, or a kept value is not
+    ///         finite (naming row, column, value). Everything is checked
+    ///         before the store changes: nothing is stored when it throws.
+    /// \throws std::bad_alloc if the rows cannot be stored (nothing is stored then).
     template <RowMatrix X>
     std::int64_t add_selected(std::int64_t layer, kind k, std::int64_t head, X const& rows,
                               std::span<std::int64_t const> positions, std::span<std::int64_t const> example_ids,
@@ -488,25 +488,34 @@ public:
                              r.cols());
         auto& dst = it->second;
         auto const d = layout_.head_dim;
-        std::size_t const base = dst.values.size();
-        dst.values.resize(base + kept.size() * static_cast<std::size_t>(d));
-        std::size_t w = base;
+        // Everything is checked before the store changes (strong guarantee).
+        std::vector<char> seen(static_cast<std::size_t>(n), 0);
         for (std::int64_t i : kept) {
-            if (i < 0 || i >= n) detail::fail_arg(fn, "kept: index out of range", i);
+            if (i < 0 || i >= n) detail::fail_arg(fn, "kept: index out of range [0, " + std::to_string(n) + "); index", i);
+            if (seen[static_cast<std::size_t>(i)]) detail::fail_arg(fn, "kept: duplicate index", i);
+            seen[static_cast<std::size_t>(i)] = 1;
+            if (positions[static_cast<std::size_t>(i)] < 0)
+                detail::fail_arg(fn, "positions: negative position of kept row " + std::to_string(i) + "; position",
+                                 positions[static_cast<std::size_t>(i)]);
             for (std::int64_t j = 0; j < d; ++j) {
                 double const v = r(static_cast<index_t>(i), static_cast<index_t>(j));
-                if (!std::isfinite(v)) {
-                    dst.values.resize(base);
+                if (!std::isfinite(v))
                     detail::fail_arg(fn,
                                      "rows: non-finite value at row " + std::to_string(i) + ", column " +
                                          std::to_string(j) + " of (layer " + std::to_string(layer) + ", " +
                                          kind_name(k) + " head " + std::to_string(head) + "); value",
                                      v);
-                }
-                dst.values[w++] = static_cast<Scalar>(v);
             }
         }
+        std::size_t const base = dst.values.size();
+        // Reserve first: the appends below cannot throw, so the four arrays stay consistent.
+        dst.values.reserve(base + kept.size() * static_cast<std::size_t>(d));
+        dst.position.values().reserve(dst.position.values().size() + kept.size());
+        dst.bucket.values().reserve(dst.bucket.values().size() + kept.size());
+        dst.example_id.values().reserve(dst.example_id.values().size() + kept.size());
         for (std::int64_t i : kept) {
+            for (std::int64_t j = 0; j < d; ++j)
+                dst.values.push_back(static_cast<Scalar>(r(static_cast<index_t>(i), static_cast<index_t>(j))));
             auto const t = positions[static_cast<std::size_t>(i)];
             dst.position.values().push_back(t);
             dst.bucket.values().push_back(detail::bucket_of_unchecked(sampler_.buckets, t));
@@ -538,7 +547,10 @@ public:
     /// \param[in] id  a head of the plan (`heads()`)
     /// \returns the head; its row views stay valid while the store is alive
     ///          and not appended to; `facts.sliding_window` is 0 for a
-    ///          full-attention layer
+    ///          full-attention layer; `facts.context_length` is 0 ("from the
+    ///          rows": max position + 1, method §9.12), since the store does
+    ///          not know the model's context length — set it on the result
+    ///          when the capture knows it
     /// \throws std::invalid_argument when the head is not in the plan
     /// \throws std::bad_alloc if the annotations cannot be copied
     [[nodiscard]] auto head(head_id const& id) const {

@@ -10,6 +10,8 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <new>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -26,10 +28,9 @@ namespace qkgeom {
 /// \param[in] work the task body, called once per index; it must be safe to
 /// call concurrently from several threads.
 /// \throws whatever the first failing `work(i)` threw (rethrown unchanged).
-/// \throws std::system_error if the first extra thread cannot be started.
-/// \warning If a later thread cannot be started, the std::system_error leaves
-/// while earlier threads are still joinable, so std::terminate is called
-/// rather than the error reaching the caller.
+/// When an extra thread cannot be started (std::system_error), the loop goes
+/// on with the threads already started (at least the caller): the work is
+/// done with fewer threads, nothing is lost and nothing terminates.
 inline void parallel_for(std::size_t n, unsigned jobs, std::function<void(std::size_t)> const& work) {
     std::atomic<std::size_t> next{0};
     std::exception_ptr err;
@@ -46,7 +47,14 @@ inline void parallel_for(std::size_t n, unsigned jobs, std::function<void(std::s
         }
     };
     std::vector<std::thread> pool;
-    for (unsigned t = 1; t < std::min<std::size_t>(std::max(jobs, 1U), n); ++t) pool.emplace_back(worker);
+    std::size_t const want = std::min<std::size_t>(std::max(jobs, 1U), n);
+    try {
+        pool.reserve(want > 0 ? want - 1 : 0);
+        for (std::size_t t = 1; t < want; ++t) pool.emplace_back(worker);
+    } catch (std::system_error const&) {
+        // fewer threads than asked for: the started ones and the caller share the work
+    } catch (std::bad_alloc const&) {
+    }
     worker();
     for (auto& t : pool) t.join();
     if (err) std::rethrow_exception(err);

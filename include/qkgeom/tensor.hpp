@@ -34,6 +34,7 @@
 #include <concepts>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <iterator>
 #include <ranges>
 #include <span>
@@ -197,12 +198,14 @@ public:
     /// \param[in] cols number of columns, ≥ 0.
     /// \param[in] dtype the dtype of the source the values came from (reported
     ///            by dtype(); the values themselves are always double).
-    /// \pre rows ≥ 0 and cols ≥ 0 (not checked); `dtype` refers to a string
-    ///      with static storage (e.g. `element_traits<T>::name`): only the view is kept.
+    /// \pre `dtype` refers to a string with static storage (e.g.
+    ///      `element_traits<T>::name`): only the view is kept.
+    /// \throws std::invalid_argument when rows or cols is negative or rows ×
+    ///         cols overflows (checked before allocating).
     /// \throws std::bad_alloc (or std::length_error) when rows × cols doubles
     ///         cannot be allocated.
     dense_rows(index_t rows, index_t cols, std::string_view dtype)
-        : values_(static_cast<std::size_t>(rows * cols)), rows_(rows), cols_(cols), dtype_(dtype) {}
+        : values_(checked_size(rows, cols)), rows_(rows), cols_(cols), dtype_(dtype) {}
 
     /// \returns the number of rows.
     [[nodiscard]] index_t rows() const noexcept { return rows_; }
@@ -223,6 +226,15 @@ public:
     }
 
 private:
+    static std::size_t checked_size(index_t rows, index_t cols) {
+        constexpr std::string_view fn = "qkgeom::dense_rows";
+        if (rows < 0) detail::fail_arg(fn, "rows must be >= 0", rows);
+        if (cols < 0) detail::fail_arg(fn, "cols must be >= 0", cols);
+        if (cols != 0 && rows > std::numeric_limits<index_t>::max() / cols)
+            detail::fail_arg(fn, "rows x cols overflows; rows", rows);
+        return static_cast<std::size_t>(rows * cols);
+    }
+
     std::vector<double> values_;
     index_t rows_ = 0, cols_ = 0;
     std::string_view dtype_ = "f64";  // always a static string (element_traits<>::name)
@@ -287,11 +299,11 @@ private:
 /// \param[in] cols number of columns, ≥ 0.
 /// \param[in] row_stride distance in elements between consecutive rows, ≥ 0.
 /// \param[in] col_stride distance in elements between consecutive columns, ≥ 0.
-/// \pre (rows − 1)·row_stride + (cols − 1)·col_stride fits in index_t (the
-///      product is not checked for overflow).
 /// \returns a matrix_view over `s.data()`.
-/// \throws std::invalid_argument when an extent or stride is negative or the
-///         last element lies outside the span. (Unlike the matrix_view
+/// \throws std::invalid_argument when an extent or stride is negative, the
+///         last element's index (rows − 1)·row_stride + (cols − 1)·col_stride
+///         overflows index_t (checked before computing it), or it lies
+///         outside the span. (Unlike the matrix_view
 ///         constructor, negative strides are refused here.)
 template <Element T, std::size_t Extent>
 [[nodiscard]] matrix_view<std::remove_const_t<T>> make_matrix_view(std::span<T, Extent> s, index_t rows,
@@ -303,6 +315,13 @@ template <Element T, std::size_t Extent>
     if (row_stride < 0) detail::fail_arg(fn, "row_stride must be >= 0", row_stride);
     if (col_stride < 0) detail::fail_arg(fn, "col_stride must be >= 0", col_stride);
     if (rows > 0 && cols > 0) {
+        constexpr index_t big = std::numeric_limits<index_t>::max();
+        // (rows − 1)·row_stride + (cols − 1)·col_stride, refused before it could overflow
+        bool const overflow = (row_stride != 0 && rows - 1 > big / row_stride) ||
+                              (col_stride != 0 && cols - 1 > big / col_stride) ||
+                              (rows - 1) * row_stride > big - (cols - 1) * col_stride;
+        if (overflow)
+            detail::fail_arg(fn, "the view's extent overflows the index type; rows", rows);
         index_t const last = (rows - 1) * row_stride + (cols - 1) * col_stride;
         if (last >= static_cast<index_t>(s.size()))
             detail::fail_arg(fn,

@@ -6,6 +6,7 @@
 #include <qkgeom/io/npy.hpp>
 #include <qkgeom/io/npz.hpp>
 #include <qkgeom/io/safetensors.hpp>
+#include <qkgeom/moments_io.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -23,7 +24,13 @@
 #include <set>
 #include <span>
 #include <string>
+#include <sstream>
 #include <vector>
+
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace {
 
@@ -1093,7 +1100,11 @@ TEST_CASE("dataset: npz entries, stored and deflated, listed and exclusive", "[i
     CHECK(std::string(io::storage_format_name(io::storage_format::npz)) == "npz");
 
     auto read = [&] { (void)io::read_head(tmp.path, 0, 1, qkgeom::kind::query); };
-    io::write_head(tmp.path, m, e, io::storage_format::npy);
+    {   // a second form put there by hand (write_head removes the other forms itself)
+        temp_dir other;
+        io::write_head(other.path, m, e, io::storage_format::npy);
+        fs::copy(other.path / "l00h01q", tmp.path / "l00h01q", fs::copy_options::recursive);
+    }
     require_input_error(read, "the entry exists in more than one storage form: l00h01q/ l00h01q.npz");
     CHECK(io::list_heads(tmp.path).size() == 2);
     fs::remove_all(tmp.path / "l00h01q");
@@ -1364,4 +1375,593 @@ TEST_CASE("dataset: check_compatible names the first differing field and both va
         CHECK_THROWS_WITH(io::check_compatible(b, a), Contains(ba));
         CHECK_THROWS_AS(io::check_compatible(a, b), std::invalid_argument);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Issue 14 (reliability): non-regular files, allocation limits derived from
+// what a file holds, messages that name their source, shards.
+// ---------------------------------------------------------------------------
+namespace {
+
+/// Runs `f` in a forked child with a timeout and, when `headroom_mb` > 0, an
+/// address-space limit of the child's current size + headroom_mb MiB.
+/// Returns 0 when f returned true, 1 when false, 2 for another exception,
+/// 3 for std::bad_alloc, 100 + signal when the child was killed (SIGALRM:
+/// the call hung).
+template <class F>
+int in_child(F&& f, std::size_t headroom_mb, unsigned timeout_s = 10) {
+    std::fflush(nullptr);
+    pid_t const pid = fork();
+    if (pid == 0) {
+        alarm(timeout_s);
+        if (headroom_mb > 0) {
+            long pages = 0;
+            if (std::FILE* st = std::fopen("/proc/self/statm", "r")) {
+                if (std::fscanf(st, "%ld", &pages) != 1) pages = 0;
+                std::fclose(st);
+            }
+            rlim_t const lim = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) +
+                               static_cast<rlim_t>(headroom_mb) * 1024 * 1024;
+            rlimit r{lim, lim};
+            setrlimit(RLIMIT_AS, &r);
+        }
+        int code = 2;
+        try {
+            code = f() ? 0 : 1;
+        } catch (std::bad_alloc const&) {
+            code = 3;
+        } catch (...) {
+            code = 2;
+        }
+        _exit(code);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+/// Whether f throws qkgeom::input_error whose message holds every needle.
+template <class F>
+bool input_error_with(F&& f, std::vector<std::string> const& needles) {
+    try {
+        f();
+    } catch (qkgeom::input_error const& e) {
+        std::string const w = e.what();
+        for (auto const& n : needles)
+            if (w.find(n) == std::string::npos) return false;
+        return true;
+    }
+    return false;
+}
+
+void write_bytes(fs::path const& p, std::string const& b) {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out.write(b.data(), static_cast<std::streamsize>(b.size()));
+}
+
+std::string le(std::uint64_t v, int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+    return s;
+}
+
+/// A .npy file with a given header dict and data bytes.
+std::string npy_text(std::string const& dict, std::string const& data) {
+    std::string h = dict;
+    while ((10 + h.size() + 1) % 64 != 0) h += ' ';
+    h += '\n';
+    return std::string("\x93NUMPY\x01\x00", 8) + le(h.size(), 2) + h + data;
+}
+
+}  // namespace
+
+TEST_CASE("issue 14: escape_text escapes control bytes and invalid UTF-8 only", "[io][errors]") {
+    CHECK(qkgeom::escape_text("a\r\nb\tc") == "a\\r\\nb\\tc");
+    CHECK(qkgeom::escape_text(std::string("x\x01\x7f", 3)) == "x\\x01\\x7f");
+    CHECK(qkgeom::escape_text("\xff\xc3") == "\\xff\\xc3");             // invalid / truncated UTF-8
+    CHECK(qkgeom::escape_text("caf\xc3\xa9 \\x41") == "caf\xc3\xa9 \\x41");  // valid UTF-8 and backslashes kept
+    CHECK(qkgeom::escape_text(std::string("\0", 1)) == "\\x00");
+    // every input_error message goes through it
+    try {
+        qkgeom::detail::fail_input("f\nile", "fi\reld", std::string("v\nal"), "pro\x01");
+        FAIL("no throw");
+    } catch (qkgeom::input_error const& e) {
+        std::string const w = e.what();
+        CHECK(w.find('\n') == std::string::npos);
+        CHECK(w.find('\r') == std::string::npos);
+        CHECK(w == "f\\nile: fi\\reld: pro\\x01 (value v\\nal)");
+        CHECK(e.value() == "v\nal");  // the accessor keeps the raw value
+    }
+}
+
+TEST_CASE("issue 14: a FIFO is never opened: no hang, the message names the path", "[io][nonregular]") {
+    temp_dir tmp;
+    auto const m = test_manifest();
+    io::write_manifest(tmp.path, m);
+    io::write_head(tmp.path, m, test_entry(m, 0, 1, qkgeom::kind::query), io::storage_format::npy);
+    auto const vec = tmp.path / "l00h01q" / "vectors.npy";
+    fs::remove(vec);
+    REQUIRE(mkfifo(vec.c_str(), 0600) == 0);
+    // in a child with an alarm: a hang would be reported as signal 14, not block the suite
+    CHECK(in_child([&] { return input_error_with([&] { (void)io::read_npy(vec); }, {vec.string(), "FIFO", "not a regular file"}); }, 0, 10) == 0);
+    CHECK(in_child([&] {
+              return input_error_with([&] { (void)io::read_head(tmp.path, 0, 1, qkgeom::kind::query); },
+                                      {vec.string(), "is a FIFO (named pipe), not a regular file"});
+          }, 0, 10) == 0);
+    auto const man = tmp.path / "manifest.json";
+    fs::remove(man);
+    REQUIRE(mkfifo(man.c_str(), 0600) == 0);
+    CHECK(in_child([&] { return input_error_with([&] { (void)io::read_manifest(tmp.path); }, {man.string(), "FIFO"}); }, 0, 10) == 0);
+    auto const shard = tmp.path / "s.qkm";
+    REQUIRE(mkfifo(shard.c_str(), 0600) == 0);
+    CHECK(in_child([&] { return input_error_with([&] { (void)qkgeom::load_moments(shard); }, {shard.string(), "FIFO"}); }, 0, 10) == 0);
+}
+
+TEST_CASE("issue 14: a directory in place of a file is named, never bad_alloc", "[io][nonregular]") {
+    temp_dir tmp;
+    auto const m = test_manifest();
+    io::write_manifest(tmp.path, m);
+    auto const man = tmp.path / "manifest.json";
+    fs::remove(man);
+    fs::create_directory(man);
+    require_input_error([&] { (void)io::read_manifest(tmp.path); }, man.string() + ": file: is a directory, not a regular file");
+    fs::remove(man);
+    io::write_manifest(tmp.path, m);
+
+    io::write_head(tmp.path, m, test_entry(m, 0, 1, qkgeom::kind::query), io::storage_format::npy);
+    auto const vec = tmp.path / "l00h01q" / "vectors.npy";
+    fs::remove(vec);
+    fs::create_directory(vec);
+    require_input_error([&] { (void)io::read_head(tmp.path, 0, 1, qkgeom::kind::query); },
+                        vec.string() + ": file: is a directory, not a regular file");
+    // the safetensors and npz forms: a directory named like the entry file is not "no .safetensors"
+    for (std::string const ext : {".safetensors", ".npz"}) {
+        auto const d = tmp.path / ("l00h02q" + ext);
+        fs::create_directory(d);
+        require_input_error([&] { (void)io::read_head(tmp.path, 0, 2, qkgeom::kind::query); },
+                            d.string() + ": file: is a directory, not a regular file");
+        auto const ids = io::list_heads(tmp.path);
+        CHECK(std::count_if(ids.begin(), ids.end(), [](io::entry_id const& i) { return i.layer == 0 && i.head == 2; }) == 1);
+        fs::remove(d);
+    }
+    // a file where the NumPy form needs a directory
+    write_bytes(tmp.path / "l01h00q", "x");
+    require_input_error([&] { (void)io::read_head(tmp.path, 1, 0, qkgeom::kind::query); }, "is not a directory");
+    // readers of each format, and the shard reader
+    CHECK_THROWS_WITH(io::read_npz(tmp.path), Contains("is a directory, not a regular file"));
+    CHECK_THROWS_WITH(io::read_safetensors(tmp.path), Contains("is a directory, not a regular file"));
+    CHECK_THROWS_WITH(qkgeom::load_moments(tmp.path), Contains("is a directory, not a regular file"));
+}
+
+TEST_CASE("issue 14: cannot open file says why", "[io][nonregular]") {
+    temp_dir tmp;
+    auto const a = tmp.path / "a.npy", b = tmp.path / "b.npy";
+    fs::create_symlink(b, a);
+    fs::create_symlink(a, b);
+    require_input_error([&] { (void)io::read_npy(a); }, "Too many levels of symbolic links");
+    require_input_error([&] { (void)io::read_npy(tmp.path / "none.npy"); }, "no such file");
+    if (geteuid() != 0) {  // root reads anything
+        auto const c = tmp.path / "c.npy";
+        io::write_npy(c, std::vector<double>{1.0}, {1});
+        fs::permissions(c, fs::perms::none);
+        require_input_error([&] { (void)io::read_npy(c); }, "cannot open file: Permission denied");
+    }
+}
+
+TEST_CASE("issue 14: sizes claimed beyond what the file holds fail before allocating", "[io][limits]") {
+    // Each read runs in a child limited to +64 MiB of address space: an
+    // allocation of the claimed size would end in bad_alloc (exit 3), not in
+    // the input_error naming the field (exit 0).
+    constexpr std::size_t mb = 64;
+    temp_dir tmp;
+    // npy: shape (2^40,) of f8 in a 136-byte file
+    auto const npy = tmp.path / "big.npy";
+    write_bytes(npy, npy_text("{'descr': '<f8', 'fortran_order': False, 'shape': (1099511627776,), }", "12345678"));
+    CHECK(in_child([&] { return input_error_with([&] { (void)io::read_npy(npy); }, {npy.string(), "data", "8796093022208"}); }, mb) == 0);
+    // npy_to_matrix / npy_to_int64 do not trust the data size
+    io::npy_array a;
+    a.descr = "<f8";
+    a.shape = {1 << 20, 1 << 20};
+    CHECK(in_child([&] { return input_error_with([&] { (void)io::npy_to_matrix(a, "a"); }, {"a: data: data size does not match shape"}); }, mb) == 0);
+    a.descr = "<i8";
+    a.shape = {std::int64_t{1} << 40};
+    CHECK(in_child([&] { return input_error_with([&] { (void)io::npy_to_int64(a, "a"); }, {"data size does not match"}); }, mb) == 0);
+    CHECK(io::element_count({std::int64_t{1} << 62, 4}) == -1);
+    CHECK(io::element_count({3, -1}) == -1);
+    CHECK(io::element_count({3, 4}) == 12);
+    // safetensors: a tensor claiming 2^40 elements in a small file
+    std::string const hdr = R"({"v":{"dtype":"F64","shape":[1099511627776],"data_offsets":[0,8796093022208]}})";
+    auto const st = tmp.path / "big.safetensors";
+    write_bytes(st, le(hdr.size(), 8) + hdr + "12345678");
+    CHECK(in_child([&] { return input_error_with([&] { (void)io::read_safetensors(st); }, {"v.data_offsets", "offset out of range"}); }, mb) == 0);
+    write_bytes(st, le(std::uint64_t{1} << 40, 8) + hdr);
+    CHECK(in_child([&] { return input_error_with([&] { (void)io::read_safetensors(st); }, {"header_size", "100 MB"}); }, mb) == 0);
+}
+
+namespace {
+
+/// Offsets of the first central directory entry and local header of an archive.
+std::pair<std::size_t, std::size_t> zip_headers(bytes_t const& z) {
+    std::size_t cd = 0;
+    for (std::size_t p = 0; p + 4 <= z.size(); ++p)
+        if (z[p] == 'P' && z[p + 1] == 'K' && z[p + 2] == 1 && z[p + 3] == 2) {
+            cd = p;
+            break;
+        }
+    return {cd, 0};
+}
+
+void put32(bytes_t& z, std::size_t at, std::uint64_t v) {
+    for (int i = 0; i < 4; ++i) z[at + static_cast<std::size_t>(i)] = static_cast<unsigned char>((v >> (8 * i)) & 0xFF);
+}
+
+std::uint64_t get32(bytes_t const& z, std::size_t at) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint64_t>(z[at + static_cast<std::size_t>(i)]) << (8 * i);
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE("issue 14: npz members claiming more than the archive holds", "[io][limits][npz]") {
+    // incompressible data: 1 MiB of random bytes as u8
+    std::mt19937 rng(7);
+    std::vector<std::uint8_t> v(1 << 20);
+    for (auto& x : v) x = static_cast<std::uint8_t>(rng());
+    io::npz_file f;
+    f.add("v", io::make_npy(std::span<std::uint8_t const>(v), {static_cast<std::int64_t>(v.size())}));
+    SECTION("stored: the compressed size must equal the size") {
+        auto z = io::serialize_npz(f);
+        auto const [cd, lh] = zip_headers(z);
+        put32(z, cd + 24, get32(z, cd + 24) + 1);  // central size + 1
+        put32(z, lh + 22, get32(z, lh + 22) + 1);  // local size + 1
+        require_input_error([&] { (void)io::parse_npz(z, "x.npz"); },
+                            "x.npz[v.npy]: compressed_size: a stored member's compressed size must equal its size");
+    }
+    if (!io::npz_deflate_available()) return;
+    io::npz_write_options opt;
+    opt.compression = io::npz_compression::deflate;
+    auto const zd = io::serialize_npz(f, opt);
+    auto const [cd, lh] = zip_headers(zd);
+    std::uint64_t const csize = get32(zd, cd + 20);
+    SECTION("deflate: a size beyond 1032:1 of the compressed size") {
+        auto z = zd;
+        put32(z, cd + 24, csize * 1032 + 4096);
+        put32(z, lh + 22, csize * 1032 + 4096);
+        require_input_error([&] { (void)io::parse_npz(z, "x.npz"); }, "x.npz[v.npy]: size: larger than");
+    }
+    SECTION("deflate: a claimed size within 1032:1 is not allocated before inflating proves it") {
+        auto z = zd;
+        std::uint64_t const claim = std::min<std::uint64_t>(csize * 1000, 0xF0000000u);  // ~1 GB, beyond the limit below
+        put32(z, cd + 24, claim);
+        put32(z, lh + 22, claim);
+        CHECK(in_child([&] { return input_error_with([&] { (void)io::parse_npz(z, "x.npz"); }, {"x.npz[v.npy]: size: inflated size differs"}); }, 128) == 0);
+    }
+}
+
+TEST_CASE("issue 14: manifest limits, BOM, format and version fail at parse naming field and value", "[io][limits][dataset]") {
+    auto const base = io::dump_manifest(test_manifest());
+    auto fails_with = [&](std::string const& text, std::vector<std::string> const& needles) {
+        return input_error_with([&] { (void)io::parse_manifest(text, "m.json"); }, needles);
+    };
+    auto replace = [&](std::string const& from, std::string const& to) {
+        std::string t = base;
+        auto const at = t.find(from);
+        REQUIRE(at != std::string::npos);
+        return t.replace(at, from.size(), to);
+    };
+    // 2^40 query heads: fails at parse (the check precedes any per-head allocation)
+    CHECK(in_child([&] {
+              return fails_with(replace("\"n_q_heads\": [\n    4,\n    4\n  ]", "\"n_q_heads\": 1099511627776"),
+                                {"m.json: n_q_heads: more heads in one layer than the limit of 65536 (value 1099511627776)"});
+          }, 64) == 0);
+    CHECK(fails_with(replace("\"n_q_heads\": [\n    4,\n    4\n  ]", "\"n_q_heads\": [4, 70000]"), {"n_q_heads[1]", "70000"}));
+    CHECK(fails_with(replace("\"n_layers\": 2", "\"n_layers\": 100000").replace(base.find("\"n_q_heads\""), 0, ""),
+                     {"n_layers"}));  // per-layer arrays of length 2 vs 100000
+    {
+        std::string t = replace("\"n_layers\": 2", "\"n_layers\": 64");
+        for (std::string const key : {"n_q_heads", "n_kv_heads", "gqa_group_size"}) {
+            auto const at = t.find("\"" + key + "\"");
+            auto const end = t.find(']', at);
+            t.replace(at, end + 1 - at, "\"" + key + "\": " + (key == "n_q_heads" ? "32768" : key == "n_kv_heads" ? "1" : "32768"));
+        }
+        CHECK(fails_with(t, {"m.json: n_q_heads: more query heads over all layers than the limit of 1048576", "2097152"}));
+    }
+    CHECK(fails_with("\xEF\xBB\xBF" + base, {"m.json: json: starts with a UTF-8 byte-order mark; save it without BOM"}));
+    CHECK(fails_with(replace("\"qkgeom-dataset\"", "\"other\""), {"m.json: format", "\"other\""}));
+    CHECK(fails_with(replace("\"version\": 1", "\"version\": 2"), {"m.json: version", "unsupported manifest version", "(value 2)"}));
+    // the file size limit is checked before reading
+    temp_dir tmp;
+    write_bytes(tmp.path / "manifest.json", base + std::string(io::manifest_max_bytes, ' '));
+    CHECK_THROWS_WITH(io::read_manifest(tmp.path), Contains("file size") && Contains("16777216"));
+}
+
+TEST_CASE("issue 14: dump refuses what parse rejects (duplicate keys, invalid UTF-8, seeds >= 2^63)", "[io][json]") {
+    qkgeom::json::object o{{"a", qkgeom::json::value(1)}, {"a", qkgeom::json::value(2)}};
+    CHECK_THROWS_WITH(qkgeom::json::dump(qkgeom::json::value(o)), Contains("duplicate object key") && Contains("value a"));
+    CHECK_THROWS_AS(qkgeom::json::dump(qkgeom::json::value(std::string("\xff"))), std::invalid_argument);
+    auto m = test_manifest();
+    m.seed = std::uint64_t{1} << 63;
+    CHECK_THROWS_WITH(io::dump_manifest(m), Contains("seed must be < 2^63"));
+    // what dump writes, parse reads
+    auto const t = qkgeom::json::dump(qkgeom::json::value(std::string("caf\xc3\xa9\n")));
+    CHECK(qkgeom::json::parse(t).as_string() == "caf\xc3\xa9\n");
+}
+
+TEST_CASE("issue 14: errors of a head entry name the entry; a key entry says which query head read it", "[io][dataset]") {
+    temp_dir tmp;
+    auto const m = test_manifest();
+    io::write_manifest(tmp.path, m);
+    io::write_head(tmp.path, m, test_entry(m, 0, 1, qkgeom::kind::query), io::storage_format::npy);
+    io::write_head(tmp.path, m, test_entry(m, 0, 0, qkgeom::kind::key), io::storage_format::npy);
+    // an entry with no rows: refused by write_head and rejected by read_head, naming the entry
+    auto empty = test_entry(m, 0, 0, qkgeom::kind::key, 0);
+    require_input_error([&] { io::write_head(tmp.path, m, empty, io::storage_format::npy); },
+                        "key entry l00h00k holds no rows: an entry needs at least one row");
+    auto const kdir = tmp.path / "l00h00k";
+    io::write_npy(kdir / "vectors.npy", std::vector<float>{}, {0, 3});
+    io::write_npy(kdir / "position.npy", std::vector<std::int64_t>{}, {0});
+    io::write_npy(kdir / "bucket.npy", std::vector<std::int64_t>{}, {0});
+    io::write_npy(kdir / "example_id.npy", std::vector<std::int64_t>{}, {0});
+    require_input_error([&] { (void)io::read_head(tmp.path, 0, 0, qkgeom::kind::key); },
+                        (kdir / "vectors.npy").string() + ": vectors.shape[0]: key entry l00h00k holds no rows");
+    require_input_error([&] { (void)io::read_capture(tmp.path, m, {0, 1, 0}); },
+                        "key entry l00h00k (read by query head 1): " + (kdir / "vectors.npy").string());
+}
+
+TEST_CASE("issue 14: write_head checks the range, replaces the other forms, leaves no partial entry", "[io][dataset]") {
+    temp_dir tmp;
+    auto const m = test_manifest();
+    io::write_manifest(tmp.path, m);
+    CHECK_THROWS_WITH(io::write_head(tmp.path, m, test_entry(m, 0, 2, qkgeom::kind::key), io::storage_format::npy),
+                      Contains("head outside [0, n_kv_heads = 2)") && Contains("value 2"));
+    CHECK_THROWS_WITH(io::write_head(tmp.path, m, test_entry(m, 2, 0, qkgeom::kind::query), io::storage_format::npy),
+                      Contains("layer outside [0, n_layers = 2)"));
+    CHECK(fs::is_empty(tmp.path / "") == false);  // only manifest.json
+    CHECK(std::distance(fs::directory_iterator(tmp.path), fs::directory_iterator()) == 1);
+    auto const e = test_entry(m, 1, 3, qkgeom::kind::query);
+    for (auto f : {io::storage_format::npz, io::storage_format::npy, io::storage_format::safetensors,
+                   io::storage_format::npy}) {
+        io::write_head(tmp.path, m, e, f);
+        auto const ids = io::list_heads(tmp.path);
+        REQUIRE(ids.size() == 1);  // one form only, the last written
+        CHECK(ids[0].format == f);
+        CHECK(io::read_head(tmp.path, m, 1, 3, qkgeom::kind::query).vectors == e.vectors);
+    }
+    // an entry directory holding a foreign file is not removed
+    write_bytes(tmp.path / "l01h03q" / "notes.txt", "mine");
+    CHECK_THROWS_AS(io::write_head(tmp.path, m, e, io::storage_format::npz), qkgeom::io_error);
+    CHECK(fs::exists(tmp.path / "l01h03q" / "notes.txt"));
+    // no temporary files are left behind
+    for (auto const& de : fs::recursive_directory_iterator(tmp.path))
+        CHECK(de.path().filename().string().find(".tmp-") == std::string::npos);
+    CHECK_THROWS_WITH(io::facts_of(m, 2), Contains("layer outside [0, n_layers = 2)"));
+    CHECK_THROWS_AS(io::facts_of(m, -1), std::invalid_argument);
+}
+
+TEST_CASE("issue 14: stray_entries names entries outside the manifest, bounded", "[io][dataset]") {
+    temp_dir tmp;
+    auto const m = test_manifest();  // 2 layers, 4 q heads, 2 kv heads
+    io::write_manifest(tmp.path, m);
+    io::write_head(tmp.path, m, test_entry(m, 1, 3, qkgeom::kind::query), io::storage_format::npy);
+    io::write_head(tmp.path, m, test_entry(m, 1, 1, qkgeom::kind::key), io::storage_format::safetensors);
+    fs::create_directory(tmp.path / "l02h00q");            // layer beyond n_layers
+    write_bytes(tmp.path / "l00h02k.npz", "x");              // key head beyond n_kv_heads
+    fs::create_directory(tmp.path / "l00h04q.safetensors");  // q head beyond n_q_heads, a directory
+    write_bytes(tmp.path / "l0h1q.npz", "x");                // not a canonical name: ignored
+    write_bytes(tmp.path / "notes.txt", "x");
+    auto got = io::stray_entries(tmp.path, m);
+    std::sort(got.begin(), got.end());
+    CHECK(got == std::vector<std::string>{"l00h02k.npz", "l00h04q.safetensors", "l02h00q"});
+    auto const bounded = io::stray_entries(tmp.path, m, 2);
+    REQUIRE(bounded.size() == 3);
+    CHECK(bounded[2] == "... and 1 more");
+}
+
+namespace {
+
+/// FNV-1a 64 of the bytes, as the shard format's checksum.
+std::uint64_t fnv(std::string const& s) {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (char c : s) {
+        h ^= static_cast<unsigned char>(c);
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/// The shard with bytes [at, at + 8) replaced by v and the checksum recomputed.
+std::string patched_shard(std::string s, std::size_t at, std::uint64_t v) {
+    s.replace(at, 8, le(v, 8));
+    s.replace(s.size() - 8, 8, le(fnv(s.substr(0, s.size() - 8)), 8));
+    return s;
+}
+
+std::string shard_bytes(qkgeom::head_moments const& hm) {
+    std::ostringstream os(std::ios::binary);
+    qkgeom::write_moments(os, hm);
+    return os.str();
+}
+
+/// A non-seekable stream over a string (as a pipe): tellg fails.
+struct pipe_buf : std::streambuf {
+    explicit pipe_buf(std::string s) : s_(std::move(s)) { setg(s_.data(), s_.data(), s_.data() + s_.size()); }
+    pos_type seekoff(off_type, std::ios_base::seekdir, std::ios_base::openmode) override { return pos_type(-1); }
+    std::string s_;
+};
+
+}  // namespace
+
+TEST_CASE("issue 14: shard counts are bounded by the bytes the stream holds", "[io][limits][shards]") {
+    // The issue's 72-byte shard: d = 4096 and one query bucket (a bucket of
+    // d = 4096 holds 134 MB of co-moments once allocated).
+    std::string const head = std::string(qkgeom::moments_magic.data(), 8) + le(1, 4) + le(0, 4) + le(0, 8) + le(0, 8) +
+                             le(0, 8) + le(4096, 8);
+    std::string const shard = head + le(1, 8) + std::string(16, '\0');
+    REQUIRE(shard.size() == 72);
+    CHECK(in_child([&] {
+              std::istringstream in(shard);
+              return input_error_with([&] { (void)qkgeom::read_moments(in, "s.qkm"); },
+                                      {"s.qkm: q.n_buckets: more buckets than the 16 bytes left can hold", "(value 1)"});
+          }, 64) == 0);
+    // a non-seekable stream: the record is read as it arrives, so the truncation is found first
+    CHECK(in_child([&] {
+              pipe_buf pb(shard);
+              std::istream in(&pb);
+              return input_error_with([&] { (void)qkgeom::read_moments(in, "pipe"); }, {"pipe: q.buckets[0]", "truncated shard"});
+          }, 64) == 0);
+    // 2^60 buckets claimed
+    std::istringstream in(head + le(std::uint64_t{1} << 60, 8) + std::string(16, '\0'));
+    CHECK_THROWS_WITH(qkgeom::read_moments(in, "s.qkm"), Contains("q.n_buckets") && Contains("1152921504606846976"));
+}
+
+TEST_CASE("issue 14: a shard whose row count was edited is rejected even with the checksum recomputed", "[io][shards]") {
+    // bucket 0 holds positions {0, 1, 1} (mean 2/3), bucket 1 positions {5, 6, 9, 9}
+    Eigen::MatrixXd x(7, 2);
+    x << 1, 2, 3, 4, 5, 7, 2, 2, 1, 0, 4, 4, 3, 1;
+    std::vector<std::int64_t> const t{0, 1, 1, 5, 6, 9, 9}, b{0, 0, 0, 1, 1, 1, 1};
+    qkgeom::head_moments hm(2, {0, 1, 0});
+    hm.add(qkgeom::kind::query, x, t, b);
+    std::string const good = shard_bytes(hm);
+    std::size_t const rec = 8 * (6 + 2 * 2 + 3);
+    std::size_t const n0 = 48 + 8 + 8, n1 = n0 + rec;  // offsets of the two buckets' n
+    {
+        std::istringstream in(good);
+        CHECK(qkgeom::read_moments(in).q.count() == 7);  // the unedited shard reads
+    }
+    for (auto [at, n] : {std::pair<std::size_t, std::uint64_t>{n0, 4}, {n0, 2}, {n0, 1}, {n1, 3}, {n1, 2}, {n1, 1}}) {
+        std::istringstream in(patched_shard(good, at, n));
+        INFO("offset " << at << " n " << n);
+        try {
+            (void)qkgeom::read_moments(in, "s.qkm");
+            FAIL("edited row count accepted");
+        } catch (qkgeom::input_error const& e) {
+            CHECK(e.source() == "s.qkm");
+            CHECK(e.field().rfind(at == n0 ? "q.buckets[0]." : "q.buckets[1].", 0) == 0);
+        }
+    }
+}
+
+TEST_CASE("issue 14: write_moments refuses exactly what read_moments rejects", "[io][shards]") {
+    Eigen::MatrixXd x(5, 2);
+    x << 1, 2, 3, 4, 5, 7, 2, 2, 1, 0;
+    std::vector<std::int64_t> const t{2, 3, 3, 7, 8}, b{0, 0, 0, 0, 0};
+    qkgeom::head_moments hm(2, {3, 2, 1});
+    hm.add(qkgeom::kind::key, x, t, b);
+    std::string const good = shard_bytes(hm);
+    std::size_t const rec0 = 48 + 8 + 8;  // k: q.n_buckets = 0 at 48, k.n_buckets at 56, bucket id at 64
+    struct edit {
+        char const* name;
+        std::size_t at;  // offset inside the record, after the bucket id
+        double value;    // as f64, or the integer for n / bucket
+        bool integer;
+    };
+    edit const edits[] = {
+        {"bucket", 0, -1, true},       {"n", 8, 0, true},        {"n", 8, 1, true},
+        {"mean_t", 16, 9.5, false},    {"m2_t", 24, -1, false},  {"m2_t", 24, 1e6, false},
+        {"t_min", 32, 2.5, false},     {"t_max", 40, 1.0, false}, {"c_xx", 48 + 32, -1, false},
+        {"mean_t", 16, std::numeric_limits<double>::infinity(), false},
+    };
+    for (auto const& ed : edits) {
+        INFO(ed.name << " = " << ed.value);
+        std::uint64_t const bits = ed.integer ? static_cast<std::uint64_t>(static_cast<std::int64_t>(ed.value))
+                                              : std::bit_cast<std::uint64_t>(ed.value);
+        std::istringstream in(patched_shard(good, rec0 + ed.at, bits));
+        std::string read_field;
+        try {
+            auto const back = qkgeom::read_moments(in, "s.qkm");
+            FAIL("edited shard accepted");
+        } catch (qkgeom::input_error const& e) {
+            read_field = e.field();
+        }
+        // the same edit on the in-memory moments: write_moments refuses it, naming a field of the same bucket
+        qkgeom::head_moments bad = hm;
+        auto node = bad.k.buckets.extract(bad.k.buckets.begin());
+        auto& m = node.mapped();
+        std::string const f = ed.name;
+        if (f == "bucket") node.key() = -1;
+        else if (f == "n") m.n = static_cast<std::int64_t>(ed.value);
+        else if (f == "mean_t") m.mean_t = ed.value;
+        else if (f == "m2_t") m.m2_t = ed.value;
+        else if (f == "t_min") m.t_min = ed.value;
+        else if (f == "t_max") m.t_max = ed.value;
+        else m.c_xx(0, 0) = ed.value;
+        bad.k.buckets.insert(std::move(node));
+        std::ostringstream os;
+        CHECK_THROWS_WITH(qkgeom::write_moments(os, bad), Contains("k.buckets[0].") && Contains("qkgeom::write_moments"));
+        CHECK(os.str().empty());  // nothing written
+        CHECK(read_field.rfind("k.buckets[0].", 0) == 0);
+        // save_moments leaves no file, and an existing file untouched
+        temp_dir tmp;
+        auto const p = tmp.path / "s.qkm";
+        CHECK_THROWS_AS(qkgeom::save_moments(p, bad), std::invalid_argument);
+        CHECK_FALSE(fs::exists(p));
+        qkgeom::save_moments(p, hm);
+        CHECK_THROWS_AS(qkgeom::save_moments(p, bad), std::invalid_argument);
+        CHECK(qkgeom::load_moments(p).k.count() == 5);
+        CHECK(std::distance(fs::directory_iterator(tmp.path), fs::directory_iterator()) == 1);
+    }
+}
+
+TEST_CASE("issue 14: every shard reduced from data reads back (random sizes, positions, merges)", "[io][shards]") {
+    std::mt19937_64 gen(14);
+    for (int rep = 0; rep < 40; ++rep) {
+        std::int64_t const d = 1 + static_cast<std::int64_t>(gen() % 6);
+        std::int64_t const tmax = std::int64_t{1} << (gen() % 20);
+        qkgeom::head_moments total(d, {1, 2, 1});
+        int const parts = 1 + static_cast<int>(gen() % 4);
+        for (int part = 0; part < parts; ++part) {
+            std::int64_t const n = 1 + static_cast<std::int64_t>(gen() % 700);
+            Eigen::MatrixXd x(n, d);
+            std::normal_distribution<double> nd(gen() % 2 ? 1e4 : 0.0, gen() % 2 ? 1e-2 : 3.0);
+            for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = nd(gen);
+            std::vector<std::int64_t> t(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
+            for (std::size_t i = 0; i < t.size(); ++i) {
+                t[i] = static_cast<std::int64_t>(gen() % static_cast<std::uint64_t>(tmax));
+                b[i] = t[i] / 64;
+            }
+            qkgeom::head_moments shard(d, {1, 2, 1});
+            shard.add(gen() % 2 ? qkgeom::kind::query : qkgeom::kind::key, x, t, b);
+            total += shard;
+        }
+        std::istringstream in(shard_bytes(total));
+        auto const back = qkgeom::read_moments(in, "s.qkm");
+        CHECK(back.q.count() + back.k.count() == total.q.count() + total.k.count());
+    }
+}
+
+TEST_CASE("issue 14: bad shard magic is quoted escaped; merge_moment_files validates every file", "[io][shards]") {
+    std::istringstream in(std::string("QK\r\nMOM\n") + std::string(64, '\0'));
+    try {
+        (void)qkgeom::read_moments(in, "s.qkm");
+        FAIL("bad magic accepted");
+    } catch (qkgeom::input_error const& e) {
+        std::string const w = e.what();
+        CHECK(w.find('\r') == std::string::npos);
+        CHECK(w.find('\n') == std::string::npos);
+        CHECK_THAT(w, Contains("(value QK\\r\\nMOM\\n)"));
+    }
+    temp_dir tmp;
+    Eigen::MatrixXd x(4, 2);
+    x << 1, 2, 3, 4, 5, 7, 2, 2;
+    std::vector<std::int64_t> const t{2, 3, 3, 70}, b{0, 0, 0, 1};
+    qkgeom::head_moments a(2, {0, 1, 0}), c(2, {0, 1, 0}), other(2, {0, 2, 1});
+    a.add(qkgeom::kind::query, x.topRows(2), std::span(t).first(2), std::span(b).first(2));
+    c.add(qkgeom::kind::query, x.bottomRows(2), std::span(t).last(2), std::span(b).last(2));
+    other.add(qkgeom::kind::query, x, t, b);
+    std::vector<fs::path> const files{tmp.path / "a.qkm", tmp.path / "c.qkm", tmp.path / "o.qkm"};
+    qkgeom::save_moments(files[0], a);
+    qkgeom::save_moments(files[1], c);
+    qkgeom::save_moments(files[2], other);
+    auto const merged = qkgeom::merge_moment_files(std::span(files).first(2));
+    auto whole = a;
+    whole += c;
+    CHECK(merged.q.count() == 4);
+    CHECK(merged.q.buckets.at(0).mean_t == whole.q.buckets.at(0).mean_t);
+    CHECK(merged.q.buckets.at(0).c_xx == whole.q.buckets.at(0).c_xx);
+    require_input_error([&] { (void)qkgeom::merge_moment_files(files); },
+                        files[2].string() + ": q_head: shard of another head");
+    CHECK_THROWS_AS(qkgeom::merge_moment_files(std::span<fs::path const>()), std::invalid_argument);
+    write_bytes(tmp.path / "t.qkm", shard_bytes(a) + "x");
+    require_input_error([&] { (void)qkgeom::load_moments(tmp.path / "t.qkm"); }, "trailing bytes");
 }

@@ -23,6 +23,8 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -130,6 +132,17 @@ struct entry_id {
     return "l" + pad2(layer) + "h" + pad2(head) + kind_name(k);
 }
 
+/// \brief Largest manifest.json read_manifest accepts, in bytes (16 MiB; a
+/// real manifest is a few kB). Checked on the file size before reading.
+inline constexpr std::uint64_t manifest_max_bytes = std::uint64_t{16} << 20;
+/// \brief Largest n_layers a manifest may declare.
+inline constexpr std::int64_t manifest_max_layers = 100000;
+/// \brief Largest query or key head count of one layer a manifest may declare.
+inline constexpr std::int64_t manifest_max_heads_per_layer = 65536;
+/// \brief Largest total of query heads over all layers a manifest may declare
+/// (2^20; planned_heads enumerates them).
+inline constexpr std::int64_t manifest_max_query_heads = std::int64_t{1} << 20;
+
 namespace detail {
 
 inline std::string manifest_fail_src(std::filesystem::path const& p) { return p.string(); }
@@ -163,8 +176,14 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
     } else {
         qkgeom::detail::fail_input(src, key, json::dump(*v), "must be an integer or an array of integers");
     }
-    for (auto h : out)
-        if (h < 1) qkgeom::detail::fail_input(src, key, h, "head counts must be >= 1");
+    for (std::size_t l = 0; l < out.size(); ++l) {
+        std::string const f = v->is_int() ? key : key + "[" + std::to_string(l) + "]";
+        if (out[l] < 1) qkgeom::detail::fail_input(src, f, out[l], "head counts must be >= 1");
+        if (out[l] > manifest_max_heads_per_layer)
+            qkgeom::detail::fail_input(src, f, out[l],
+                                       "more heads in one layer than the limit of " +
+                                           std::to_string(manifest_max_heads_per_layer));
+    }
     return out;
 }
 
@@ -172,16 +191,22 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
 
 /// \brief Parses manifest.json text.
 ///
-/// The fields "format", "version" and any unknown field are ignored;
-/// "gqa_group_size", when present, must agree with the head counts. Missing
+/// "format" and "version", when present, must be "qkgeom-dataset" and 1;
+/// unknown fields are ignored; "gqa_group_size", when present, must agree
+/// with the head counts. A UTF-8 byte-order mark is rejected with its own
+/// message (RFC 8259 §8.1: JSON text must not begin with one). Missing
 /// optional parts (buckets.rate → 1, capture.seed → 0, capture head sampling,
 /// rope, sliding_window) read as their defaults / "not recorded".
 /// \param[in] text the JSON text.
 /// \param[in] src  the source named in error messages (usually the path).
 /// \returns the manifest.
 /// \throws qkgeom::input_error (source, field, value) for invalid JSON (as
-///         json::parse), a missing required field, a field of the wrong type,
-///         n_layers < 1 or > 100000, a head count < 1 or not a GQA multiple,
+///         json::parse), a leading byte-order mark, a format other than
+///         "qkgeom-dataset" or a version other than 1, a missing required
+///         field, a field of the wrong type, n_layers < 1 or >
+///         manifest_max_layers, a head count < 1, above
+///         manifest_max_heads_per_layer or not a GQA multiple, more than
+///         manifest_max_query_heads query heads in all,
 ///         a per-layer array of the wrong length, head_dim < 1 or > 2^40,
 ///         context_length < 1, an unknown bucket scheme, width < 1, rate not
 ///         finite and > 0, a negative capture.seed / head_seed / head_count,
@@ -193,8 +218,14 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
 /// \sa dump_manifest, read_manifest
 [[nodiscard]] inline manifest parse_manifest(std::string_view text, std::string const& src = "manifest.json") {
     using qkgeom::detail::fail_input;
+    if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF")
+        fail_input(src, "json", "byte 0", "starts with a UTF-8 byte-order mark; save it without BOM");
     json::value const root = json::parse(text, src);
     if (!root.is_object()) fail_input(src, "manifest", root.type_name(), "manifest must be a JSON object");
+    if (auto const* f = root.find("format"); f && !(f->is_string() && f->as_string() == "qkgeom-dataset"))
+        fail_input(src, "format", json::dump(*f), "not a qkgeom dataset manifest (expected \"qkgeom-dataset\")");
+    if (auto const* ver = root.find("version"); ver && !(ver->is_int() && ver->as_int() == 1))
+        fail_input(src, "version", json::dump(*ver), "unsupported manifest version (this build reads version 1)");
     manifest m;
     auto const* model = root.find("model");
     if (!model || !model->is_string())
@@ -202,9 +233,16 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
     m.model = model->as_string();
     constexpr std::int64_t big = std::int64_t{1} << 40;
     m.n_layers = detail::json_int(root, src, "n_layers", 1);
-    if (m.n_layers > 100000) fail_input(src, "n_layers", m.n_layers, "implausibly many layers");
+    if (m.n_layers > manifest_max_layers)
+        fail_input(src, "n_layers", m.n_layers, "more layers than the limit of " + std::to_string(manifest_max_layers));
     m.n_q_heads = detail::json_per_layer(root, src, "n_q_heads", m.n_layers);
     m.n_kv_heads = detail::json_per_layer(root, src, "n_kv_heads", m.n_layers);
+    std::int64_t total_q = 0;
+    for (auto h : m.n_q_heads) total_q += h;  // <= 1e5 * 65536: no overflow
+    if (total_q > manifest_max_query_heads)
+        fail_input(src, "n_q_heads", total_q,
+                   "more query heads over all layers than the limit of " + std::to_string(manifest_max_query_heads) +
+                       "; total");
     for (std::size_t l = 0; l < m.n_q_heads.size(); ++l)
         if (m.n_q_heads[l] % m.n_kv_heads[l] != 0)
             fail_input(src, "n_kv_heads[" + std::to_string(l) + "]", m.n_kv_heads[l],
@@ -328,26 +366,35 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
 /// \brief Reads DIR/manifest.json.
 /// \param[in] dir the dataset directory.
 /// \returns the parsed manifest.
-/// \throws qkgeom::input_error (source = the file's path) when the file cannot
-///         be opened or read, or as parse_manifest.
+/// \throws qkgeom::input_error (source = the file's path) when it is not a
+///         regular file (as regular_file_size), is larger than
+///         manifest_max_bytes (field "file size", checked before reading),
+///         cannot be opened or read (with the operating system's reason), or
+///         as parse_manifest.
 /// \throws std::bad_alloc if the file does not fit in memory.
 [[nodiscard]] inline manifest read_manifest(std::filesystem::path const& dir) {
     auto const p = dir / "manifest.json";
-    auto const bytes = detail::read_file_bytes(p);
+    auto const bytes = detail::read_file_bytes(p, manifest_max_bytes, "file size");
     return parse_manifest(std::string_view(reinterpret_cast<char const*>(bytes.data()), bytes.size()), p.string());
 }
 
 /// \brief The manifest as JSON text (pretty-printed).
 ///
 /// Not validated (write_manifest validates by re-parsing); adds the derived
-/// "format", "version" and "gqa_group_size" fields. Seeds ≥ 2^63 are written
-/// as negative integers (write_manifest rejects them).
+/// "format", "version" and "gqa_group_size" fields.
 /// \param[in] m the manifest.
 /// \returns the JSON text, ending in a newline.
-/// \throws std::invalid_argument when buckets.rate, rope.theta or
-///         rope.scaling_factor is not finite (as json::dump).
+/// \throws std::invalid_argument when m.seed or heads->seed is ≥ 2^63 (JSON
+///         integers here are int64), when buckets.rate, rope.theta or
+///         rope.scaling_factor is not finite, or a string is not valid UTF-8
+///         (as json::dump).
 /// \throws std::bad_alloc if the text cannot be allocated.
 [[nodiscard]] inline std::string dump_manifest(manifest const& m) {
+    if (m.seed > static_cast<std::uint64_t>(INT64_MAX))
+        qkgeom::detail::fail_arg("qkgeom::io::dump_manifest", "seed must be < 2^63", m.seed);
+    if (m.heads && m.heads->seed > static_cast<std::uint64_t>(INT64_MAX))
+        qkgeom::detail::fail_arg("qkgeom::io::dump_manifest", "heads->seed (capture.head_seed) must be < 2^63",
+                                 m.heads->seed);
     auto ints = [](std::vector<std::int64_t> const& v) {
         json::array a;
         for (auto x : v) a.emplace_back(x);
@@ -583,6 +630,10 @@ template <class Src>
 void validate_head(head_entry const& e, manifest const& m, Src const& src) {
     using qkgeom::detail::fail_input;
     auto const n = static_cast<std::size_t>(e.vectors.rows());
+    if (n == 0)
+        fail_input(src("vectors"), "vectors.shape[0]", 0,
+                   std::string(e.k == kind::query ? "query" : "key") + " entry " + head_entry_name(e.layer, e.head, e.k) +
+                       " holds no rows: an entry needs at least one row");
     if (e.vectors.cols() != m.head_dim)
         fail_input(src("vectors"), "vectors.shape[1]", e.vectors.cols(),
                    std::string(kind_name(e.k)) + " head dimension differs from manifest head_dim = " +
@@ -626,66 +677,157 @@ void validate_head(head_entry const& e, manifest const& m, Src const& src) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// Throws std::invalid_argument (naming `fn`) when e.layer / e.head are
+/// outside the manifest's counts or the manifest is inconsistent.
+inline void check_entry_range(manifest const& m, head_entry const& e, std::string_view fn) {
+    if (m.n_q_heads.size() != static_cast<std::size_t>(std::max<std::int64_t>(m.n_layers, 0)) ||
+        m.n_kv_heads.size() != m.n_q_heads.size())
+        qkgeom::detail::fail_arg(fn, "inconsistent manifest: n_q_heads / n_kv_heads lengths differ from n_layers; n_layers",
+                                 m.n_layers);
+    if (e.layer < 0 || e.layer >= m.n_layers)
+        qkgeom::detail::fail_arg(fn, "layer outside [0, n_layers = " + std::to_string(m.n_layers) + "); layer", e.layer);
+    auto const L = static_cast<std::size_t>(e.layer);
+    std::int64_t const nh = e.k == kind::query ? m.n_q_heads[L] : m.n_kv_heads[L];
+    if (e.head < 0 || e.head >= nh)
+        qkgeom::detail::fail_arg(fn,
+                                 std::string("head outside [0, ") + (e.k == kind::query ? "n_q_heads" : "n_kv_heads") +
+                                     " = " + std::to_string(nh) + "); head",
+                                 e.head);
+}
+
+/// The files an entry in NumPy form holds.
+inline constexpr std::string_view npy_entry_files[] = {"vectors.npy", "position.npy", "bucket.npy", "example_id.npy",
+                                                       "sliding_window.npy"};
+
+/// Removes an entry directory in NumPy form (its known files, then the
+/// directory); nothing when absent. Throws io_error when `sub` is not such a
+/// directory (another file type, or other files inside: never removed).
+inline void remove_npy_entry(std::filesystem::path const& sub) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    auto const t = fs::symlink_status(sub, ec).type();
+    if (t == fs::file_type::not_found) return;
+    if (t != fs::file_type::directory)
+        throw io_error(sub.string(), "qkgeom::io::write_head: cannot replace '" + escape_text(sub.string()) +
+                                         "': not a directory of .npy files; remove it by hand");
+    for (auto const& de : fs::directory_iterator(sub, ec)) {
+        auto const fname = de.path().filename().string();
+        if (std::find(std::begin(npy_entry_files), std::end(npy_entry_files), fname) == std::end(npy_entry_files))
+            throw io_error(sub.string(), "qkgeom::io::write_head: cannot replace '" + escape_text(sub.string()) +
+                                             "': it holds a file that is not part of an entry ('" +
+                                             escape_text(fname) + "'); remove it by hand");
+    }
+    for (auto f : npy_entry_files) fs::remove(sub / std::string(f), ec);
+    if (!fs::remove(sub, ec) || ec)
+        throw io_error(sub.string(), "qkgeom::io::write_head: cannot remove '" + escape_text(sub.string()) +
+                                         "': " + (ec ? ec.message() : std::string("not removed")));
+}
+
+/// Removes an entry file (.npz / .safetensors form); nothing when absent.
+inline void remove_entry_file(std::filesystem::path const& p) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    auto const t = fs::symlink_status(p, ec).type();
+    if (t == fs::file_type::not_found) return;
+    if (t == fs::file_type::directory)
+        throw io_error(p.string(), "qkgeom::io::write_head: cannot replace '" + escape_text(p.string()) +
+                                       "': is a directory; remove it by hand");
+    fs::remove(p, ec);
+    if (ec)
+        throw io_error(p.string(), "qkgeom::io::write_head: cannot remove '" + escape_text(p.string()) + "': " +
+                                       ec.message());
+}
+
+/// Writes an entry in NumPy form: into a temporary directory next to `sub`,
+/// which then replaces `sub` (no partial entry is left on failure).
+inline void write_npy_entry(std::filesystem::path const& sub, head_entry const& e, npy_array v) {
+    namespace fs = std::filesystem;
+    static std::atomic<unsigned> counter{0};
+    fs::path tmp = sub;
+    tmp += ".tmp-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000007) + "-" +
+           std::to_string(counter++);
+    std::error_code ec;
+    if (!fs::create_directory(tmp, ec) || ec)
+        throw io_error(tmp.string(), "qkgeom::io::write_head: cannot create '" + escape_text(tmp.string()) +
+                                         "': " + (ec ? ec.message() : std::string("it exists")));
+    try {
+        write_npy(tmp / "vectors.npy", v);
+        write_npy(tmp / "position.npy", int_array(e.position.values()));
+        write_npy(tmp / "bucket.npy", int_array(e.bucket.values()));
+        write_npy(tmp / "example_id.npy", int_array(e.example_id.values()));
+        if (e.sliding_window) {
+            std::int64_t const w = *e.sliding_window;
+            write_npy(tmp / "sliding_window.npy", make_npy(std::span<std::int64_t const>(&w, 1), {}));
+        }
+        remove_npy_entry(sub);
+        fs::rename(tmp, sub, ec);
+        if (ec)
+            throw io_error(sub.string(), "qkgeom::io::write_head: cannot rename '" + escape_text(tmp.string()) +
+                                             "' to '" + escape_text(sub.string()) + "': " + ec.message());
+    } catch (...) {
+        fs::remove_all(tmp, ec);
+        throw;
+    }
+}
+
+}  // namespace detail
+
 /// \brief Writes one head entry under DIR in the given format, vectors stored
 /// as `vector_dtype` ("f32", "f64", "f16", "bf16"; narrowing rounds to nearest even).
 /// Validates the entry (lengths, finiteness, buckets, sliding window) against
 /// the manifest first. `npz_method` is the compression of the npz form
 /// (deflate needs zlib: npz_deflate_available()).
 ///
-/// Not atomic: a failure while writing may leave some files of the entry
-/// written. An existing entry of the same name in another storage form is
-/// not removed (read_head then rejects the entry as ambiguous).
+/// Each file is written to a temporary name in the same directory and
+/// renamed into place (the NumPy form: a temporary directory that replaces
+/// the entry's directory), so a failure leaves no partial entry. After the
+/// write, the entry's other storage forms are removed (so read_head never
+/// finds it in two forms); an entry directory holding other files than the
+/// entry's .npy files, or a directory in place of a .npz / .safetensors
+/// entry, is never removed: io_error then.
 /// \param[in] dir          the dataset directory (created if needed).
 /// \param[in] m            the dataset's manifest.
 /// \param[in] e            the entry: layer, head, kind and rows.
 /// \param[in] format       the storage form.
 /// \param[in] vector_dtype "f32" (default), "f64", "f16" or "bf16".
 /// \param[in] npz_method   compression of the npz members (npz form only).
-/// \pre e.layer and e.head are in the manifest's range (not checked here;
-///      read_head checks them).
 /// \throws qkgeom::input_error for an invalid entry (naming the file, field
 ///         and value): a column count other than head_dim, position / bucket
 ///         / example_id lengths other than the row count, a non-finite value,
 ///         a position < 0 or ≥ context_length, a bucket inconsistent with its
 ///         position, a sliding window < 1 or one that differs from the
 ///         manifest's for the layer.
-/// \throws std::invalid_argument for a bad vector_dtype, an invalid bucket
-///         spec in the manifest, an unknown format or npz compression
-///         unavailable in this build (as write_npz), or when a file cannot be
-///         opened or written (naming the path).
+/// \throws std::invalid_argument for a layer or head outside the manifest's
+///         counts, a bad vector_dtype, an invalid bucket spec in the
+///         manifest, an unknown format or npz compression unavailable in
+///         this build (as write_npz).
+/// \throws qkgeom::io_error naming the path when a file cannot be written,
+///         renamed or an older form of the entry cannot be removed.
 /// \throws std::filesystem::filesystem_error when a directory cannot be created.
 /// \throws std::bad_alloc if the encoded arrays cannot be allocated.
 /// \sa read_head
 inline void write_head(std::filesystem::path const& dir, manifest const& m, head_entry const& e, storage_format format,
                        std::string_view vector_dtype = "f32", npz_compression npz_method = npz_compression::stored) {
+    namespace fs = std::filesystem;
+    detail::check_entry_range(m, e, "qkgeom::io::write_head");
     std::string const name = head_entry_name(e.layer, e.head, e.k);
     detail::validate_head(e, m, [&](std::string_view) { return (dir / name).string(); });
     dtype const t = detail::vector_dtype_from_name(vector_dtype);
+    if (format != storage_format::npy && format != storage_format::npz && format != storage_format::safetensors)
+        qkgeom::detail::fail_arg("qkgeom::io::write_head", "unknown storage format", static_cast<int>(format));
     std::vector<std::int64_t> const vshape{e.vectors.rows(), e.vectors.cols()};
-    std::filesystem::create_directories(dir);
+    fs::create_directories(dir);
+    auto const sub = dir / name, nz = dir / (name + ".npz"), st = dir / (name + ".safetensors");
+    npy_array v;
+    v.descr = std::string(detail::npy_descr_of(t));
+    v.shape = vshape;
+    v.data = detail::encode_vectors(e.vectors, t);
     if (format == storage_format::npy) {
-        auto const sub = dir / name;
-        std::filesystem::create_directories(sub);
-        npy_array v;
-        v.descr = std::string(detail::npy_descr_of(t));
-        v.shape = vshape;
-        v.data = detail::encode_vectors(e.vectors, t);
-        write_npy(sub / "vectors.npy", v);
-        write_npy(sub / "position.npy", detail::int_array(e.position.values()));
-        write_npy(sub / "bucket.npy", detail::int_array(e.bucket.values()));
-        write_npy(sub / "example_id.npy", detail::int_array(e.example_id.values()));
-        std::error_code ec;
-        std::filesystem::remove(sub / "sliding_window.npy", ec);
-        if (e.sliding_window) {
-            std::int64_t const w = *e.sliding_window;
-            write_npy(sub / "sliding_window.npy", make_npy(std::span<std::int64_t const>(&w, 1), {}));
-        }
+        detail::write_npy_entry(sub, e, std::move(v));
     } else if (format == storage_format::npz) {
         npz_file f;
-        npy_array v;
-        v.descr = std::string(detail::npy_descr_of(t));
-        v.shape = vshape;
-        v.data = detail::encode_vectors(e.vectors, t);
         f.add("vectors", std::move(v));
         f.add("position", detail::int_array(e.position.values()));
         f.add("bucket", detail::int_array(e.bucket.values()));
@@ -696,14 +838,14 @@ inline void write_head(std::filesystem::path const& dir, manifest const& m, head
         }
         npz_write_options opt;
         opt.compression = npz_method;
-        write_npz(dir / (name + ".npz"), f, opt);
-    } else if (format == storage_format::safetensors) {
+        write_npz(nz, f, opt);
+    } else {
         safetensors_file f;
-        st_tensor v;
-        v.type = t;
-        v.shape = vshape;
-        v.data = detail::encode_vectors(e.vectors, t);
-        f.tensors.emplace("vectors", std::move(v));
+        st_tensor vt;
+        vt.type = t;
+        vt.shape = vshape;
+        vt.data = std::move(v.data);
+        f.tensors.emplace("vectors", std::move(vt));
         auto ints = [](std::vector<std::int64_t> const& x) {
             return make_tensor(std::span<std::int64_t const>(x), {static_cast<std::int64_t>(x.size())});
         };
@@ -715,10 +857,12 @@ inline void write_head(std::filesystem::path const& dir, manifest const& m, head
             f.tensors.emplace("sliding_window", make_tensor(std::span<std::int64_t const>(&w, 1), {}));
         }
         f.metadata.emplace("format", "qkgeom-dataset");
-        write_safetensors(dir / (name + ".safetensors"), f);
-    } else {
-        qkgeom::detail::fail_arg("qkgeom::io::write_head", "unknown storage format", static_cast<int>(format));
+        write_safetensors(st, f);
     }
+    // The entry now exists in `format`; remove its other forms so reads stay unambiguous.
+    if (format != storage_format::npy) detail::remove_npy_entry(sub);
+    if (format != storage_format::npz) detail::remove_entry_file(nz);
+    if (format != storage_format::safetensors) detail::remove_entry_file(st);
 }
 
 /// \brief As above, reading the manifest from DIR/manifest.json.
@@ -769,23 +913,31 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 /// \param[in] head  the head, in [0, n_q_heads[layer]) for queries or
 ///                  [0, n_kv_heads[layer]) for keys.
 /// \param[in] k     query or key.
-/// \pre m is consistent (n_q_heads and n_kv_heads have n_layers entries), as
-///      parse_manifest guarantees; not checked here.
 /// \returns the entry, vectors widened to double and `dtype` the stored type.
 /// \throws qkgeom::input_error naming the file, field and value: layer or head
 ///         out of range, no entry or an entry in more than one form, an
-///         unreadable or malformed file (npy / npz / safetensors), a missing
+///         entry path that is not what its form needs (a directory named
+///         lLLhHHq.safetensors: "is a directory, not a regular file"; a file
+///         named lLLhHHq), an unreadable or malformed file (npy / npz /
+///         safetensors, with the operating system's reason), an entry with
+///         no rows, a missing
 ///         array, vectors not a float rank-2 array, an integer array of the
 ///         wrong rank or type, or an entry that fails the checks write_head
 ///         makes (head_dim, lengths, finiteness, positions, buckets, sliding
 ///         window).
-/// \throws std::invalid_argument if the manifest's bucket spec is invalid.
-/// \throws std::filesystem::filesystem_error if the entry's status cannot be queried.
+/// \throws std::invalid_argument if the manifest's bucket spec is invalid or
+///         its per-layer head counts do not have n_layers entries.
 /// \throws std::bad_alloc if the arrays do not fit in memory.
 [[nodiscard]] inline head_entry read_head(std::filesystem::path const& dir, manifest const& m, std::int64_t layer,
                                           std::int64_t head, kind k) {
     using qkgeom::detail::fail_input;
+    namespace fs = std::filesystem;
     std::string const name = head_entry_name(layer, head, k);
+    if (m.n_q_heads.size() != static_cast<std::size_t>(std::max<std::int64_t>(m.n_layers, 0)) ||
+        m.n_kv_heads.size() != m.n_q_heads.size())
+        qkgeom::detail::fail_arg("qkgeom::io::read_head",
+                                 "inconsistent manifest: n_q_heads / n_kv_heads lengths differ from n_layers; n_layers",
+                                 m.n_layers);
     if (layer < 0 || layer >= m.n_layers)
         fail_input((dir / name).string(), "layer", layer, "layer outside [0, n_layers = " + std::to_string(m.n_layers) + ")");
     std::int64_t const nh = k == kind::query ? m.n_q_heads[static_cast<std::size_t>(layer)]
@@ -801,9 +953,16 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
     auto const sub = dir / name;
     auto const st = dir / (name + ".safetensors");
     auto const nz = dir / (name + ".npz");
-    bool const is_npy = std::filesystem::is_directory(sub);
-    bool const is_st = std::filesystem::is_regular_file(st);
-    bool const is_npz = std::filesystem::is_regular_file(nz);
+    // Anything at an entry's path counts as that form (a directory named
+    // lLLhHHq.safetensors too): the reader then says what is wrong with it.
+    auto present = [](fs::path const& p) {
+        std::error_code ec;
+        auto const t = fs::symlink_status(p, ec).type();
+        return t != fs::file_type::not_found && t != fs::file_type::none;
+    };
+    bool const is_npy = present(sub);
+    bool const is_st = present(st);
+    bool const is_npz = present(nz);
     if (int{is_npy} + int{is_st} + int{is_npz} > 1) {
         std::string forms;
         if (is_npy) forms += " " + name + "/";
@@ -827,6 +986,15 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
             e.sliding_window = detail::int_scalar(*w, msrc("sliding_window"), "sliding_window");
         detail::validate_head(e, m, msrc);
     } else if (is_npy) {
+        {
+            std::error_code ec;
+            auto const t = fs::status(sub, ec).type();
+            if (t != fs::file_type::directory)
+                fail_input(sub.string(), "entry", name,
+                           ec ? "cannot access the entry: " + ec.message()
+                              : std::string("is not a directory (an entry in NumPy form is a directory of .npy "
+                                            "files; the other forms end in .safetensors or .npz)"));
+        }
         auto src = [&](std::string_view f) { return (sub / (std::string(f) + ".npy")).string(); };
         auto const v = read_npy(sub / "vectors.npy");
         detail::check_vector_dtype(v, src("vectors"), e);
@@ -834,7 +1002,7 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
         e.position = token_positions(detail::int_vector(read_npy(sub / "position.npy"), src("position"), "position"));
         e.bucket = token_buckets(detail::int_vector(read_npy(sub / "bucket.npy"), src("bucket"), "bucket"));
         e.example_id = example_ids(detail::int_vector(read_npy(sub / "example_id.npy"), src("example_id"), "example_id"));
-        if (std::filesystem::exists(sub / "sliding_window.npy"))
+        if (present(sub / "sliding_window.npy"))
             e.sliding_window =
                 detail::int_scalar(read_npy(sub / "sliding_window.npy"), src("sliding_window"), "sliding_window");
         detail::validate_head(e, m, src);
@@ -888,10 +1056,14 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 /// \brief The capture facts of a manifest for one layer: bucket scheme,
 /// context length, and the layer's sliding window (0 = full attention).
 /// \param[in] m     the manifest.
-/// \param[in] layer the layer; a layer outside the recorded sliding_window
-///                  (or none recorded) gives sliding_window 0.
+/// \param[in] layer the layer, in [0, n_layers); no recorded sliding_window
+///                  gives sliding_window 0.
 /// \returns the facts (not validated).
+/// \throws std::invalid_argument for a layer outside [0, n_layers).
 [[nodiscard]] inline capture_facts facts_of(manifest const& m, std::int64_t layer) {
+    if (layer < 0 || layer >= m.n_layers)
+        qkgeom::detail::fail_arg("qkgeom::io::facts_of",
+                                 "layer outside [0, n_layers = " + std::to_string(m.n_layers) + "); layer", layer);
     capture_facts f;
     f.buckets = m.buckets;
     f.context_length = m.context_length;
@@ -909,7 +1081,9 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 /// \param[in] id   the head: layer, q_head and the k_head it reads
 /// \returns the head, rows widened to double
 /// \throws qkgeom::input_error naming the file, field and value for a
-///         missing or invalid entry, or when the two entries' sliding windows
+///         missing or invalid entry (for the key entry the message starts
+///         "key entry lLLhHHk (read by query head Q): ", as several query
+///         heads read one key entry), or when the two entries' sliding windows
 ///         differ; std::invalid_argument when k_head is not the key head of
 ///         q_head under the manifest's GQA layout, or q_head is outside
 ///         [0, n_q_heads) (as key_head_of, before any file is read)
@@ -926,7 +1100,15 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
                                      id.k_head);
     }
     head_entry q = read_head(dir, m, id.layer, id.q_head, kind::query);
-    head_entry k = read_head(dir, m, id.layer, id.k_head, kind::key);
+    head_entry k = [&] {
+        try {
+            return read_head(dir, m, id.layer, id.k_head, kind::key);
+        } catch (input_error const& e) {  // say that the key entry is at fault, and which query head read it
+            throw input_error(e.source(), e.field(), e.value(),
+                              "key entry " + head_entry_name(id.layer, id.k_head, kind::key) + " (read by query head " +
+                                  std::to_string(id.q_head) + "): " + e.what());
+        }
+    }();
     if (q.sliding_window != k.sliding_window)
         qkgeom::detail::fail_input((dir / head_entry_name(id.layer, id.k_head, kind::key)).string(), "sliding_window",
                                    k.sliding_window ? std::to_string(*k.sliding_window) : std::string("none"),
@@ -940,9 +1122,38 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
     return out;
 }
 
-/// \brief The head entries present in DIR (names lLLhHH[qk] as directory,
-/// .safetensors or .npz file), sorted by layer, head, kind. Other names are
-/// ignored. An entry present in two forms is listed twice (read_head rejects it).
+namespace detail {
+
+/// Parses a canonical entry name l<LL>h<HH>[qk] (without extension) into
+/// id.layer, id.head, id.k; false for any other name.
+inline bool parse_entry_name(std::string_view name, entry_id& id) {
+    if (name.size() < 7 || name[0] != 'l') return false;
+    std::size_t const hpos = name.find('h', 1);
+    if (hpos == std::string_view::npos || hpos < 3) return false;
+    char const kc = name.back();
+    if (kc != 'q' && kc != 'k') return false;
+    auto digits = [](std::string_view t, std::int64_t& v) {
+        if (t.size() < 2 || t.size() > 9) return false;
+        v = 0;
+        for (char c : t) {
+            if (c < '0' || c > '9') return false;
+            v = v * 10 + (c - '0');
+        }
+        return true;
+    };
+    if (!digits(name.substr(1, hpos - 1), id.layer) || !digits(name.substr(hpos + 1, name.size() - hpos - 2), id.head))
+        return false;
+    id.k = kc == 'q' ? kind::query : kind::key;
+    return head_entry_name(id.layer, id.head, id.k) == name;  // canonical only
+}
+
+}  // namespace detail
+
+/// \brief The head entries present in DIR (names lLLhHH[qk], lLLhHH[qk].safetensors
+/// or lLLhHH[qk].npz), sorted by layer, head, kind. Classified by name only,
+/// whatever the file type (a directory named l00h01q.npz is listed as the npz
+/// form; read_head then says it is a directory). Other names are ignored. An
+/// entry present in two forms is listed twice (read_head rejects it).
 /// \param[in] dir the dataset directory.
 /// \returns the entries found (canonical names only; not checked against a manifest).
 /// \throws qkgeom::input_error (source = dir) when the directory cannot be listed.
@@ -955,37 +1166,18 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
     for (auto const& de : std::filesystem::directory_iterator(dir, ec)) {
         std::string name = de.path().filename().string();
         entry_id id;
-        if (de.is_directory()) {
-            id.format = storage_format::npy;
-        } else if (de.is_regular_file() && name.size() > 12 && name.ends_with(".safetensors")) {
+        // Classified by name only: an entry of the wrong file type (a directory
+        // named lLLhHHq.npz) is listed, and read_head says what is wrong with it.
+        if (name.size() > 12 && name.ends_with(".safetensors")) {
             id.format = storage_format::safetensors;
             name.resize(name.size() - 12);
-        } else if (de.is_regular_file() && name.size() > 4 && name.ends_with(".npz")) {
+        } else if (name.size() > 4 && name.ends_with(".npz")) {
             id.format = storage_format::npz;
             name.resize(name.size() - 4);
         } else {
-            continue;
+            id.format = storage_format::npy;
         }
-        // l<digits>h<digits>[qk]
-        if (name.size() < 7 || name[0] != 'l') continue;
-        std::size_t const hpos = name.find('h', 1);
-        if (hpos == std::string::npos || hpos < 3) continue;
-        char const kc = name.back();
-        if (kc != 'q' && kc != 'k') continue;
-        auto digits = [](std::string_view s, std::int64_t& v) {
-            if (s.size() < 2 || s.size() > 9) return false;
-            v = 0;
-            for (char c : s) {
-                if (c < '0' || c > '9') return false;
-                v = v * 10 + (c - '0');
-            }
-            return true;
-        };
-        std::string_view const nv(name);
-        if (!digits(nv.substr(1, hpos - 1), id.layer) || !digits(nv.substr(hpos + 1, nv.size() - hpos - 2), id.head))
-            continue;
-        if (head_entry_name(id.layer, id.head, kc == 'q' ? kind::query : kind::key) != name) continue;  // canonical only
-        id.k = kc == 'q' ? kind::query : kind::key;
+        if (!detail::parse_entry_name(name, id)) continue;
         out.push_back(id);
     }
     if (ec) qkgeom::detail::fail_input(dir.string(), "directory", dir.string(), "cannot list directory: " + ec.message());
@@ -995,6 +1187,48 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
         if (a.k != b.k) return a.k < b.k;
         return a.format < b.format;
     });
+    return out;
+}
+
+/// \brief Directory entries of DIR that look like head entries (a canonical
+/// name lLLhHH[qk], bare or ending in .safetensors / .npz, whatever the
+/// file type) but lie outside the manifest: layer ≥ n_layers, or head ≥ the
+/// layer's n_q_heads (q) / n_kv_heads (k). A program reports these instead
+/// of skipping them silently.
+/// \param[in] dir the dataset directory.
+/// \param[in] m its manifest.
+/// \param[in] max_names the most names returned (default 1000); when more
+///            entries are stray, one last element "... and N more" follows
+///            them. The whole directory is scanned; memory stays bounded by
+///            max_names.
+/// \returns the file names (no directory), in directory order.
+/// \throws qkgeom::input_error (source = dir) when the directory cannot be listed.
+/// \throws std::bad_alloc if the list cannot be allocated.
+[[nodiscard]] inline std::vector<std::string> stray_entries(std::filesystem::path const& dir, manifest const& m,
+                                                            std::size_t max_names = 1000) {
+    std::vector<std::string> out;
+    std::uint64_t more = 0;
+    std::error_code ec;
+    std::filesystem::directory_iterator it(dir, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+        std::string const file = it->path().filename().string();
+        std::string_view name = file;
+        if (name.ends_with(".safetensors")) name.remove_suffix(12);
+        else if (name.ends_with(".npz")) name.remove_suffix(4);
+        entry_id id;
+        if (!detail::parse_entry_name(name, id)) continue;
+        bool stray = id.layer >= m.n_layers;
+        if (!stray) {
+            auto const L = static_cast<std::size_t>(id.layer);
+            auto const& counts = id.k == kind::query ? m.n_q_heads : m.n_kv_heads;
+            stray = L >= counts.size() || id.head >= counts[L];
+        }
+        if (!stray) continue;
+        if (out.size() < max_names) out.push_back(file);
+        else ++more;
+    }
+    if (ec) qkgeom::detail::fail_input(dir.string(), "directory", dir.string(), "cannot list directory: " + ec.message());
+    if (more > 0) out.push_back("... and " + std::to_string(more) + " more");
     return out;
 }
 

@@ -14,6 +14,7 @@
 
 #include <qkgeom/errors.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -31,7 +32,7 @@ class value;
 /// JSON array.
 using array = std::vector<value>;
 /// JSON object: members in document order. parse() guarantees unique keys;
-/// an object built in code is not checked (dump() writes duplicates as they are).
+/// an object built in code is checked by dump(), which refuses duplicates.
 using object = std::vector<std::pair<std::string, value>>;
 
 /// \brief A JSON value: null, bool, int64, double, string, array or object.
@@ -390,7 +391,36 @@ private:
     std::size_t pos_ = 0;
 };
 
+/// Whether s is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
+inline bool valid_utf8(std::string_view s) noexcept {
+    for (std::size_t i = 0; i < s.size();) {
+        auto const b0 = static_cast<unsigned char>(s[i]);
+        std::size_t n = 0;
+        std::uint32_t cp = 0, min = 0;
+        if (b0 < 0x80) {
+            ++i;
+            continue;
+        }
+        if (b0 >= 0xC2 && b0 <= 0xDF) n = 1, cp = b0 & 0x1Fu, min = 0x80;
+        else if (b0 >= 0xE0 && b0 <= 0xEF) n = 2, cp = b0 & 0x0Fu, min = 0x800;
+        else if (b0 >= 0xF0 && b0 <= 0xF4) n = 3, cp = b0 & 0x07u, min = 0x10000;
+        else return false;
+        if (s.size() - i <= n) return false;
+        for (std::size_t k = 1; k <= n; ++k) {
+            auto const b = static_cast<unsigned char>(s[i + k]);
+            if ((b & 0xC0u) != 0x80u) return false;
+            cp = (cp << 6) | (b & 0x3Fu);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+        i += n + 1;
+    }
+    return true;
+}
+
 inline void escape_into(std::string& out, std::string_view s) {
+    if (!valid_utf8(s))
+        qkgeom::detail::fail_arg("qkgeom::json::dump", "string is not valid UTF-8 (the parser would reject it)",
+                                 qkgeom::escape_text(s));
     out.push_back('"');
     for (char ch : s) {
         auto const c = static_cast<unsigned char>(ch);
@@ -453,6 +483,16 @@ inline void dump_into(std::string& out, value const& v, int indent, int level) {
                 if (!x.empty()) newline(level);
                 out.push_back(']');
             } else {
+                if (x.size() > 1) {  // the parser rejects duplicate keys: refuse to write them
+                    std::vector<std::string_view> keys;
+                    keys.reserve(x.size());
+                    for (auto const& m : x) keys.emplace_back(m.first);
+                    std::sort(keys.begin(), keys.end());
+                    auto const dup = std::adjacent_find(keys.begin(), keys.end());
+                    if (dup != keys.end())
+                        qkgeom::detail::fail_arg("qkgeom::json::dump", "duplicate object key (the parser would reject it)",
+                                                 qkgeom::escape_text(*dup));
+                }
                 out.push_back('{');
                 bool first = true;
                 for (auto const& [k, e] : x) {
@@ -491,12 +531,13 @@ inline void dump_into(std::string& out, value const& v, int indent, int level) {
 /// \brief Serialises a value. `indent < 0`: compact; otherwise pretty-printed
 /// with that many spaces per level. Doubles are written in shortest
 /// round-trip form (always with '.' or an exponent, so they re-read as doubles).
-/// Strings are escaped but not checked for valid UTF-8; object keys are
-/// written as stored (duplicates included).
+/// Strings are escaped. What parse() would reject is refused: a string or
+/// key that is not valid UTF-8, an object with a duplicate key.
 /// \param[in] v the value.
 /// \param[in] indent spaces per nesting level, or < 0 for compact output.
 /// \returns the JSON text.
-/// \throws std::invalid_argument for a non-finite double.
+/// \throws std::invalid_argument for a non-finite double, invalid UTF-8 or a
+///         duplicate object key (naming the value).
 [[nodiscard]] inline std::string dump(value const& v, int indent = -1) {
     std::string out;
     detail::dump_into(out, v, indent, 0);

@@ -27,6 +27,9 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cerrno>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +40,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <vector>
 
@@ -182,29 +186,119 @@ inline std::string shape_text(std::span<std::int64_t const> shape) {
     return s + ")";
 }
 
-inline std::vector<unsigned char> read_file_bytes(std::filesystem::path const& path) {
+/// Why a path cannot be opened for reading, as text ("Permission denied"),
+/// from errno as the failed open left it (empty when errno is 0).
+inline std::string errno_text(int err) {
+    return err == 0 ? std::string("unknown reason") : std::generic_category().message(err);
+}
+
+/// Reads a whole regular file (regular_file_size checks it first), refusing
+/// one larger than `max_bytes` before allocating (field `limit_field`).
+inline std::vector<unsigned char> read_file_bytes(std::filesystem::path const& path,
+                                                  std::uint64_t max_bytes = std::numeric_limits<std::uint64_t>::max(),
+                                                  std::string_view limit_field = "file size");
+
+}  // namespace detail
+
+/// \brief Checks that `path` names a regular file (symbolic links followed)
+/// and returns its size, without opening it: a FIFO is never opened (opening
+/// one for reading blocks until a writer appears), a directory is never read.
+/// Every reader of qkgeom::io calls this before opening a file.
+/// \param[in] path the file.
+/// \returns its size in bytes.
+/// \throws qkgeom::input_error (source = path, field "file") when the path does
+///         not exist ("no such file"), is a directory ("is a directory, not a
+///         regular file"), a FIFO, socket or device ("is a FIFO (named pipe),
+///         not a regular file", ...), or its status or size cannot be read
+///         (the operating system's reason: "Permission denied", "Too many
+///         levels of symbolic links", ...).
+/// \throws std::bad_alloc if a message cannot be allocated.
+inline std::uint64_t regular_file_size(std::filesystem::path const& path) {
+    namespace fs = std::filesystem;
+    using qkgeom::detail::fail_input;
     std::string const src = path.string();
+    std::error_code ec;
+    fs::file_status const st = fs::status(path, ec);
+    switch (st.type()) {
+        case fs::file_type::not_found: fail_input(src, "file", src, "cannot open file: no such file or directory");
+        case fs::file_type::regular: break;
+        case fs::file_type::directory: fail_input(src, "file", src, "is a directory, not a regular file");
+        case fs::file_type::fifo: fail_input(src, "file", src, "is a FIFO (named pipe), not a regular file");
+        case fs::file_type::socket: fail_input(src, "file", src, "is a socket, not a regular file");
+        case fs::file_type::block: fail_input(src, "file", src, "is a block device, not a regular file");
+        case fs::file_type::character: fail_input(src, "file", src, "is a character device, not a regular file");
+        default:
+            fail_input(src, "file", src,
+                       ec ? "cannot access file: " + ec.message() : std::string("not a regular file (unknown type)"));
+    }
+    std::uintmax_t const size = fs::file_size(path, ec);
+    if (ec) fail_input(src, "file", src, "cannot determine the file size: " + ec.message());
+    return static_cast<std::uint64_t>(size);
+}
+
+namespace detail {
+
+inline std::vector<unsigned char> read_file_bytes(std::filesystem::path const& path, std::uint64_t max_bytes,
+                                                  std::string_view limit_field) {
+    using qkgeom::detail::fail_input;
+    std::string const src = path.string();
+    std::uint64_t const size = regular_file_size(path);
+    if (size > max_bytes)
+        fail_input(src, limit_field, size,
+                   "file larger than the limit of " + std::to_string(max_bytes) + " bytes for this kind of file");
+    if (size > static_cast<std::uint64_t>(std::numeric_limits<std::streamsize>::max()) ||
+        size > static_cast<std::uint64_t>(std::numeric_limits<std::size_t>::max()))
+        fail_input(src, "file size", size, "file too large for this platform");
+    errno = 0;
     std::ifstream in(path, std::ios::binary);
-    if (!in) qkgeom::detail::fail_input(src, "file", src, "cannot open file");
-    std::vector<unsigned char> bytes;
-    in.seekg(0, std::ios::end);
-    auto const end = in.tellg();
-    if (end < 0) qkgeom::detail::fail_input(src, "file", src, "cannot determine the file size");
-    in.seekg(0, std::ios::beg);
-    bytes.resize(static_cast<std::size_t>(end));
-    if (!bytes.empty() && !in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size())))
-        qkgeom::detail::fail_input(src, "file", src, "read error");
+    if (!in) fail_input(src, "file", src, "cannot open file: " + errno_text(errno));
+    std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
+    if (!bytes.empty()) in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    if (static_cast<std::uint64_t>(in.gcount()) != size)
+        fail_input(src, "file", in.gcount(),
+                   "read error or file shrank while being read: expected " + std::to_string(size) + " bytes, read");
+    if (in.peek() != std::char_traits<char>::eof())
+        fail_input(src, "file", size, "file grew while being read (expected size)");
     return bytes;
 }
 
+/// Writes the bytes to `path` atomically: to a temporary file in the same
+/// directory, then renamed over `path` (an existing file is replaced only
+/// once the new content is complete; no partial file is left on failure).
 inline void write_file_bytes(std::filesystem::path const& path, std::span<unsigned char const> a,
                              std::span<unsigned char const> b = {}) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    if (!out) qkgeom::detail::fail_arg("qkgeom::io: cannot open for writing", "file", path.string());
-    out.write(reinterpret_cast<char const*>(a.data()), static_cast<std::streamsize>(a.size()));
-    if (!b.empty()) out.write(reinterpret_cast<char const*>(b.data()), static_cast<std::streamsize>(b.size()));
-    out.flush();
-    if (!out) qkgeom::detail::fail_arg("qkgeom::io: write failed", "file", path.string());
+    namespace fs = std::filesystem;
+    std::string const dst = path.string();
+    std::error_code ec;
+    if (fs::is_directory(path, ec))
+        throw io_error(dst, "qkgeom::io: cannot write '" + escape_text(dst) + "': is a directory");
+    static std::atomic<unsigned> counter{0};
+    fs::path tmp = path;
+    tmp += ".tmp-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000007) + "-" +
+           std::to_string(counter++);
+    {
+        errno = 0;
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        if (!out)
+            throw io_error(dst, "qkgeom::io: cannot open '" + escape_text(tmp.string()) +
+                                    "' for writing: " + errno_text(errno));
+        out.write(reinterpret_cast<char const*>(a.data()), static_cast<std::streamsize>(a.size()));
+        if (!b.empty()) out.write(reinterpret_cast<char const*>(b.data()), static_cast<std::streamsize>(b.size()));
+        out.flush();
+        out.close();
+        if (!out) {
+            int const err = errno;
+            fs::remove(tmp, ec);
+            throw io_error(dst, "qkgeom::io: writing '" + escape_text(dst) + "' failed: " + errno_text(err));
+        }
+    }
+    fs::rename(tmp, path, ec);
+    if (ec) {
+        std::error_code ignored;
+        fs::remove(tmp, ignored);
+        throw io_error(dst, "qkgeom::io: cannot rename the temporary file onto '" + escape_text(dst) +
+                                "': " + ec.message());
+    }
 }
 
 }  // namespace detail
@@ -216,12 +310,15 @@ inline void write_file_bytes(std::filesystem::path const& path, std::span<unsign
 /// \brief Number of elements of a shape, prod(shape) (1 for a 0-d array);
 /// shared by the .npy and safetensors containers.
 /// \param[in] shape the extents.
-/// \pre every extent is ≥ 0 and the product fits in int64 (not checked here;
-///      true of every shape the parsers accept).
-/// \returns the product of the extents.
+/// \returns the product of the extents; -1 when an extent is negative or the
+///          product overflows int64 (never true of a shape the parsers accept).
 [[nodiscard]] inline std::int64_t element_count(std::vector<std::int64_t> const& shape) noexcept {
     std::int64_t n = 1;
-    for (auto d : shape) n *= d;
+    for (auto d : shape) {
+        if (d < 0) return -1;
+        if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / d) return -1;
+        n *= d;
+    }
     return n;
 }
 
@@ -234,7 +331,7 @@ struct npy_array {
     std::vector<unsigned char> data;
 
     /// \brief Number of elements, prod(shape) (1 for a 0-d array).
-    /// \returns element_count(shape).
+    /// \returns element_count(shape) (-1 for an invalid shape).
     [[nodiscard]] std::int64_t size() const noexcept { return element_count(shape); }
 };
 
@@ -491,8 +588,10 @@ inline dtype npy_dtype(npy_array const& a, std::string const& source = "<npy>") 
 /// \brief Reads and parses a .npy file.
 /// \param[in] path the file.
 /// \returns the array, as parse_npy.
-/// \throws qkgeom::input_error (source = path) when the file cannot be opened
-///         or read, and for everything parse_npy rejects.
+/// \throws qkgeom::input_error (source = path) when the path is not a regular
+///         file (as regular_file_size: a directory, FIFO, ... is never read),
+///         the file cannot be opened or read (with the operating system's
+///         reason), and for everything parse_npy rejects.
 /// \throws std::bad_alloc if the file does not fit in memory.
 [[nodiscard]] inline npy_array read_npy(std::filesystem::path const& path) {
     auto const bytes = detail::read_file_bytes(path);
@@ -545,8 +644,10 @@ inline dtype npy_dtype(npy_array const& a, std::string const& source = "<npy>") 
 /// \brief Writes an npy_array to a file (created or truncated).
 /// \param[in] path the file.
 /// \param[in] a the array, as serialize_npy.
-/// \throws std::invalid_argument for a bad array (as serialize_npy) and, naming
-///         the path, when the file cannot be opened or the write fails.
+/// \throws std::invalid_argument for a bad array (as serialize_npy).
+/// \throws qkgeom::io_error naming the path when the file cannot be written
+///         (written to a temporary file in the same directory, then renamed:
+///         an existing file is replaced only by complete content).
 inline void write_npy(std::filesystem::path const& path, npy_array const& a) {
     auto const bytes = serialize_npy(a);
     detail::write_file_bytes(path, bytes);
@@ -595,18 +696,33 @@ void write_npy(std::filesystem::path const& path, std::vector<T> const& values, 
     write_npy(path, make_npy(std::span<T const>(values), std::move(shape), fortran_order));
 }
 
+namespace detail {
+
+/// Throws when `a.data` does not hold exactly prod(shape) * itemsize bytes.
+inline void check_data_size(npy_array const& a, dtype t, std::string const& source) {
+    std::uint64_t need = 0;
+    if (!byte_count(a.shape, dtype_size(t), need))
+        qkgeom::detail::fail_input(source, "shape", shape_text(a.shape), "shape too large (byte count overflows)");
+    if (need != a.data.size())
+        qkgeom::detail::fail_input(source, "data", a.data.size(),
+                                   "data size does not match shape " + shape_text(a.shape) + " of " + a.descr +
+                                       " (needs " + std::to_string(need) + " bytes)");
+}
+
+}  // namespace detail
+
 /// \brief The elements of an integer array as int64, in C (row-major) order.
 /// \param[in] a the array.
 /// \param[in] source file name (or label) used in error messages.
 /// \param[in] field  name used in messages (default "data").
-/// \pre `a.data` holds prod(shape) * itemsize bytes (true of parse_npy's
-///      result; not checked here).
 /// \returns the prod(shape) elements, C order (Fortran-order arrays are reordered).
 /// \throws qkgeom::input_error for an unsupported descr (as npy_dtype), a float
-///         dtype, or a u64 value above INT64_MAX.
+///         dtype, a data size other than prod(shape) * itemsize (field
+///         "data"; checked before allocating), or a u64 value above INT64_MAX.
 [[nodiscard]] inline std::vector<std::int64_t> npy_to_int64(npy_array const& a, std::string const& source = "<npy>",
                                                             std::string_view field = "data") {
     dtype const t = npy_dtype(a, source);
+    detail::check_data_size(a, t, source);
     if (dtype_is_float(t))
         qkgeom::detail::fail_input(source, "descr", a.descr, std::string(field) + ": expected an integer dtype");
     std::size_t const n = static_cast<std::size_t>(a.size());
@@ -642,14 +758,14 @@ using row_matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::
 /// 64-bit integers beyond 2^53 round).
 /// \param[in] a the array.
 /// \param[in] source file name (or label) used in error messages.
-/// \pre `a.data` holds prod(shape) * itemsize bytes (true of parse_npy's
-///      result; not checked here).
 /// \returns the shape[0] × shape[1] matrix.
-/// \throws qkgeom::input_error for an unsupported descr (as npy_dtype) or when
-///         the rank is not 2.
+/// \throws qkgeom::input_error for an unsupported descr (as npy_dtype), a data
+///         size other than prod(shape) * itemsize (field "data"; checked before
+///         allocating) or when the rank is not 2.
 /// \throws std::bad_alloc if the matrix cannot be allocated.
 [[nodiscard]] inline row_matrix npy_to_matrix(npy_array const& a, std::string const& source = "<npy>") {
     dtype const t = npy_dtype(a, source);
+    detail::check_data_size(a, t, source);
     if (a.shape.size() != 2)
         qkgeom::detail::fail_input(source, "shape", detail::shape_text(a.shape), "expected a rank-2 array (rows, cols)");
     auto const r = static_cast<index_t>(a.shape[0]), c = static_cast<index_t>(a.shape[1]);

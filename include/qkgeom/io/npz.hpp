@@ -216,7 +216,7 @@ inline std::vector<unsigned char> deflate_raw(std::span<unsigned char const> in,
     constexpr std::string_view fn = "qkgeom::io::serialize_npz";
     z_stream zs{};
     if (deflateInit2(&zs, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK)
-        qkgeom::detail::fail_arg(fn, "zlib deflateInit2 failed; level", level);
+        throw io_error("<deflate>", std::string(fn) + ": zlib deflateInit2 failed (level " + std::to_string(level) + ")");
     std::vector<unsigned char> out(static_cast<std::size_t>(deflateBound(&zs, static_cast<uLong>(in.size()))) + 64);
     std::size_t in_off = 0, out_off = 0;
     int ret = Z_OK;
@@ -235,7 +235,7 @@ inline std::vector<unsigned char> deflate_raw(std::span<unsigned char const> in,
         out_off += room - zs.avail_out;
         if (ret == Z_STREAM_ERROR) {
             deflateEnd(&zs);
-            qkgeom::detail::fail_arg(fn, "zlib deflate failed; code", ret);
+            throw io_error("<deflate>", std::string(fn) + ": zlib deflate failed (code " + std::to_string(ret) + ")");
         }
     }
     deflateEnd(&zs);
@@ -251,7 +251,10 @@ inline std::vector<unsigned char> inflate_raw(std::span<unsigned char const> in,
     z_stream zs{};
     if (inflateInit2(&zs, -15) != Z_OK) fail_input(src, "deflate", "inflateInit2", "zlib initialisation failed");
     // One spare byte detects data that inflates to more than the declared size.
-    std::vector<unsigned char> out(static_cast<std::size_t>(size) + 1);
+    // The buffer starts small and doubles as inflating proves the data is
+    // there: a member claiming more than it holds costs no large allocation.
+    std::size_t const cap = static_cast<std::size_t>(size) + 1;
+    std::vector<unsigned char> out(std::min(cap, std::max<std::size_t>(in.size() * 4, std::size_t{1} << 16)));
     std::size_t in_off = 0, out_off = 0;
     int ret = Z_OK;
     std::string problem;
@@ -263,6 +266,7 @@ inline std::vector<unsigned char> inflate_raw(std::span<unsigned char const> in,
             in_off += n;
         }
         if (zs.avail_out == 0) {
+            if (out_off == out.size() && out.size() < cap) out.resize(std::min(cap, out.size() * 2));
             std::size_t const n = std::min(out.size() - out_off, zlib_chunk);
             zs.next_out = out.data() + out_off;
             zs.avail_out = static_cast<uInt>(n);
@@ -272,8 +276,10 @@ inline std::vector<unsigned char> inflate_raw(std::span<unsigned char const> in,
         if (ret == Z_STREAM_END) break;
         if (ret == Z_OK) continue;
         if (ret == Z_BUF_ERROR) {
-            if (zs.avail_out == 0 && out_off == out.size()) problem = "data inflates to more than the declared size";
-            else if (zs.avail_in == 0 && in_off == in.size()) problem = "deflate stream truncated";
+            if (zs.avail_out == 0 && out_off == out.size()) {
+                if (out.size() < cap) continue;  // grow the buffer
+                problem = "data inflates to more than the declared size";
+            } else if (zs.avail_in == 0 && in_off == in.size()) problem = "deflate stream truncated";
             else continue;
         } else {
             problem = std::string("corrupt deflate data: ") + (zs.msg ? zs.msg : "zlib error");
@@ -458,7 +464,7 @@ inline std::vector<zip_entry> parse_zip(std::span<unsigned char const> z, std::s
         if (m.method == 0 && m.size != m.compressed_size)
             fail_input(msrc, "compressed_size", m.compressed_size,
                        "a stored member's compressed size must equal its size " + std::to_string(m.size));
-        if (m.method == 8 && m.size > m.compressed_size * 1032 + 1024)  // deflate expands at most ~1032:1
+        if (m.method == 8 && (m.size - std::min<std::uint64_t>(m.size, 1024)) / 1032 > m.compressed_size)  // deflate expands at most 1032:1
             fail_input(msrc, "size", m.size,
                        "larger than " + std::to_string(m.compressed_size) + " deflated bytes can hold");
         out.push_back(std::move(e));
@@ -616,8 +622,9 @@ inline std::vector<unsigned char> zip_member_bytes(zip_entry const& e, std::stri
 /// \brief Reads and parses an .npz file.
 /// \param[in] path the file.
 /// \returns the arrays, as parse_npz.
-/// \throws qkgeom::input_error (source = path) when the file cannot be opened
-///         or read, and for everything parse_npz rejects.
+/// \throws qkgeom::input_error (source = path) when the path is not a regular
+///         file (as regular_file_size), cannot be opened or read (with the
+///         operating system's reason), and for everything parse_npz rejects.
 /// \throws std::bad_alloc if the file does not fit in memory.
 [[nodiscard]] inline npz_file read_npz(std::filesystem::path const& path) {
     auto const bytes = detail::read_file_bytes(path);
@@ -633,7 +640,8 @@ inline std::vector<unsigned char> zip_member_bytes(zip_entry const& e, std::stri
 /// \returns the complete archive.
 /// \throws std::invalid_argument for an invalid array (serialize_npy), a bad
 ///         key (npz_file::add rules), an unknown compression, deflate without
-///         zlib, a level outside 1..9, or a zlib failure while deflating.
+///         zlib or a level outside 1..9.
+/// \throws qkgeom::io_error (a std::runtime_error) for a zlib failure while deflating.
 /// \throws std::bad_alloc if the archive cannot be held in memory.
 [[nodiscard]] inline std::vector<unsigned char> serialize_npz(npz_file const& f, npz_write_options const& opt = {}) {
     constexpr std::string_view fn = "qkgeom::io::serialize_npz";
@@ -782,8 +790,9 @@ inline std::vector<unsigned char> zip_member_bytes(zip_entry const& e, std::stri
 /// \param[in] path the file.
 /// \param[in] f the arrays.
 /// \param[in] opt the writer options.
-/// \throws std::invalid_argument as serialize_npz and, naming the path, when
-///         the file cannot be opened or the write fails.
+/// \throws std::invalid_argument as serialize_npz.
+/// \throws qkgeom::io_error naming the path when the file cannot be written
+///         (atomic: temporary file in the same directory, then rename).
 inline void write_npz(std::filesystem::path const& path, npz_file const& f, npz_write_options const& opt = {}) {
     auto const bytes = serialize_npz(f, opt);
     detail::write_file_bytes(path, bytes);

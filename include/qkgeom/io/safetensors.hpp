@@ -195,8 +195,11 @@ inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
 /// \brief Reads and parses a safetensors file.
 /// \param[in] path the file.
 /// \returns the file's tensors and metadata, as parse_safetensors.
-/// \throws qkgeom::input_error (source = path) when the file cannot be opened
-///         or read, and for everything parse_safetensors rejects.
+/// \throws qkgeom::input_error (source = path) when the path is not a regular
+///         file (as regular_file_size), cannot be opened or read (with the
+///         operating system's reason), and for everything parse_safetensors
+///         rejects (a header size above safetensors_max_header or the file
+///         size included). Memory: the file is read whole (its real size).
 /// \throws std::bad_alloc if the file does not fit in memory.
 [[nodiscard]] inline safetensors_file read_safetensors(std::filesystem::path const& path) {
     auto const bytes = detail::read_file_bytes(path);
@@ -253,8 +256,9 @@ inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
 /// \brief Writes a safetensors file (created or truncated).
 /// \param[in] path the file.
 /// \param[in] f the tensors and metadata.
-/// \throws std::invalid_argument as serialize_safetensors and, naming the
-///         path, when the file cannot be opened or the write fails.
+/// \throws std::invalid_argument as serialize_safetensors.
+/// \throws qkgeom::io_error naming the path when the file cannot be written
+///         (atomic: temporary file in the same directory, then rename).
 inline void write_safetensors(std::filesystem::path const& path, safetensors_file const& f) {
     auto const bytes = serialize_safetensors(f);
     detail::write_file_bytes(path, bytes);
