@@ -1,67 +1,201 @@
 // qkgeom program — `qkgeom analyze DIR -o OUT`: every planned head of a
 // capture directory (docs/dataset.md), streamed (one head per worker), with
-// the failures listed instead of aborting.
+// the failures listed instead of aborting (docs/cli.md#reliability).
 #include "program.hpp"
 
 #include <qkgeom/io/dataset.hpp>
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <iostream>
-#include <optional>
+#include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace qkgeom_app {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+/// Why a manifest plans no head (the run then fails: nothing to analyse is
+/// never a success).
+std::string no_heads_reason(fs::path const& dir, qkgeom::io::manifest const& m) {
+    std::string const src = (dir / "manifest.json").string() + ": no head to analyse: ";
+    if (m.heads && m.heads->count && *m.heads->count == 0) return src + "capture.head_count is 0";
+    if (m.heads && m.heads->eligibility == qkgeom::layer_eligibility::full_attention_only)
+        return src + "capture.eligibility is full_attention_only and every one of the " + std::to_string(m.n_layers) +
+               " layer(s) has a sliding_window (no full-attention layer)";
+    return src + "the manifest plans no query head";
+}
+
+/// The names in DIR that can hold a head entry (a folder lLLhHHq/, or a file
+/// lLLhHHq.npz / .safetensors), without extension; one listing, so a missing
+/// entry costs no I/O however many heads the manifest claims.
+std::unordered_set<std::string> entry_names(fs::path const& dir) {
+    std::unordered_set<std::string> out;
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        std::string name = it->path().filename().string();
+        for (std::string_view ext : {".npz", ".safetensors"})
+            if (name.size() > ext.size() && name.ends_with(ext)) name.resize(name.size() - ext.size());
+        out.insert(std::move(name));
+    }
+    if (ec) throw run_error(dir.string() + ": cannot list the capture folder: " + ec.message());
+    return out;
+}
+
+/// The entries in `names` (entry_names) that name a head outside the
+/// manifest's layer and head counts: a contradiction, listed as a failure.
+std::vector<std::string> stray_entries(std::unordered_set<std::string> const& names, qkgeom::io::manifest const& m,
+                                       std::string const& manifest) {
+    std::vector<std::string> out;
+    for (auto const& n : names) {
+        // lLLhHH[qk]: two or more digits each
+        std::size_t const h = n.find('h');
+        if (n.size() < 7 || n[0] != 'l' || h == std::string::npos || h < 3 || n.size() - h < 4) continue;
+        std::string const ls = n.substr(1, h - 1), hs = n.substr(h + 1, n.size() - h - 2);
+        char const k = n.back();
+        auto digits = [](std::string const& x) { return x.size() <= 9 && std::all_of(x.begin(), x.end(), ::isdigit); };
+        if ((k != 'q' && k != 'k') || !digits(ls) || !digits(hs)) continue;
+        std::int64_t const layer = std::stoll(ls), head = std::stoll(hs);
+        std::string why;
+        if (layer >= m.n_layers) why = "layer " + std::to_string(layer) + " >= n_layers " + std::to_string(m.n_layers);
+        else {
+            auto const& counts = k == 'q' ? m.n_q_heads : m.n_kv_heads;
+            auto const n_heads = counts[static_cast<std::size_t>(layer)];
+            if (head >= n_heads)
+                why = (k == 'q' ? "query head " : "key head ") + std::to_string(head) + " >= " +
+                      (k == 'q' ? "n_q_heads" : "n_kv_heads") + "[" + std::to_string(layer) + "] = " +
+                      std::to_string(n_heads);
+        }
+        if (!why.empty())
+            out.push_back(n + ": stray entry outside the manifest (" + why + " in " + manifest + "); not analysed");
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+/// The positions of a head must lie below its context length (method §9.12):
+/// a context shorter than the capture is a contradiction, never a silent clip.
+void check_context(cli const& c, qkgeom::head_capture<qkgeom::row_matrix> const& head, std::string const& manifest) {
+    std::int64_t const L = head.facts.context_length;
+    if (L <= 0) return;
+    for (auto const* rows : {&head.queries, &head.keys}) {
+        auto const& p = rows->position.values();
+        if (p.empty()) continue;
+        std::int64_t const top = *std::max_element(p.begin(), p.end());
+        if (top >= L) {
+            bool const q = rows == &head.queries;
+            std::string const entry =
+                qkgeom::io::head_entry_name(head.id.layer, q ? head.id.q_head : head.id.k_head,
+                                            q ? qkgeom::kind::query : qkgeom::kind::key);
+            throw run_error(entry + ": position " + std::to_string(top) + " is not below the context length " +
+                            std::to_string(L) +
+                            (c.context > 0 ? " given by --context" : " recorded in " + manifest + " (context_length)"));
+        }
+    }
+}
+
+std::string head_label(qkgeom::head_id const& t) {
+    return qkgeom::io::head_entry_name(t.layer, t.q_head, qkgeom::kind::query) + " (layer " + std::to_string(t.layer) +
+           ", query head " + std::to_string(t.q_head) + ")";
+}
+
+/// failures.txt: one line per failed head, in plan order; a run of at least
+/// four heads of one layer whose entries are all missing is one line.
+std::string failure_text(std::vector<qkgeom::head_id> const& tasks, std::vector<std::string> const& errors,
+                         std::vector<char> const& missing) {
+    std::string out;
+    for (std::size_t i = 0; i < tasks.size();) {
+        std::size_t j = i;
+        while (missing[i] && j < tasks.size() && missing[j] && tasks[j].layer == tasks[i].layer) ++j;
+        if (j - i >= 4) {
+            out += qkgeom::io::head_entry_name(tasks[i].layer, tasks[i].q_head, qkgeom::kind::query) + " .. " +
+                   qkgeom::io::head_entry_name(tasks[j - 1].layer, tasks[j - 1].q_head, qkgeom::kind::query) + " (" +
+                   std::to_string(j - i) + " query heads of layer " + std::to_string(tasks[i].layer) +
+                   "): no entry in the capture folder (neither a folder nor a .npz / .safetensors file)\n";
+            i = j;
+            continue;
+        }
+        if (!errors[i].empty()) out += head_label(tasks[i]) + ": " + one_line(errors[i]) + "\n";
+        ++i;
+    }
+    return out;
+}
+
+}  // namespace
+
 int run_analyze(cli const& c) {
     auto const m = qkgeom::io::read_manifest(c.dir);
+    std::string const manifest = (c.dir / "manifest.json").string();
     // The heads the capture holds (method §0.1 head sample, or all; method §0
     // GQA mapping). A listed head whose entry is missing or bad is a failure,
-    // never skipped.
+    // never skipped; an entry outside the manifest is a failure too.
     auto const tasks = qkgeom::io::planned_heads(m);
-    std::vector<std::optional<qkgeom::head_analysis>> results(tasks.size());
+    if (tasks.empty()) throw run_error(no_heads_reason(c.dir, m));
+    output_folder folder(c.out, report_marker, "-o");  // checked before any analysis
+    auto const present = entry_names(c.dir);
+    auto const stray = stray_entries(present, m, manifest);
+
+    std::vector<std::unique_ptr<qkgeom::head_analysis>> results(tasks.size());
     std::vector<std::string> errors(tasks.size());
+    std::vector<char> missing(tasks.size(), 0);
     progress bar(tasks.size(), c.quiet);
     parallel_for(tasks.size(), c.jobs, [&](std::size_t i) {
         auto const& t = tasks[i];
         std::string const name = qkgeom::io::head_entry_name(t.layer, t.q_head, qkgeom::kind::query);
-        try {
-            auto head = qkgeom::io::read_capture(c.dir, m, t);
-            apply_overrides(c, head.facts);
-            results[i] = analyze(head, c.opt);
-        } catch (std::exception const& e) {
-            if (c.strict) throw;
-            errors[i] = e.what();
+        if (!present.contains(name)) {
+            missing[i] = 1;
+            errors[i] = (c.dir / name).string() + ": no entry (neither a folder nor a .npz / .safetensors file)";
+            if (c.strict) throw run_error(head_label(t) + ": " + errors[i]);
+        } else {
+            try {
+                auto head = qkgeom::io::read_capture(c.dir, m, t);
+                apply_overrides(c, head.facts);
+                check_context(c, head, manifest);
+                results[i] = std::make_unique<qkgeom::head_analysis>(analyze(head, c.opt));
+            } catch (std::exception const& e) {
+                if (c.strict) throw run_error(head_label(t) + ": " + e.what());
+                errors[i] = e.what();
+            }
         }
         bar.tick(name);
     });
     std::vector<qkgeom::head_analysis> heads;
-    std::string failures;
-    for (std::size_t i = 0; i < tasks.size(); ++i) {
-        if (results[i]) heads.push_back(std::move(*results[i]));
-        else
-            failures += "l" + std::to_string(tasks[i].layer) + " q_head " + std::to_string(tasks[i].q_head) + ": " +
-                        errors[i] + "\n";
-    }
-    std::filesystem::create_directories(c.out);
-    report_page page("qkgeom report: " + m.model,
-                     "qkgeom analyze of " + c.dir.string() + ": " + std::to_string(heads.size()) + " of " +
-                         std::to_string(tasks.size()) + " query heads analysed.",
-                     c.opt, c.pictures);
+    for (auto& r : results)
+        if (r) heads.push_back(std::move(*r));
+    std::string failures = failure_text(tasks, errors, missing);
+    for (auto const& s : stray) failures += s + "\n";
+    auto const record = run_record(c);
+    std::string const intro = "qkgeom analyze of " + c.dir.string() + ": " + std::to_string(heads.size()) + " of " +
+                              std::to_string(tasks.size()) + " query heads analysed" +
+                              (stray.empty() ? "" : ", " + std::to_string(stray.size()) + " stray entries") + ".";
+    report_page page("qkgeom report: " + m.model, intro, c.opt, c.pictures, record);
+    fs::path const out = folder.staging();
     qkgeom::model_summary const summary =
-        heads.empty() ? qkgeom::summarise_model(heads) : page.add_model(c.out, "", m.model, heads);
-    write_text(c.out / "failures.txt", failures);
-    std::string const text = model_table({{m.model, summary}});
-    write_text(c.out / "summary.txt", text);
+        heads.empty() ? qkgeom::summarise_model(heads) : page.add_model(out, "", m.model, heads);
+    std::string text = model_table({{m.model, summary}});
+    std::string const note = nan_notes(heads);
     std::vector<std::string> files{"summary.txt"};
-    if (!failures.empty()) files.emplace_back("failures.txt");
-    page.finish(c.out, files);
-    std::cout << text << "reports written to " << c.out.string() << "/\n";
     if (!failures.empty()) {
-        std::cerr << "qkgeom: " << (tasks.size() - heads.size()) << " of " << tasks.size()
-                  << " heads failed (listed in " << (c.out / "failures.txt").string() << ")\n";
+        write_text(out / "failures.txt", failures);
+        files.emplace_back("failures.txt");
+    }
+    write_text(out / "summary.txt", run_record_text(record) + "# " + intro + "\n" + text + note);
+    page.finish(out, files);
+    folder.commit();
+    std::cout << text << note << "reports written to " << folder.target().string() << "/\n";
+    std::size_t const failed = tasks.size() - heads.size() + stray.size();
+    if (failed > 0) {
+        std::cerr << "qkgeom: " << (tasks.size() - heads.size()) << " of " << tasks.size() << " heads failed"
+                  << (stray.empty() ? "" : " and " + std::to_string(stray.size()) + " stray entries were found")
+                  << " (listed in " << (folder.target() / "failures.txt").string() << ")\n";
         return 3;
     }
     return 0;

@@ -25,12 +25,16 @@
 #include "program.hpp"
 
 #include <qkgeom/pca.hpp>
+#include <qkgeom/config.hpp>
 #include <qkgeom/rotation.hpp>
 
+#include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -54,7 +58,19 @@ Usage:
                                  the reports to OUT/; a head that fails to read
                                  is listed in OUT/failures.txt and the others go
                                  on (exit status 3), unless --strict
+  qkgeom merge SHARD... -o FILE  merge moments shards of one head (written by
+                                 qkgeom::save_moments, docs/moments.md) into one
+                                 shard FILE, validating each; prints the counts
   qkgeom --help                  this text
+
+Output folders (-o OUT of demo and analyze, DIR of synth) must be absent, empty,
+or a folder an earlier qkgeom run wrote (it holds .qkgeom-report or
+.qkgeom-capture); they are checked before any analysis, written next to the
+target and swapped in at the end, so a folder never mixes two runs. summary.txt
+and index.html record the command line, the input and the options.
+Exit status: 0 success; 1 the run failed (one line on stderr naming the file,
+field and value; the old OUT is left as it was); 2 usage error; 3 some heads
+failed (each listed in OUT/failures.txt, the others reported).
 
 The demo study: three synthetic model families (steady, moderate, steep) of
 4 layers x 8 query heads (GQA, 2 kv heads), d = 64 (32 rotary coordinates,
@@ -89,8 +105,9 @@ Options (defaults are the thesis'; method section in brackets, docs/method.md):
       --window W             sliding window in tokens for heads whose capture records
                              none (the capture's own window wins) [§6]
       --context L            context length for the quantiles and the heatmap grid,
-                             replacing the capture's; 0 = the capture's (the demo:
-                             4096) [§6, §9.12]
+                             replacing the capture's (the manifest's context_length;
+                             the demo: 4096); 0 = not given. A head with a position
+                             >= L fails [§6, §9.12]
       --layers N             layers per demo/synth model (4)
       --family NAME          synth: steady | moderate | steep (steep)
       --format F             synth: npy | safetensors | npz | npz_deflate (npy) [docs/dataset.md]
@@ -102,6 +119,17 @@ Options (defaults are the thesis'; method section in brackets, docs/method.md):
       --no-pictures          write no SVG pictures and no index.html
       --quiet                no progress output
 )";
+
+/// `a` as a POSIX shell word (quoted only when it needs to be).
+std::string shell_quoted(std::string const& a) {
+    bool plain = !a.empty();
+    for (char ch : a)
+        if (!(std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("-_./=:,+@%", ch) != nullptr)) plain = false;
+    if (plain) return a;
+    std::string q = "'";
+    for (char ch : a) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+}
 
 [[noreturn]] void usage_error(std::string const& msg) {
     std::cerr << "qkgeom: " << msg << " (see qkgeom --help)\n";
@@ -141,6 +169,41 @@ E parse_choice(std::string const& flag, std::string const& v, std::map<std::stri
     return it->second;
 }
 
+template <class E>
+std::map<std::string, E> const& choices_of();
+#define QKGEOM_CHOICES(E, ...)                                 \
+    template <>                                                \
+    std::map<std::string, E> const& choices_of<E>() {          \
+        static std::map<std::string, E> const m{__VA_ARGS__};  \
+        return m;                                              \
+    }
+QKGEOM_CHOICES(qkgeom::sign_policy, {"dominant", qkgeom::sign_policy::dominant},
+               {"query_anchor", qkgeom::sign_policy::query_anchor})
+QKGEOM_CHOICES(qkgeom::separation_policy, {"centroid", qkgeom::separation_policy::centroid},
+               {"max_separation", qkgeom::separation_policy::max_separation})
+QKGEOM_CHOICES(qkgeom::semantic_model, {"diag", qkgeom::semantic_model::diag}, {"full", qkgeom::semantic_model::full},
+               {"global_linear", qkgeom::semantic_model::global_linear})
+QKGEOM_CHOICES(qkgeom::pair_policy, {"same_bucket", qkgeom::pair_policy::same_bucket},
+               {"prefix", qkgeom::pair_policy::prefix})
+QKGEOM_CHOICES(qkgeom::ap_weighting, {"query_count", qkgeom::ap_weighting::query_count},
+               {"cell_mean", qkgeom::ap_weighting::cell_mean})
+QKGEOM_CHOICES(qkgeom::enumeration_policy, {"auto", qkgeom::enumeration_policy::automatic},
+               {"exact", qkgeom::enumeration_policy::exact}, {"sampled", qkgeom::enumeration_policy::sampled})
+#undef QKGEOM_CHOICES
+
+template <class E>
+E parse_policy(std::string const& flag, std::string const& v) {
+    return parse_choice<E>(flag, v, choices_of<E>());
+}
+
+/// The command-line spelling of a policy value.
+template <class E>
+std::string name_of(E e) {
+    for (auto const& [k, v] : choices_of<E>())
+        if (v == e) return k;
+    return "?";
+}
+
 }  // namespace
 
 cli parse(int argc, char** argv) {
@@ -152,8 +215,10 @@ cli parse(int argc, char** argv) {
         std::exit(0);
     }
     c.command = args[0];
-    if (c.command != "demo" && c.command != "synth" && c.command != "analyze")
+    if (c.command != "demo" && c.command != "synth" && c.command != "analyze" && c.command != "merge")
         usage_error("unknown command '" + c.command + "'");
+    c.command_line = "qkgeom";
+    for (auto const& a : args) c.command_line += " " + shell_quoted(a);
     auto& o = c.opt;
     for (std::size_t i = 1; i < args.size(); ++i) {
         std::string const& a = args[i];
@@ -183,39 +248,25 @@ cli parse(int argc, char** argv) {
         else if (a == "--dtype") c.dtype = parse_choice<std::string>(a, value(), {{"f32", "f32"}, {"f16", "f16"}, {"bf16", "bf16"}, {"f64", "f64"}});
         else if (a == "--strict") c.strict = true;
         else if (a == "--no-pictures") c.pictures = false;
+        else if (!a.empty() && a[0] != '-' && c.command == "merge") c.inputs.emplace_back(a);
         else if (!a.empty() && a[0] != '-' && c.dir.empty() && c.command != "demo") c.dir = a;
         else if (a == "--components") o.pca.n_components = parse_int(a, value(), 1);
         else if (a == "--sign")
-            o.pca.sign = parse_choice<qkgeom::sign_policy>(
-                a, value(), {{"dominant", qkgeom::sign_policy::dominant}, {"query_anchor", qkgeom::sign_policy::query_anchor}});
+            o.pca.sign = parse_policy<qkgeom::sign_policy>(a, value());
         else if (a == "--low") o.pca.thresholds.low = parse_double(a, value());
         else if (a == "--high") o.pca.thresholds.high = parse_double(a, value());
         else if (a == "--separation")
-            o.rotation.separation = parse_choice<qkgeom::separation_policy>(
-                a, value(),
-                {{"centroid", qkgeom::separation_policy::centroid},
-                 {"max_separation", qkgeom::separation_policy::max_separation}});
+            o.rotation.separation = parse_policy<qkgeom::separation_policy>(a, value());
         else if (a == "--semantic")
-            o.householder.model = parse_choice<qkgeom::semantic_model>(
-                a, value(),
-                {{"diag", qkgeom::semantic_model::diag},
-                 {"full", qkgeom::semantic_model::full},
-                 {"global_linear", qkgeom::semantic_model::global_linear}});
+            o.householder.model = parse_policy<qkgeom::semantic_model>(a, value());
         else if (a == "--no-diagnostics") o.diagnostics = false;
         else if (a == "--ks-alpha") o.ks_alpha = parse_double(a, value());
         else if (a == "--pairs")
-            o.plasticity.pairs = parse_choice<qkgeom::pair_policy>(
-                a, value(), {{"same_bucket", qkgeom::pair_policy::same_bucket}, {"prefix", qkgeom::pair_policy::prefix}});
+            o.plasticity.pairs = parse_policy<qkgeom::pair_policy>(a, value());
         else if (a == "--weighting")
-            o.plasticity.weighting = parse_choice<qkgeom::ap_weighting>(
-                a, value(),
-                {{"query_count", qkgeom::ap_weighting::query_count}, {"cell_mean", qkgeom::ap_weighting::cell_mean}});
+            o.plasticity.weighting = parse_policy<qkgeom::ap_weighting>(a, value());
         else if (a == "--enumeration")
-            o.plasticity.enumeration = parse_choice<qkgeom::enumeration_policy>(
-                a, value(),
-                {{"auto", qkgeom::enumeration_policy::automatic},
-                 {"exact", qkgeom::enumeration_policy::exact},
-                 {"sampled", qkgeom::enumeration_policy::sampled}});
+            o.plasticity.enumeration = parse_policy<qkgeom::enumeration_policy>(a, value());
         else if (a == "--max-exact-pairs") o.plasticity.max_exact_pairs = parse_int(a, value(), 0);
         else if (a == "--samples") o.plasticity.samples_per_cell = parse_int(a, value(), 1);
         else if (a == "--seed") o.plasticity.seed = static_cast<std::uint64_t>(parse_int(a, value(), 0));
@@ -223,13 +274,51 @@ cli parse(int argc, char** argv) {
         else if (a == "--context") c.context = parse_int(a, value(), 0);
         else usage_error("unknown option '" + a + "'");
     }
-    if (c.command != "demo" && c.dir.empty()) usage_error(c.command + " needs DIR");
+    if (c.command == "merge" && c.inputs.empty()) usage_error("merge needs at least one SHARD");
+    if (c.command != "demo" && c.command != "merge" && c.dir.empty()) usage_error(c.command + " needs DIR");
     if (c.command != "synth" && c.out.empty()) usage_error(c.command + " needs -o OUT");
     if (!(o.pca.thresholds.low >= 0 && o.pca.thresholds.low <= o.pca.thresholds.high && o.pca.thresholds.high <= 1))
         usage_error("--low/--high: need 0 <= low <= high <= 1");
     if (!(o.ks_alpha > 0 && o.ks_alpha < 1)) usage_error("--ks-alpha: need 0 < alpha < 1");
     if (c.jobs == 0) c.jobs = std::max(1u, std::thread::hardware_concurrency());
     return c;
+}
+
+std::vector<std::pair<std::string, std::string>> run_record(cli const& c) {
+    auto const& o = c.opt;
+    auto num = [](double x) {
+        std::ostringstream os;
+        os << x;
+        return os.str();
+    };
+    std::string opts = "components=" + std::to_string(o.pca.n_components) + " sign=" + name_of(o.pca.sign) +
+                       " low=" + num(o.pca.thresholds.low) + " high=" + num(o.pca.thresholds.high) +
+                       " separation=" + name_of(o.rotation.separation) + " semantic=" + name_of(o.householder.model) +
+                       " diagnostics=" + (o.diagnostics ? "on" : "off") + " ks_alpha=" + num(o.ks_alpha) +
+                       " pairs=" + name_of(o.plasticity.pairs) + " weighting=" + name_of(o.plasticity.weighting) +
+                       " enumeration=" + name_of(o.plasticity.enumeration) +
+                       " max_exact_pairs=" + std::to_string(o.plasticity.max_exact_pairs) +
+                       " samples=" + std::to_string(o.plasticity.samples_per_cell) +
+                       " seed=" + std::to_string(o.plasticity.seed) +
+                       " window=" + (c.window >= 0 ? std::to_string(c.window) : std::string("capture")) +
+                       " context=" + (c.context > 0 ? std::to_string(c.context) : std::string("capture")) +
+                       " pictures=" + (c.pictures ? "on" : "off") + " strict=" + (c.strict ? "on" : "off");
+    std::error_code ec;
+    std::string input = "the embedded synthetic study";
+    if (!c.dir.empty()) {
+        auto const abs = std::filesystem::absolute(c.dir, ec);
+        input = (ec ? c.dir : abs).lexically_normal().string();
+    }
+    return {{"qkgeom", QKGEOM_VERSION_STRING},
+            {"command line", c.command_line},
+            {"input", input},
+            {"options", opts}};
+}
+
+std::string run_record_text(std::vector<std::pair<std::string, std::string>> const& record) {
+    std::string s;
+    for (auto const& [what, value] : record) s += "# " + what + ": " + value + "\n";
+    return s;
 }
 
 void apply_overrides(cli const& c, qkgeom::capture_facts& facts) {
@@ -244,9 +333,10 @@ int main(int argc, char** argv) {
     try {
         if (c.command == "synth") return qkgeom_app::run_synth(c);
         if (c.command == "analyze") return qkgeom_app::run_analyze(c);
+        if (c.command == "merge") return qkgeom_app::run_merge(c);
         return qkgeom_app::run_demo(c);
     } catch (std::exception const& e) {
-        std::cerr << "qkgeom: error: " << e.what() << "\n";
+        std::cerr << "qkgeom: error: " << qkgeom_app::one_line(e.what()) << "\n";
         return 1;
     }
 }

@@ -14,7 +14,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -40,7 +42,50 @@ struct cli {
     qkgeom::analysis_options opt;
     std::int64_t window = -1;   ///< --window: sliding window for heads whose capture records none (-1: not given)
     std::int64_t context = 0;   ///< --context: context length overriding the capture's (0: not given)
+    std::vector<std::filesystem::path> inputs;  ///< merge: the shard files
+    std::string command_line;   ///< the whole command line, as recorded in summary.txt and index.html
 };
+
+/// A failure of the run as a whole (exit status 1): its message names the
+/// file, field and value.
+struct run_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// \brief The folder a run writes (docs/cli.md#the-output-folder).
+///
+/// The constructor checks the target before any analysis: absent, an empty
+/// directory, or a folder an earlier run marked with `marker`; anything else
+/// (a file, a symlink, a foreign non-empty folder, an uncreatable parent)
+/// throws run_error. The run writes into `staging()`, a fresh folder next to
+/// the target; `commit()` swaps it in, so a folder never mixes two runs. A
+/// run that never commits leaves the target as it was.
+class output_folder {
+public:
+    output_folder(std::filesystem::path const& target, std::string marker, std::string flag);
+    ~output_folder();
+    output_folder(output_folder const&) = delete;
+    output_folder& operator=(output_folder const&) = delete;
+    std::filesystem::path const& staging() const { return staging_; }
+    std::filesystem::path const& target() const { return target_; }
+    void commit();
+
+private:
+    std::filesystem::path target_, staging_;
+    std::string marker_;
+    bool committed_ = false;
+};
+
+/// The marker file of a report folder (demo, analyze).
+inline constexpr char const* report_marker = ".qkgeom-report";
+/// The marker file of a capture folder written by synth.
+inline constexpr char const* capture_marker = ".qkgeom-capture";
+
+/// The record of a run: (what, value) lines for summary.txt and index.html:
+/// the command line, the input, and every option in effect.
+std::vector<std::pair<std::string, std::string>> run_record(cli const& c);
+/// `record` as the comment block that heads summary.txt ("# what: value").
+std::string run_record_text(std::vector<std::pair<std::string, std::string>> const& record);
 
 
 /// Parses the command line (usage errors exit 2).
@@ -82,6 +127,7 @@ using qkgeom::parallel_for;  // qkgeom/parallel.hpp
 int run_synth(cli const& c);
 int run_analyze(cli const& c);
 int run_demo(cli const& c);
+int run_merge(cli const& c);
 
 /// The command line's overrides of a head's capture facts: --context replaces
 /// the context length; --window applies to heads whose capture records none.
@@ -99,12 +145,21 @@ qkgeom::synthetic::head_capture generate_head(qkgeom::synthetic::layer_spec cons
 
 /// Reports (reports.cpp).
 std::string model_table(std::vector<std::pair<std::string, qkgeom::model_summary>> const& table);
+/// Writes `text` to `p` (run_error naming the file and the OS's reason).
 void write_text(std::filesystem::path const& p, std::string const& text);
+/// `msg` on one line: control characters escaped (\n, \r, \t, \xNN), so a
+/// message quoting bytes of a file never breaks a line of stderr or failures.txt.
+std::string one_line(std::string_view msg);
+/// The notes on NaN columns a reader would otherwise have to puzzle out
+/// (e.g. ap_last_20pct NaN because the sequences are shorter than the
+/// recorded context length); empty when there is nothing to say.
+std::string nan_notes(std::vector<qkgeom::head_analysis> const& heads);
 /// The reports of one run: per model its CSVs (and pictures) under its
 /// directory, then the model comparison and index.html (reports.cpp).
 class report_page {
 public:
-    report_page(std::string title, std::string intro, qkgeom::analysis_options const& opt, bool pictures);
+    report_page(std::string title, std::string intro, qkgeom::analysis_options const& opt, bool pictures,
+                std::vector<std::pair<std::string, std::string>> run = {});
     ~report_page();
     report_page(report_page const&) = delete;
     report_page& operator=(report_page const&) = delete;

@@ -7,9 +7,13 @@
 #include <qkgeom/report/html.hpp>
 #include <qkgeom/report/svg.hpp>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -29,9 +33,36 @@ std::string model_table(std::vector<std::pair<std::string, qkgeom::model_summary
 
 void write_text(std::filesystem::path const& p, std::string const& text) {
     std::FILE* fp = std::fopen(p.string().c_str(), "w");
-    if (fp == nullptr) throw std::runtime_error("cannot write " + p.string());
-    std::fputs(text.c_str(), fp);
-    if (std::fclose(fp) != 0) throw std::runtime_error("writing " + p.string() + " failed");
+    if (fp == nullptr) throw run_error("cannot write " + p.string() + ": " + std::strerror(errno));
+    bool const ok = std::fputs(text.c_str(), fp) >= 0;
+    if (std::fclose(fp) != 0 || !ok) throw run_error("writing " + p.string() + " failed: " + std::strerror(errno));
+}
+
+std::string one_line(std::string_view msg) {
+    std::string out;
+    for (char ch : msg) {
+        auto const u = static_cast<unsigned char>(ch);
+        if (ch == '\n') out += "\\n";
+        else if (ch == '\r') out += "\\r";
+        else if (ch == '\t') out += "\\t";
+        else if (u < 0x20 || u == 0x7f) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\x%02x", u);
+            out += buf;
+        } else out += ch;
+    }
+    return out;
+}
+
+std::string nan_notes(std::vector<qkgeom::head_analysis> const& heads) {
+    std::size_t late = 0;
+    for (auto const& h : heads)
+        if (std::isfinite(h.plasticity.ap_overall) && !std::isfinite(h.plasticity.ap_last_20pct)) ++late;
+    if (late == 0) return {};
+    return "note: ap_last_20pct and ap_drop are NaN for " + std::to_string(late) + " of " +
+           std::to_string(heads.size()) +
+           " heads: no query position lies in the last 20% of the context length (the captured sequences are "
+           "shorter than the context length the capture records; --context sets another, method §9.12)\n";
 }
 
 namespace {
@@ -54,9 +85,11 @@ struct report_page::impl {
     bool pictures = true;
 };
 
-report_page::report_page(std::string title, std::string intro, qkgeom::analysis_options const& opt, bool pictures)
+report_page::report_page(std::string title, std::string intro, qkgeom::analysis_options const& opt, bool pictures,
+                         std::vector<std::pair<std::string, std::string>> run)
     : impl_(new impl) {
     impl_->page.title = std::move(title);
+    impl_->page.run = std::move(run);
     impl_->page.intro = std::move(intro);
     impl_->popt.thresholds = opt.pca.thresholds;
     impl_->pictures = pictures;

@@ -96,8 +96,9 @@ int run_synth(cli const& c) {
                                         qkgeom::layer_eligibility::full_attention_only};
     auto const chosen = qkgeom::io::sampled_heads(m);
     auto const keys = qkgeom::key_heads_of(chosen);
-    std::filesystem::create_directories(c.dir);
-    qkgeom::io::write_manifest(c.dir, m);
+    output_folder folder(c.dir, capture_marker, "synth");  // a capture folder never mixes two runs either
+    std::filesystem::path const dir = folder.staging();
+    qkgeom::io::write_manifest(dir, m);
     progress bar(static_cast<std::size_t>(c.layers), c.quiet);
     auto entry = [&](qkgeom::head_id const& id, qkgeom::kind k, qkgeom::token_rows<Eigen::MatrixXd> const& rows) {
         qkgeom::io::head_entry e;
@@ -109,7 +110,7 @@ int run_synth(cli const& c) {
         e.bucket = rows.bucket;
         e.example_id = rows.example_id;
         e.dtype = c.dtype;
-        qkgeom::io::write_head(c.dir, m, e, c.format, c.dtype, c.npz);
+        qkgeom::io::write_head(dir, m, e, c.format, c.dtype, c.npz);
     };
     for (std::int64_t layer = 0; layer < c.layers; ++layer) {
         auto const heads = generate_layer(demo_layer(*fit, layer), cap);
@@ -123,6 +124,7 @@ int run_synth(cli const& c) {
         }
         bar.tick("layer " + std::to_string(layer));
     }
+    folder.commit();
     std::cout << "synthetic capture '" << m.model << "' (" << chosen.size() << " of " << c.layers * 8
               << " query heads) written to " << c.dir.string() << "\n";
     return 0;
@@ -133,11 +135,12 @@ int run_synth(cli const& c) {
 int run_demo(cli const& c) {
     std::int64_t const n_layers = c.layers;
     auto const cap = demo_capture();
-    report_page page("qkgeom demo: three synthetic model families",
-                     "The embedded synthetic study (steady, moderate, steep: rising positional drift, falling content "
-                     "strength), " + std::to_string(n_layers) + " layer(s) x 8 query heads per model.",
-                     c.opt, c.pictures);
-    std::filesystem::create_directories(c.out);
+    output_folder folder(c.out, report_marker, "-o");  // checked before any analysis
+    std::filesystem::path const out = folder.staging();
+    auto const record = run_record(c);
+    std::string const intro = "The embedded synthetic study (steady, moderate, steep: rising positional drift, falling "
+                              "content strength), " + std::to_string(n_layers) + " layer(s) x 8 query heads per model.";
+    report_page page("qkgeom demo: three synthetic model families", intro, c.opt, c.pictures, record);
     std::size_t const per_model = static_cast<std::size_t>(n_layers * 8);
     progress bar(families.size() * per_model, c.quiet);
     std::vector<std::pair<std::string, qkgeom::model_summary>> table;
@@ -150,14 +153,16 @@ int run_demo(cli const& c) {
             heads[i] = analyze(hc, c.opt);
             bar.tick(f.name + " l" + std::to_string(layer) + "h" + std::to_string(qh));
         });
-        table.emplace_back(f.name, page.add_model(c.out / f.name, f.name + "/", f.name, heads));
+        std::filesystem::create_directories(out / f.name);
+        table.emplace_back(f.name, page.add_model(out / f.name, f.name + "/", f.name, heads));
     }
-    page.finish(c.out, {"summary.txt"});
+    page.finish(out, {"summary.txt"});
 
     // The model table (also in OUT/summary.txt).
     std::string const text = model_table(table);
+    write_text(out / "summary.txt", run_record_text(record) + "# " + intro + "\n" + text);
+    folder.commit();
     std::cout << text;
-    write_text(c.out / "summary.txt", text);
     std::cout << "reports written to " << c.out.string() << "/{steady,moderate,steep}/\n";
     return 0;
 }

@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace qkgeom::report {
@@ -47,6 +48,9 @@ struct html_page {
     std::vector<html_picture> overview;  ///< pictures shown above the models (e.g. the model comparison)
     std::vector<html_model> models;      ///< one table row and one section each, in order
     std::vector<std::string> files;      ///< page-level links (e.g. summary.txt)
+    /// The run that wrote the page, (what, value) rows shown in a table at the
+    /// end (the program records its command line, input and options here).
+    std::vector<std::pair<std::string, std::string>> run;
 };
 
 /// \brief The page entry for a written picture, its src prefixed with `dir`
@@ -156,6 +160,13 @@ inline std::string index_html(html_page const& page) {
              "</h2>\n";
         for (auto const& p : m.pictures) detail::picture_html(s, p);
         detail::links_html(s, m.files);
+    }
+    if (!page.run.empty()) {
+        s += "<h2>This run</h2>\n<table class=\"run\">\n<tbody>\n";
+        for (auto const& [what, value] : page.run)
+            s += "<tr><td>" + xml_escape(what) + "</td><td style=\"text-align:left\">" + xml_escape(value) +
+                 "</td></tr>\n";
+        s += "</tbody>\n</table>\n";
     }
     s += "</body>\n</html>\n";
     return s;

@@ -1,0 +1,43 @@
+// qkgeom program — `qkgeom merge SHARD... -o FILE`: the streaming design made
+// visible: moments shards of one head (qkgeom::save_moments, docs/moments.md),
+// each read with the full validation of load_moments, merged exactly
+// (head_moments::operator+=) and written as one shard (docs/cli.md#merge).
+#include "program.hpp"
+
+#include <qkgeom/moments.hpp>
+#include <qkgeom/moments_io.hpp>
+
+#include <exception>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+namespace qkgeom_app {
+
+int run_merge(cli const& c) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    auto const st = fs::symlink_status(c.out, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st))
+        throw run_error("-o " + c.out.string() + ": exists and is not a regular file");
+    for (auto const& in : c.inputs)
+        if (fs::exists(st) && fs::equivalent(in, c.out, ec))
+            throw run_error("-o " + c.out.string() + ": is also an input shard; write the merge to a new file");
+    qkgeom::head_moments total;
+    for (auto const& in : c.inputs) {
+        qkgeom::head_moments const shard = qkgeom::load_moments(in);  // input_error names the file and field
+        try {
+            total += shard;
+        } catch (std::exception const& e) {
+            throw run_error(in.string() + ": cannot be merged with the shards before it: " + e.what());
+        }
+    }
+    qkgeom::save_moments(c.out, total);  // written next to FILE and renamed: never a partial FILE
+    std::cout << "merged " << c.inputs.size() << " shard(s) of head layer " << total.id.layer << " q_head "
+              << total.id.q_head << " k_head " << total.id.k_head << " (d = " << total.d << "): " << total.q.count()
+              << " query rows in " << total.q.buckets.size() << " bucket(s), " << total.k.count() << " key rows in "
+              << total.k.buckets.size() << " bucket(s), written to " << c.out.string() << "\n";
+    return 0;
+}
+
+}  // namespace qkgeom_app
