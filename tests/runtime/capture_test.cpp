@@ -418,3 +418,47 @@ TEST_CASE("parallel_for: every task runs exactly once, the first error stops new
         if (jobs == 1) CHECK(started.load() == 4);
     }
 }
+
+TEST_CASE("capture: add_selected checks every kept index and value before the store changes", "[capture][errors]") {
+    auto layout = qkgeom::uniform_layout(1, 2, 1, 3, 64);
+    std::vector<head_id> const heads{{0, 1, 0}};
+    qkgeom::capture_store<float> st(layout, heads, {{bucket_scheme::uniform, 8, 2.0}, 3});
+    Eigen::MatrixXd x(4, 3);
+    x << 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12;
+    std::vector<std::int64_t> const pos{0, 1, 2, 3}, ex{0, 0, 0, 0};
+    std::vector<std::int64_t> const good{0, 2};
+    CHECK(st.add_selected(0, kind::query, 1, x, pos, ex, good) == 2);
+    auto const& r = st.rows(0, kind::query, 1);
+    auto const values = r.values;
+    auto consistent = [&] {
+        return r.values == values && r.rows() == 2 && r.bucket.size() == 2 && r.example_id.size() == 2;
+    };
+    // a duplicate index
+    CHECK_THAT(invalid_argument_of([&] { st.add_selected(0, kind::query, 1, x, pos, ex, std::vector<std::int64_t>{1, 1}); }),
+               Contains("duplicate index") && Contains("value 1"));
+    CHECK(consistent());
+    // an index out of range after a valid one
+    CHECK_THAT(invalid_argument_of([&] { st.add_selected(0, kind::query, 1, x, pos, ex, std::vector<std::int64_t>{1, 4}); }),
+               Contains("out of range") && Contains("value 4"));
+    CHECK(consistent());
+    // a negative position of a kept row
+    auto neg = pos;
+    neg[3] = -5;
+    CHECK_THAT(invalid_argument_of([&] { st.add_selected(0, kind::query, 1, x, neg, ex, std::vector<std::int64_t>{1, 3}); }),
+               Contains("negative position") && Contains("-5"));
+    CHECK(consistent());
+    // a non-finite value in the last kept row: nothing of the earlier rows is stored
+    auto bad = x;
+    bad(3, 2) = std::numeric_limits<double>::quiet_NaN();
+    CHECK_THAT(invalid_argument_of([&] { st.add_selected(0, kind::query, 1, bad, pos, ex, std::vector<std::int64_t>{1, 3}); }),
+               Contains("non-finite value at row 3, column 2"));
+    CHECK(consistent());
+}
+
+TEST_CASE("parallel_for: every task runs once whatever the thread count", "[capture][parallel]") {
+    for (unsigned jobs : {0U, 1U, 3U, 64U}) {
+        std::vector<std::atomic<int>> hits(50);
+        qkgeom::parallel_for(hits.size(), jobs, [&](std::size_t i) { ++hits[i]; });
+        CHECK(std::all_of(hits.begin(), hits.end(), [](auto const& h) { return h.load() == 1; }));
+    }
+}

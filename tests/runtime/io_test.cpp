@@ -1553,6 +1553,11 @@ TEST_CASE("issue 14: sizes claimed beyond what the file holds fail before alloca
     // allocation of the claimed size would end in bad_alloc (exit 3), not in
     // the input_error naming the field (exit 0).
     constexpr std::size_t mb = 64;
+    // calibration: under this limit an allocation of 512 MiB does fail
+    CHECK(in_child([] {
+              std::vector<char> v(std::size_t{512} << 20, 1);
+              return v.back() == 1;
+          }, mb) == 3);
     temp_dir tmp;
     // npy: shape (2^40,) of f8 in a 136-byte file
     auto const npy = tmp.path / "big.npy";

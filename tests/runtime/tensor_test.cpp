@@ -21,6 +21,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <list>
 #include <span>
 #include <vector>
@@ -254,3 +255,22 @@ TEST_CASE("xtensor containers and views", "[tensor][xtensor]") {
     CHECK(read_indices(ix) == std::vector<std::int64_t>{3, 1, 4});
 }
 #endif
+
+TEST_CASE("make_matrix_view refuses strides whose extent overflows; dense_rows refuses negative sizes", "[tensor][span]") {
+    std::vector<float> data(30);
+    constexpr qkgeom::index_t big = std::numeric_limits<qkgeom::index_t>::max();
+    // (rows − 1)·row_stride wraps to a small or negative index without the check (UB, and a
+    // wrapped value could pass the bounds test)
+    CHECK_THROWS_WITH(qkgeom::make_matrix_view(std::span<float const>(data), 3, 2, big / 2 + 1, 1),
+                      Catch::Contains("overflows"));
+    CHECK_THROWS_WITH(qkgeom::make_matrix_view(std::span<float const>(data), 2, 3, big / 2, big / 2),
+                      Catch::Contains("overflows"));
+    CHECK_THROWS_WITH(qkgeom::make_matrix_view(std::span<float const>(data), std::int64_t{1} << 32, 2, std::int64_t{1} << 32, 1),
+                      Catch::Contains("overflows"));
+    // the largest extent that does not overflow is only refused as past the end
+    CHECK_THROWS_WITH(qkgeom::make_matrix_view(std::span<float const>(data), 2, 1, big, 0), Catch::Contains("past the end"));
+    CHECK_THROWS_WITH(qkgeom::dense_rows(-1, 3, "f64"), Catch::Contains("rows must be >= 0"));
+    CHECK_THROWS_WITH(qkgeom::dense_rows(3, -2, "f64"), Catch::Contains("cols must be >= 0"));
+    CHECK_THROWS_WITH(qkgeom::dense_rows(big / 2, 3, "f64"), Catch::Contains("overflows"));
+    CHECK(qkgeom::dense_rows(2, 3, "f64").rows() == 2);
+}
