@@ -206,7 +206,7 @@ void check_shard_for_writing(head_moments const& hm) {
         std::size_t bi = 0;
         for (auto const& [bucket, m] : bm.buckets) {
             auto const p = check_shard_bucket(bucket, m, hm.d, kn + ".buckets[" + std::to_string(bi++) + "]");
-            if (p) fail_arg(fn, p->field + ": " + p->problem + "; value", p->value);
+            if (p) fail_arg(fn, p->field + ": " + p->problem, p->value);
         }
     }
 }
