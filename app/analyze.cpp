@@ -6,7 +6,6 @@
 #include <qkgeom/io/dataset.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -50,35 +49,16 @@ std::unordered_set<std::string> entry_names(fs::path const& dir) {
     return out;
 }
 
-/// The entries in `names` (entry_names) that name a head outside the
-/// manifest's layer and head counts: a contradiction, listed as a failure.
-std::vector<std::string> stray_entries(std::unordered_set<std::string> const& names, qkgeom::io::manifest const& m,
-                                       std::string const& manifest) {
-    std::vector<std::string> out;
-    for (auto const& n : names) {
-        // lLLhHH[qk]: two or more digits each
-        std::size_t const h = n.find('h');
-        if (n.size() < 7 || n[0] != 'l' || h == std::string::npos || h < 3 || n.size() - h < 4) continue;
-        std::string const ls = n.substr(1, h - 1), hs = n.substr(h + 1, n.size() - h - 2);
-        char const k = n.back();
-        auto digits = [](std::string const& x) { return x.size() <= 9 && std::all_of(x.begin(), x.end(), ::isdigit); };
-        if ((k != 'q' && k != 'k') || !digits(ls) || !digits(hs)) continue;
-        std::int64_t const layer = std::stoll(ls), head = std::stoll(hs);
-        std::string why;
-        if (layer >= m.n_layers) why = "layer " + std::to_string(layer) + " >= n_layers " + std::to_string(m.n_layers);
-        else {
-            auto const& counts = k == 'q' ? m.n_q_heads : m.n_kv_heads;
-            auto const n_heads = counts[static_cast<std::size_t>(layer)];
-            if (head >= n_heads)
-                why = (k == 'q' ? "query head " : "key head ") + std::to_string(head) + " >= " +
-                      (k == 'q' ? "n_q_heads" : "n_kv_heads") + "[" + std::to_string(layer) + "] = " +
-                      std::to_string(n_heads);
-        }
-        if (!why.empty())
-            out.push_back(n + ": stray entry outside the manifest (" + why + " in " + manifest + "); not analysed");
-    }
-    std::sort(out.begin(), out.end());
-    return out;
+/// The manifest's head counts, for the stray-entry lines.
+std::string counts_text(qkgeom::io::manifest const& m) {
+    std::string s = "n_layers " + std::to_string(m.n_layers);
+    if (m.n_layers > 8) return s;
+    auto list = [](std::vector<std::int64_t> const& v) {
+        std::string t;
+        for (auto x : v) t += (t.empty() ? "" : ", ") + std::to_string(x);
+        return "[" + t + "]";
+    };
+    return s + ", n_q_heads " + list(m.n_q_heads) + ", n_kv_heads " + list(m.n_kv_heads);
 }
 
 /// The positions of a head must lie below its context length (method §9.12):
@@ -95,7 +75,7 @@ void check_context(cli const& c, qkgeom::head_capture<qkgeom::row_matrix> const&
             std::string const entry =
                 qkgeom::io::head_entry_name(head.id.layer, q ? head.id.q_head : head.id.k_head,
                                             q ? qkgeom::kind::query : qkgeom::kind::key);
-            throw run_error(entry + ": position " + std::to_string(top) + " is not below the context length " +
+            throw run_error(std::string(q ? "query" : "key") + " entry " + entry + ": position " + std::to_string(top) + " is not below the context length " +
                             std::to_string(L) +
                             (c.context > 0 ? " given by --context" : " recorded in " + manifest + " (context_length)"));
         }
@@ -141,7 +121,10 @@ int run_analyze(cli const& c) {
     if (tasks.empty()) throw run_error(no_heads_reason(c.dir, m));
     output_folder folder(c.out, report_marker, "-o");  // checked before any analysis
     auto const present = entry_names(c.dir);
-    auto const stray = stray_entries(present, m, manifest);
+    std::vector<std::string> stray;
+    for (auto const& name : qkgeom::io::stray_entries(c.dir, m))
+        stray.push_back(one_line(name) + ": entry outside the manifest's head counts (" + counts_text(m) + " in " +
+                        manifest + "); not analysed");
 
     std::vector<std::unique_ptr<qkgeom::head_analysis>> results(tasks.size());
     std::vector<std::string> errors(tasks.size());

@@ -7,7 +7,6 @@
 #include <qkgeom/moments.hpp>
 #include <qkgeom/moments_io.hpp>
 
-#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -23,15 +22,9 @@ int run_merge(cli const& c) {
     for (auto const& in : c.inputs)
         if (fs::exists(st) && fs::equivalent(in, c.out, ec))
             throw run_error("-o " + c.out.string() + ": is also an input shard; write the merge to a new file");
-    qkgeom::head_moments total;
-    for (auto const& in : c.inputs) {
-        qkgeom::head_moments const shard = qkgeom::load_moments(in);  // input_error names the file and field
-        try {
-            total += shard;
-        } catch (std::exception const& e) {
-            throw run_error(in.string() + ": cannot be merged with the shards before it: " + e.what());
-        }
-    }
+    // Each shard validated as load_moments; a shard of another head or d is
+    // refused naming both files (input_error names the file and field).
+    qkgeom::head_moments const total = qkgeom::merge_moment_files(c.inputs);
     qkgeom::save_moments(c.out, total);  // written next to FILE and renamed: never a partial FILE
     std::cout << "merged " << c.inputs.size() << " shard(s) of head layer " << total.id.layer << " q_head "
               << total.id.q_head << " k_head " << total.id.k_head << " (d = " << total.d << "): " << total.q.count()
