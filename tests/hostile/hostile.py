@@ -1,0 +1,1918 @@
+#!/usr/bin/env python3
+"""Hostile-input suite for the qkgeom program (issue 14, "Reliability").
+
+Makes small clean captures with the program itself (`qkgeom synth`), analyses
+each once as the baseline, then for every case copies a capture, applies ONE
+corruption, runs the program on it and checks what the reliability contract
+says (docs/cli.md; tests/hostile/README.md lists the classes):
+
+  * the exit status (0 ok, 1 run failed, 2 usage, 3 some heads failed);
+  * exit 1: stderr is one line `qkgeom: error: ...` naming the file or entry
+    (and keywords for the field / value); exit 3: OUT/failures.txt names every
+    failing entry, never a healthy one; no raw CR in any message;
+  * exit 3: every healthy head's rows in head_metrics.csv and in the other
+    per-head CSVs are identical to the clean run's;
+  * resources: every run is a child reaped with os.wait4: wall time < 10 s and
+    max RSS < 256 MB (inputs here are all under 10 MB); a hard timeout (30 s)
+    turns a hang into a FAIL instead of blocking CI.
+
+Usage: hostile.py --qkgeom PATH --work DIR [--class N] [--list] [-k SUBSTRING]
+                  [--sanitized]
+Exit status: 0 all selected cases passed, 1 some failed, 77 numpy missing
+(skipped).  --sanitized (a sanitizer build): no RSS bound, wall bound 30 s.
+Python 3 standard library + numpy only.
+"""
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+import zlib
+
+
+def _spawn_one(req):
+    """Runs one child (req: argv, cwd, stdout/stderr file paths, timeout): exit
+    status, wall time, max RSS of that child (os.wait4), killed at the timeout."""
+    with open(req["stdout"], "wb") as fo, open(req["stderr"], "wb") as fe:
+        t0 = time.monotonic()
+        p = subprocess.Popen(req["argv"], stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, cwd=req["cwd"],
+                             start_new_session=True)
+        fired = []
+
+        def kill():
+            fired.append(1)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+        timer = threading.Timer(req["timeout"], kill)
+        timer.start()
+        _, status, ru = os.wait4(p.pid, 0)
+        timer.cancel()
+        p.returncode = rc = os.waitstatus_to_exitcode(status)
+        try:  # anything the child left in its group (it should leave nothing)
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return {"rc": rc, "wall": time.monotonic() - t0, "rss_kb": ru.ru_maxrss, "timed_out": bool(fired)}
+
+
+class Spawner:
+    """Children are started by a helper process forked before numpy is
+    imported and before any test data is made: on Linux a child's max RSS
+    (ru_maxrss) includes the high-water mark of the process it was forked from,
+    so forking from this (growing) interpreter would count its memory as the
+    program's. The helper stays small (~10 MB, below the program's own)."""
+
+    def __init__(self):
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the helper
+            os.close(req_w)
+            os.close(res_r)
+            rf, wf = os.fdopen(req_r, "r"), os.fdopen(res_w, "w")
+            for line in rf:
+                try:
+                    res = _spawn_one(json.loads(line))
+                except Exception as e:  # report, never die silently
+                    res = {"error": "%s: %s" % (type(e).__name__, e)}
+                wf.write(json.dumps(res) + "\n")
+                wf.flush()
+            os._exit(0)
+        os.close(req_r)
+        os.close(res_w)
+        self.pid = pid
+        self.w, self.r = os.fdopen(req_w, "w"), os.fdopen(res_r, "r")
+
+    def run(self, req):
+        self.w.write(json.dumps(req) + "\n")
+        self.w.flush()
+        res = json.loads(self.r.readline())
+        if "error" in res:
+            raise RuntimeError("spawner: " + res["error"])
+        return res
+
+
+SPAWNER = Spawner() if __name__ == "__main__" else None
+
+try:
+    import numpy as np
+except ImportError:  # CI installs python3-numpy; without it the suite is skipped
+    print("hostile: numpy not found: skipped")
+    sys.exit(77)
+
+MB = 1024 * 1024
+HARD_TIMEOUT_S = 30.0
+
+
+class Fail(Exception):
+    """A case's assertion failed (the message says what was seen)."""
+
+
+class Skip(Exception):
+    """A case cannot run here (e.g. permissions as root)."""
+
+
+# --------------------------------------------------------------------------
+# running the program
+# --------------------------------------------------------------------------
+class Result:
+    def __init__(self, argv, rc, out, err, wall, rss_kb, timed_out):
+        self.argv, self.rc, self.out, self.err = argv, rc, out, err
+        self.wall, self.rss_mb, self.timed_out = wall, rss_kb / 1024.0, timed_out
+
+    def brief(self):
+        line = self.err.strip().splitlines()[-1] if self.err.strip() else ""
+        return "exit %s, %.1f s, %.0f MB, stderr: %s" % (
+            "TIMEOUT" if self.timed_out else self.rc, self.wall, self.rss_mb, repr(line[:300]))
+
+
+def run_child(argv, cwd=None, timeout=HARD_TIMEOUT_S):
+    """Runs argv as a child (through the spawner); returns its exit status,
+    output, wall time and max RSS. Killed (process group) at `timeout`."""
+    log_dir = Ctx.current.tmp
+    req = {"argv": argv, "cwd": cwd, "timeout": timeout, "stdout": os.path.join(log_dir, "stdout"),
+           "stderr": os.path.join(log_dir, "stderr")}
+    res = SPAWNER.run(req) if SPAWNER else _spawn_one(req)
+    with open(req["stdout"], "rb") as f:
+        out = f.read().decode("utf-8", "replace")
+    with open(req["stderr"], "rb") as f:
+        err = f.read().decode("utf-8", "replace")
+    return Result(argv, res["rc"], out, err, res["wall"], res["rss_kb"], res["timed_out"])
+
+
+class Ctx:
+    """Paths, the program and the clean captures (made lazily, once)."""
+    current = None
+
+    def __init__(self, qkgeom, work, sanitized, bases=None):
+        self.qkgeom = os.path.abspath(qkgeom)
+        self.work = os.path.abspath(work)
+        self.bases_dir = os.path.abspath(bases) if bases else os.path.join(self.work, "base")
+        self.sanitized = sanitized
+        self.wall_limit = 30.0 if sanitized else 10.0
+        self.rss_limit_mb = None if sanitized else 256.0
+        self.tmp = os.path.join(self.work, "tmp")
+        self.bases = {}
+        os.makedirs(self.tmp, exist_ok=True)
+        self.case_dir = None
+        self.max_wall = self.max_rss = 0.0  # of the program runs of the current case
+        Ctx.current = self
+
+    # -- the program ------------------------------------------------------
+    def run(self, *args, timeout=HARD_TIMEOUT_S, check_bounds=True, rss_limit_mb=None):
+        r = run_child([self.qkgeom] + [str(a) for a in args], cwd=self.case_dir or self.work, timeout=timeout)
+        self.max_wall = max(self.max_wall, r.wall)
+        self.max_rss = max(self.max_rss, r.rss_mb)
+        if r.timed_out:
+            raise Fail("hang: killed after %.0f s (%s)" % (timeout, " ".join(map(str, args[:3]))))
+        if r.rc < 0:
+            raise Fail("killed by signal %d: %s" % (-r.rc, r.brief()))
+        if check_bounds:
+            if r.wall >= self.wall_limit:
+                raise Fail("took %.1f s (limit %.0f s): %s" % (r.wall, self.wall_limit, r.brief()))
+            lim = self.rss_limit_mb if rss_limit_mb is None or self.rss_limit_mb is None else min(
+                rss_limit_mb, self.rss_limit_mb)
+            if lim is not None and r.rss_mb >= lim:
+                raise Fail("max RSS %.0f MB (limit %.0f MB): %s" % (r.rss_mb, lim, r.brief()))
+        for text in (r.err, r.out):
+            if "bad_alloc" in text:
+                raise Fail("std::bad_alloc surfaced: " + r.brief())
+        return r
+
+    def analyze(self, cap, out, *extra, quiet=True, **kw):
+        args = ["analyze", cap, "-o", out, "-j", "1"] + list(extra)
+        if quiet:
+            args.append("--quiet")
+        return self.run(*args, **kw)
+
+    # -- clean captures ---------------------------------------------------
+    def base(self, fmt, dtype="f32"):
+        """(capture dir, baseline) for a storage format; made once per work dir."""
+        key = (fmt, dtype)
+        if key in self.bases:
+            return self.bases[key]
+        root = os.path.join(self.bases_dir, "%s_%s" % (fmt, dtype))
+        cap, out = os.path.join(root, "capture"), os.path.join(root, "clean")
+        stamp = os.path.join(root, "ok")
+        if not (os.path.exists(stamp) and open(stamp).read() == self.stamp()):
+            shutil.rmtree(root, ignore_errors=True)
+            os.makedirs(root)
+            save, self.case_dir = self.case_dir, root
+            try:
+                r = self.run("synth", cap, "--layers", 1, "--heads", 4, "--format", fmt, "--dtype", dtype,
+                             "--quiet", check_bounds=False)
+                if r.rc != 0:
+                    raise Fail("setup: qkgeom synth --format %s --dtype %s: %s" % (fmt, dtype, r.brief()))
+                r = self.analyze(cap, out, check_bounds=False)
+                if r.rc != 0:
+                    raise Fail("setup: clean analyze of the %s capture: %s" % (fmt, r.brief()))
+            finally:
+                self.case_dir = save
+            with open(stamp, "w") as f:
+                f.write(self.stamp())
+        b = Baseline(cap, out, fmt)
+        self.bases[key] = b
+        return b
+
+    def stamp(self):
+        st = os.stat(self.qkgeom)
+        return "%s %d %d" % (self.qkgeom, st.st_size, st.st_mtime_ns)
+
+
+# --------------------------------------------------------------------------
+# reports
+# --------------------------------------------------------------------------
+PER_HEAD_CSVS = ["head_metrics.csv", "head_bucket_plasticity.csv", "head_component_weights.csv", "qk_pca.csv"]
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return [], []
+    return rows[0], rows[1:]
+
+
+def head_rows(out, fname):
+    """{(layer, q_head): sorted list of rows (dicts)} of one per-head CSV."""
+    path = os.path.join(out, fname)
+    if not os.path.exists(path):
+        return None
+    header, rows = read_csv(path)
+    res = {}
+    if "layer" not in header or "q_head" not in header:
+        raise Fail("%s: no layer/q_head columns (header %s)" % (fname, header[:6]))
+    il, iq = header.index("layer"), header.index("q_head")
+    for r in rows:
+        res.setdefault((int(r[il]), int(r[iq])), []).append(tuple(zip(header, r)))
+    for k in res:
+        res[k].sort()
+    return res
+
+
+def entry(layer, head, kind):
+    return "l%02dh%02d%s" % (layer, head, kind)
+
+
+class Baseline:
+    def __init__(self, cap, out, fmt):
+        self.cap, self.out, self.fmt = cap, out, fmt
+        self.csv = {f: head_rows(out, f) for f in PER_HEAD_CSVS}
+        header, rows = read_csv(os.path.join(out, "head_metrics.csv"))
+        self.metrics_header = header
+        il, iq, ik = header.index("layer"), header.index("q_head"), header.index("k_head")
+        self.heads = sorted((int(r[il]), int(r[iq]), int(r[ik])) for r in rows)
+        if len(self.heads) < 2:
+            raise Fail("setup: the clean capture has %d heads" % len(self.heads))
+        with open(os.path.join(cap, "manifest.json")) as f:
+            self.manifest = json.load(f)
+
+    def q(self, i=0):
+        """Entry name of the i-th planned query head."""
+        l, h, _ = self.heads[i]
+        return entry(l, h, "q")
+
+    def k_of(self, i=0):
+        l, _, k = self.heads[i]
+        return entry(l, k, "k")
+
+    def readers_of(self, k_name):
+        return [h for h in self.heads if entry(h[0], h[2], "k") == k_name]
+
+    def key_with_healthy(self):
+        """A key entry read by some planned heads but not all (so healthy heads remain)."""
+        ks = sorted({entry(h[0], h[2], "k") for h in self.heads})
+        for k in ks:
+            if len(self.readers_of(k)) < len(self.heads):
+                return k
+        return ks[0]
+
+
+# --------------------------------------------------------------------------
+# assertions
+# --------------------------------------------------------------------------
+class Num:
+    """A keyword matching any number in the text equal to `v` (however printed)."""
+    RE = __import__("re").compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+    def __init__(self, v):
+        self.v = v
+
+    def found(self, text):
+        for tok in Num.RE.findall(text):
+            try:
+                if float(tok) == self.v:
+                    return True
+            except ValueError:
+                pass
+        return False
+
+    def __str__(self):
+        return "the number %r" % self.v
+
+
+def missing_keywords(text, kws):
+    """The keywords (a str, a tuple of alternatives, or a Num) absent from text (case-insensitive)."""
+    t = text.lower()
+    miss = []
+    for k in kws:
+        if isinstance(k, Num):
+            if not k.found(text):
+                miss.append(str(k))
+            continue
+        alts = k if isinstance(k, tuple) else (k,)
+        if not any(a.lower() in t for a in alts):
+            miss.append("|".join(alts))
+    return miss
+
+
+ENTRY_RE = __import__("re").compile(r"l\d{2,}h\d{2,}[qk]")
+
+
+def expect_error(r, names, kws=(), one_line=True):
+    """Exit 1 with one stderr line `qkgeom: error: ...` naming each of `names`
+    (file or entry) and containing the keywords."""
+    if r.rc != 1:
+        raise Fail("expected exit 1, got " + r.brief())
+    if "\r" in r.err:
+        raise Fail("raw CR in the message: %r" % r.err[:300])
+    lines = [ln for ln in r.err.split("\n") if ln.strip()]
+    if one_line and len(lines) != 1:
+        raise Fail("expected one stderr line, got %d: %r" % (len(lines), r.err[:400]))
+    msg = lines[-1] if lines else ""
+    if not msg.startswith("qkgeom: error:"):
+        raise Fail("stderr line does not start 'qkgeom: error:': %r" % msg[:300])
+    miss = missing_keywords(msg, list(names) + list(kws))
+    if miss:
+        raise Fail("message lacks %s: %r" % (miss, msg[:400]))
+    return msg
+
+
+def expect_usage(r, kws=()):
+    if r.rc != 2:
+        raise Fail("expected exit 2 (usage), got " + r.brief())
+    miss = missing_keywords(r.err, kws)
+    if miss:
+        raise Fail("usage message lacks %s: %r" % (miss, r.err[:300]))
+
+
+def failures_text(out):
+    path = os.path.join(out, "failures.txt")
+    if not os.path.isfile(path):
+        raise Fail("exit 3 but no failures.txt")
+    with open(path, "rb") as f:
+        raw = f.read()
+    if b"\r" in raw:
+        raise Fail("raw CR in failures.txt: %r" % raw[:300])
+    text = raw.decode("utf-8", "replace")
+    for ln in text.split("\n"):
+        if ln.strip() and not ENTRY_RE.search(ln):
+            raise Fail("failures.txt line names no entry (lLLhHHq/k) (a raw newline in a message?): %r" % ln[:300])
+    return text
+
+
+def compare_heads(out, base, heads, what="healthy"):
+    """The rows of `heads` in every per-head CSV equal the clean run's."""
+    for fname in PER_HEAD_CSVS:
+        got = head_rows(out, fname)
+        if got is None:
+            raise Fail("%s missing from the report" % fname)
+        for (l, h, _) in heads:
+            if got.get((l, h)) != base.csv[fname].get((l, h)):
+                g, b = got.get((l, h)) or [], base.csv[fname].get((l, h)) or []
+                diff = ""
+                if g and b:
+                    diff = "; first difference: " + str(
+                        [(x, y) for x, y in zip(g[0], b[0]) if x != y][:3])
+                raise Fail("%s head %s: %s rows differ from the clean run (%d vs %d rows%s)" % (
+                    what, entry(l, h, "q"), fname, len(g), len(b), diff))
+
+
+def expect_partial(r, out, base, failing, notes, healthy=None):
+    """Exit 3; failures.txt names each (name, keywords) of `notes` on one line;
+    no healthy head is named there; `failing` heads (by index in base.heads or
+    (l, h, k)) are absent from head_metrics.csv; healthy heads identical to the clean run."""
+    if r.rc != 3:
+        raise Fail("expected exit 3, got " + r.brief())
+    text = failures_text(out)
+    lines = [ln for ln in text.split("\n") if ln.strip()]
+    for name, kws in notes:
+        cand = [ln for ln in lines if name.lower() in ln.lower()]
+        if not cand:
+            raise Fail("failures.txt does not name %s: %r" % (name, text[:400]))
+        if not any(not missing_keywords(ln, kws) for ln in cand):
+            raise Fail("failures.txt line for %s lacks %s: %r" % (name, missing_keywords(cand[0], kws), cand[0][:400]))
+    fail_heads = [base.heads[i] if isinstance(i, int) else i for i in failing]
+    if healthy is None:
+        healthy = [h for h in base.heads if h not in fail_heads]
+    for (l, h, _) in healthy:
+        if ("l%02dh%02dq" % (l, h)) in text.lower():
+            raise Fail("healthy head %s named in failures.txt: %r" % (entry(l, h, "q"), text[:400]))
+    if healthy:
+        compare_heads(out, base, healthy)
+    metrics = head_rows(out, "head_metrics.csv") or {}
+    for (l, h, _) in fail_heads:
+        if (l, h) in metrics:
+            raise Fail("failed head %s still has a row in head_metrics.csv" % entry(l, h, "q"))
+    return text
+
+
+def expect_ok(r, out, base, identical=True):
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    if identical:
+        compare_heads(out, base, base.heads, "every")
+
+
+def metrics_row(out, l, h):
+    rows = (head_rows(out, "head_metrics.csv") or {}).get((l, h))
+    if not rows:
+        raise Fail("no head_metrics.csv row for %s" % entry(l, h, "q"))
+    return dict(rows[0])
+
+
+def snapshot(path):
+    """{relative path: (kind, bytes or link target)} of a tree (not following links)."""
+    res = {}
+    if os.path.islink(path) or not os.path.isdir(path):
+        if os.path.lexists(path):
+            res["."] = ("link", os.readlink(path)) if os.path.islink(path) else ("file", open(path, "rb").read())
+        return res
+    for dp, dns, fns in os.walk(path):
+        for n in dns + fns:
+            p = os.path.join(dp, n)
+            rel = os.path.relpath(p, path)
+            if os.path.islink(p):
+                res[rel] = ("link", os.readlink(p))
+            elif os.path.isdir(p):
+                res[rel] = ("dir", None)
+            else:
+                res[rel] = ("file", open(p, "rb").read())
+    return res
+
+
+# --------------------------------------------------------------------------
+# the storage forms: read / write an entry's arrays, raw files
+# --------------------------------------------------------------------------
+ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "|i1",
+             "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "|u1"}
+ST_NAMES = {np.dtype(v).str: k for k, v in ST_DTYPES.items()}
+MEMBERS = ["vectors", "position", "bucket", "example_id", "sliding_window"]
+
+
+def entry_form(cap, name):
+    if os.path.isdir(os.path.join(cap, name)):
+        return "npy"
+    p = os.path.join(cap, name + ".npz")
+    if os.path.exists(p):
+        with zipfile.ZipFile(p) as z:
+            deflated = any(i.compress_type == zipfile.ZIP_DEFLATED for i in z.infolist())
+        return "npz_deflate" if deflated else "npz"
+    if os.path.exists(os.path.join(cap, name + ".safetensors")):
+        return "safetensors"
+    raise Fail("setup: no entry %s in %s" % (name, cap))
+
+
+def entry_path(cap, name, member="vectors", form=None):
+    """The file that holds `member` of the entry."""
+    form = form or entry_form(cap, name)
+    if form == "npy":
+        return os.path.join(cap, name, member + ".npy")
+    return os.path.join(cap, name + (".safetensors" if form == "safetensors" else ".npz"))
+
+
+def st_parse(raw):
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n].decode("utf-8"))
+    buf = raw[8 + n:]
+    meta = hdr.pop("__metadata__", None)
+    arrays = {}
+    for k, info in hdr.items():
+        b0, b1 = info["data_offsets"]
+        arrays[k] = np.frombuffer(buf[b0:b1], dtype=ST_DTYPES[info["dtype"]]).reshape(info["shape"]).copy()
+    return arrays, meta
+
+
+def st_bytes(arrays, meta=None, header_extra=None):
+    hdr, blobs, off = {}, [], 0
+    for k in sorted(arrays):
+        a = np.ascontiguousarray(arrays[k])
+        b = a.tobytes()
+        hdr[k] = {"dtype": ST_NAMES[a.dtype.str], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    if meta is not None:
+        hdr["__metadata__"] = meta
+    if header_extra:
+        hdr.update(header_extra)
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
+
+
+def npy_bytes(a):
+    f = io.BytesIO()
+    np.save(f, a)
+    return f.getvalue()
+
+
+def npz_bytes(arrays, deflate=False):
+    f = io.BytesIO()
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED) as z:
+        for k, v in arrays.items():
+            z.writestr(k + ".npy", v if isinstance(v, bytes) else npy_bytes(v))
+    return f.getvalue()
+
+
+def load_entry(cap, name):
+    form = entry_form(cap, name)
+    arrays = {}
+    if form == "npy":
+        for m in MEMBERS:
+            p = os.path.join(cap, name, m + ".npy")
+            if os.path.exists(p):
+                arrays[m] = np.load(p)
+    elif form == "safetensors":
+        with open(entry_path(cap, name, form=form), "rb") as f:
+            arrays, _ = st_parse(f.read())
+    else:
+        with zipfile.ZipFile(entry_path(cap, name, form=form)) as z:
+            for i in z.infolist():
+                arrays[i.filename[:-4]] = np.load(io.BytesIO(z.read(i)))
+    return form, arrays
+
+
+def remove_entry(cap, name):
+    for p in (os.path.join(cap, name), os.path.join(cap, name + ".npz"), os.path.join(cap, name + ".safetensors")):
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        elif os.path.lexists(p):
+            os.unlink(p)
+
+
+def save_entry(cap, name, arrays, form):
+    remove_entry(cap, name)
+    if form == "npy":
+        os.makedirs(os.path.join(cap, name))
+        for k, v in arrays.items():
+            with open(os.path.join(cap, name, k + ".npy"), "wb") as f:
+                f.write(v if isinstance(v, bytes) else npy_bytes(v))
+    elif form == "safetensors":
+        with open(os.path.join(cap, name + ".safetensors"), "wb") as f:
+            f.write(st_bytes(arrays, {"format": "qkgeom-dataset"}))
+    else:
+        with open(os.path.join(cap, name + ".npz"), "wb") as f:
+            f.write(npz_bytes(arrays, deflate=(form == "npz_deflate")))
+
+
+def modify_entry(cap, name, fn):
+    form, arrays = load_entry(cap, name)
+    fn(arrays)
+    save_entry(cap, name, arrays, form)
+
+
+def npy_header_bytes(descr, shape, fortran=False, version=1, raw_dict=None):
+    d = raw_dict if raw_dict is not None else "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }" % (
+        descr, "True" if fortran else "False", "(%s)" % "".join("%d, " % s for s in shape) if len(shape) != 1
+        else "(%d,)" % shape[0])
+    h = d.encode("latin-1")
+    pre = 10 if version == 1 else 12
+    pad = (64 - (pre + len(h) + 1) % 64) % 64
+    h = h + b" " * pad + b"\n"
+    if version == 1:
+        return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h
+    return b"\x93NUMPY" + bytes([version, 0]) + struct.pack("<I", len(h)) + h
+
+
+def edit_manifest(cap, fn=None, text=None, raw=None):
+    p = os.path.join(cap, "manifest.json")
+    if raw is not None:
+        data = raw
+    elif text is not None:
+        data = text.encode("utf-8")
+    else:
+        with open(p) as f:
+            m = json.load(f)
+        fn(m)
+        data = json.dumps(m, indent=2).encode("utf-8")
+    if os.path.lexists(p):
+        os.unlink(p)
+    with open(p, "wb") as f:
+        f.write(data)
+
+
+def truncate_file(p, drop):
+    with open(p, "rb") as f:
+        data = f.read()
+    with open(p, "wb") as f:
+        f.write(data[:len(data) - drop])
+
+
+# --------------------------------------------------------------------------
+# moments shards (docs/moments.md "Shard file format", include/qkgeom/moments_io.hpp)
+# --------------------------------------------------------------------------
+SHARD_MAGIC = b"QKGMOM\r\n"
+
+
+def fnv1a64(data):
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def bucket_stats(bucket, t, x):
+    """A bucket record's fields from its rows (positions t, rows x), in double."""
+    t = np.asarray(t, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    mt, mx = t.mean(), x.mean(axis=0)
+    dt, dx = t - mt, x - mx
+    return {"bucket": bucket, "n": len(t), "mean_t": mt, "m2_t": float(dt @ dt), "t_min": float(t.min()),
+            "t_max": float(t.max()), "mean_x": mx, "c_xt": dx.T @ dt, "c_xx": dx.T @ dx}
+
+
+def shard_bytes(d, q, k, layer=0, q_head=0, k_head=0, magic=SHARD_MAGIC, version=1, flags=0, n_q=None):
+    """One shard: q and k are lists of bucket records (bucket_stats dicts)."""
+    b = bytearray(magic)
+    b += struct.pack("<IIqqqQ", version, flags, layer, q_head, k_head, d)
+    for i, recs in enumerate((q, k)):
+        b += struct.pack("<Q", (n_q if (i == 0 and n_q is not None) else len(recs)))
+        for r in recs:
+            b += struct.pack("<qqdddd", r["bucket"], r["n"], r["mean_t"], r["m2_t"], r["t_min"], r["t_max"])
+            b += np.asarray(r["mean_x"], "<f8").tobytes() + np.asarray(r["c_xt"], "<f8").tobytes()
+            cxx = np.asarray(r["c_xx"], np.float64)
+            b += np.array([cxx[i2, j] for i2 in range(d) for j in range(i2 + 1)], "<f8").tobytes()
+    b += struct.pack("<Q", fnv1a64(bytes(b)))
+    return bytes(b)
+
+
+def parse_shard(raw):
+    """(d, {'q': {bucket: (n, mean_t)}, 'k': ...}) of a shard, checksum verified."""
+    if raw[:8] != SHARD_MAGIC:
+        raise Fail("merged shard: bad magic")
+    d = struct.unpack_from("<Q", raw, 40)[0]
+    rec = 8 * (6 + 2 * d + d * (d + 1) // 2)
+    off, res = 48, {}
+    for kind in ("q", "k"):
+        nb = struct.unpack_from("<Q", raw, off)[0]
+        off += 8
+        res[kind] = {}
+        for _ in range(nb):
+            bucket, n, mean_t = struct.unpack_from("<qqd", raw, off)
+            res[kind][bucket] = (n, mean_t)
+            off += rec
+    if off + 8 != len(raw):
+        raise Fail("merged shard: size %d, expected %d" % (len(raw), off + 8))
+    if struct.unpack_from("<Q", raw, off)[0] != fnv1a64(raw[:off]):
+        raise Fail("merged shard: checksum does not verify")
+    return d, res
+
+
+def random_shard_records(seed, d, buckets, rows_per_bucket=5, width=256):
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in buckets:
+        t = rng.integers(b * width, (b + 1) * width, size=rows_per_bucket)
+        x = rng.normal(size=(rows_per_bucket, d)) + 0.1 * t[:, None] / width
+        out.append(bucket_stats(b, t, x))
+    return out
+
+
+# --------------------------------------------------------------------------
+# the cases
+# --------------------------------------------------------------------------
+CASES = []  # (class, name, fn)
+
+
+def case(cls, name):
+    def deco(fn):
+        CASES.append((cls, name, fn))
+        return fn
+    return deco
+
+
+def setup_copy(ctx, fmt="npy", dtype="f32"):
+    """(base, a private copy of its capture, OUT path)."""
+    base = ctx.base(fmt, dtype)
+    cap = os.path.join(ctx.case_dir, "cap")
+    shutil.copytree(base.cap, cap, symlinks=True)
+    return base, cap, os.path.join(ctx.case_dir, "out")
+
+
+def set_value(cap, name, row, col, value):
+    def fn(a):
+        v = a["vectors"].copy()
+        v[row, col] = value
+        a["vectors"] = v
+    modify_entry(cap, name, fn)
+
+
+# ---- class 1: overflow and non-finite values -------------------------------------
+def _overflow_case(value, kws, dtype="f64", key=False):
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx, "npy", dtype)
+        if key:
+            k = base.key_with_healthy()
+            set_value(cap, k, 3, 5, value)
+            r = ctx.analyze(cap, out)
+            expect_partial(r, out, base, base.readers_of(k), [(k, kws)])
+        else:
+            set_value(cap, base.q(0), 3, 5, value)
+            r = ctx.analyze(cap, out)
+            expect_partial(r, out, base, [0], [(base.q(0), kws)])
+    return fn
+
+
+# The failing head's line names the entry, the row, the column and the value.
+case("class1", "f64_query_1e154")(_overflow_case(1e154, ["row 3", "col", Num(1e154)]))
+case("class1", "f64_query_3.5e38")(_overflow_case(3.5e38, ["row 3", "col", Num(3.5e38)]))
+case("class1", "f64_query_-1e300")(_overflow_case(-1e300, ["row 3", "col", Num(-1e300)]))
+case("class1", "f64_key_1e200")(_overflow_case(1e200, ["row 3", "col", Num(1e200)], key=True))
+case("class1", "f64_query_nan")(_overflow_case(float("nan"), ["row 3", "col", "nan"]))
+case("class1", "f32_query_inf")(_overflow_case(float("inf"), ["row 3", "col", "inf"], dtype="f32"))
+
+
+@case("class1", "f64_query_3e38_below_limit_is_analysed")
+def _(ctx):
+    # 3e38 < 2^128: a valid value; the head is analysed and no metric overflows to inf.
+    base, cap, out = setup_copy(ctx, "npy", "f64")
+    set_value(cap, base.q(0), 3, 5, 3e38)
+    r = ctx.analyze(cap, out)
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    compare_heads(out, base, base.heads[1:])
+    row = metrics_row(out, *base.heads[0][:2])
+    bad = [k for k, v in row.items() if v.strip().lower() in ("inf", "-inf", "+inf")]
+    if bad:
+        raise Fail("head %s: infinite metrics %s" % (base.q(0), bad))
+
+
+# ---- class 2: degenerate but valid data: NaN plus a flag -----------------------
+def flag_column(header):
+    cols = [c for c in header if "flag" in c.lower()]
+    if not cols:
+        raise Fail("head_metrics.csv has no flags column (header: %s...)" % ",".join(header[:8]))
+    return cols[0]
+
+
+def _is_nan(s):
+    return s.strip().lower() in ("nan", "")
+
+
+def _degenerate_case(what, nan_cols, key=False):
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx, "npy", "f32")
+        name = base.key_with_healthy() if key else base.q(0)
+        targets = base.readers_of(name) if key else [base.heads[0]]
+
+        def deg(a):
+            v = a["vectors"].copy()
+            v[:] = 0.0 if what == "zero" else v[0]
+            if what != "zero" and not np.any(v[0]):
+                raise Fail("setup: first row is zero")
+            a["vectors"] = v
+        modify_entry(cap, name, deg)
+        r = ctx.analyze(cap, out)
+        if r.rc != 0:
+            raise Fail("expected exit 0 (degenerate data is analysed), got " + r.brief())
+        compare_heads(out, base, [h for h in base.heads if h not in targets])
+        header, _ = read_csv(os.path.join(out, "head_metrics.csv"))
+        fc = flag_column(header)
+        for (l, h, _) in targets:
+            row = metrics_row(out, l, h)
+            clean = dict(base.csv["head_metrics.csv"][(l, h)][0])
+            for c in nan_cols:
+                if c not in row:
+                    raise Fail("head_metrics.csv has no column %s" % c)
+                if not _is_nan(row[c]):
+                    raise Fail("head %s (%s rows): %s = %s, expected NaN" % (entry(l, h, "q"), what, c, row[c]))
+            if not row[fc].strip() or row[fc] == clean.get(fc):
+                raise Fail("head %s (%s rows): flags column %s = %r names no degeneracy" % (
+                    entry(l, h, "q"), what, fc, row[fc]))
+    return fn
+
+
+case("class2", "identical_query_rows_nan_and_flag")(_degenerate_case("identical", ["pc0_r_q", "q_pos_var_frac"]))
+case("class2", "zero_query_rows_nan_and_flag")(_degenerate_case("zero", ["pc0_r_q", "q_pos_var_frac"]))
+case("class2", "identical_key_rows_nan_and_flag")(_degenerate_case("identical", ["r_k_a"], key=True))
+
+
+# ---- class 3: non-regular files -----------------------------------------------------
+NOT_REGULAR = ("regular", "fifo", "pipe", "special", "not a file")
+
+
+def _replace(p, how):
+    if os.path.isdir(p) and not os.path.islink(p):
+        shutil.rmtree(p)
+    elif os.path.lexists(p):
+        os.unlink(p)
+    if how == "fifo":
+        os.mkfifo(p)
+    elif how == "dir":
+        os.mkdir(p)
+        with open(os.path.join(p, "x"), "w") as f:
+            f.write("x")
+    elif how == "loop":
+        os.symlink(os.path.basename(p), p)
+    elif how == "devzero":
+        os.symlink("/dev/zero", p)
+    elif how == "dangling":
+        os.symlink(p + ".nowhere", p)
+
+
+def _nonregular_case(fmt, how, kws, member="vectors", key=False, manifest=False):
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx, fmt)
+        if manifest:
+            _replace(os.path.join(cap, "manifest.json"), how)
+            expect_error(ctx.analyze(cap, out), ["manifest.json"], kws)
+            return
+        name = base.key_with_healthy() if key else base.q(0)
+        p = entry_path(cap, name, member)
+        _replace(p, how)
+        r = ctx.analyze(cap, out)
+        fails = base.readers_of(name) if key else [0]
+        expect_partial(r, out, base, fails, [(name, [os.path.basename(p)] + list(kws))])
+    return fn
+
+
+case("class3", "fifo_as_vectors_npy")(_nonregular_case("npy", "fifo", [NOT_REGULAR]))
+case("class3", "fifo_as_key_position_npy")(_nonregular_case("npy", "fifo", [NOT_REGULAR], member="position", key=True))
+case("class3", "fifo_as_npz_entry")(_nonregular_case("npz", "fifo", [NOT_REGULAR]))
+case("class3", "fifo_as_safetensors_entry")(_nonregular_case("safetensors", "fifo", [NOT_REGULAR]))
+case("class3", "fifo_as_manifest")(_nonregular_case("npy", "fifo", [NOT_REGULAR], manifest=True))
+case("class3", "dir_as_vectors_npy")(_nonregular_case("npy", "dir", [("director",) + NOT_REGULAR]))
+case("class3", "dir_as_manifest")(_nonregular_case("npy", "dir", [("director",) + NOT_REGULAR], manifest=True))
+case("class3", "dir_named_like_safetensors_entry")(
+    _nonregular_case("safetensors", "dir", [("director",) + NOT_REGULAR]))
+case("class3", "dir_named_like_npz_entry")(_nonregular_case("npz_deflate", "dir", [("director",) + NOT_REGULAR]))
+case("class3", "symlink_loop_as_vectors_npy")(
+    _nonregular_case("npy", "loop", [("loop", "symbolic link", "too many levels")]))
+case("class3", "dev_zero_as_vectors_npy")(
+    _nonregular_case("npy", "devzero", [NOT_REGULAR + ("device",)]))
+case("class3", "dangling_symlink_as_vectors_npy")(
+    _nonregular_case("npy", "dangling", [("no such", "missing", "not found", "does not exist")]))
+
+
+@case("class3", "unreadable_vectors_npy_names_permission")
+def _(ctx):
+    if os.geteuid() == 0:
+        raise Skip("running as root: permissions are not enforced")
+    base, cap, out = setup_copy(ctx)
+    p = entry_path(cap, base.q(0))
+    os.chmod(p, 0)
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, [0], [(base.q(0), ["vectors.npy", "permission"])])
+
+
+# ---- class 4: silent emptiness and contradictions ------------------------------------
+@case("class4", "every_layer_ineligible_zero_heads")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    if "head_count" not in base.manifest.get("capture", {}):
+        raise Fail("setup: the clean manifest records no head sample")
+
+    def fn(m):
+        m["sliding_window"] = [128] * m["n_layers"]
+        m["capture"]["eligibility"] = "full_attention_only"
+    edit_manifest(cap, fn)
+    expect_error(ctx.analyze(cap, out), ["manifest.json"], [("head",)])
+    if os.path.exists(os.path.join(out, "head_metrics.csv")):
+        raise Fail("zero heads: head_metrics.csv written anyway")
+
+
+@case("class4", "head_count_zero_is_an_error")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    edit_manifest(cap, lambda m: m["capture"].update(head_count=0))
+    expect_error(ctx.analyze(cap, out), ["manifest.json"], [("head",)])
+
+
+def _stray_case(name_fn):
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx)
+        src = base.q(0)
+        stray = name_fn(base)
+        shutil.copytree(os.path.join(cap, src), os.path.join(cap, stray))
+        r = ctx.analyze(cap, out)
+        expect_partial(r, out, base, [], [(stray, [])])
+    return fn
+
+
+case("class4", "stray_entry_beyond_layers")(_stray_case(lambda b: "l05h00q"))
+case("class4", "stray_query_entry_beyond_n_q_heads")(
+    _stray_case(lambda b: entry(0, b.manifest["n_q_heads"][0] if isinstance(b.manifest["n_q_heads"], list)
+                               else b.manifest["n_q_heads"], "q")))
+case("class4", "stray_key_entry_beyond_n_kv_heads")(_stray_case(lambda b: "l00h07k"))
+
+
+def max_position(cap, base):
+    mx = 0
+    names = {base.q(i) for i in range(len(base.heads))} | {base.k_of(i) for i in range(len(base.heads))}
+    for n in names:
+        mx = max(mx, int(load_entry(cap, n)[1]["position"].max()))
+    return mx
+
+
+@case("class4", "context_below_largest_position_fails_every_head")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    L = max_position(cap, base) // 2
+    r = ctx.analyze(cap, out, "--context", L)
+    expect_partial(r, out, base, list(range(len(base.heads))),
+                   [(base.q(i), ["context", "position"]) for i in range(len(base.heads))], healthy=[])
+
+
+@case("class4", "context_at_largest_position_plus_1_is_accepted")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    L = max_position(cap, base) + 1
+    r = ctx.analyze(cap, out, "--context", L)
+    expect_ok(r, out, base, identical=False)
+    got = head_rows(out, "head_metrics.csv")
+    if sorted(got) != sorted((l, h) for l, h, _ in base.heads):
+        raise Fail("--context %d: heads %s analysed, expected %s" % (L, sorted(got), base.heads))
+
+
+@case("class4", "position_equal_to_context_length")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    cl = base.manifest["context_length"]
+    width = base.manifest["buckets"]["width"]
+
+    def fn(a):
+        p, b = a["position"].copy(), a["bucket"].copy()
+        p[2], b[2] = cl, cl // width
+        a["position"], a["bucket"] = p, b
+    modify_entry(cap, base.q(0), fn)
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, [0], [(base.q(0), ["position", "context", str(cl)])])
+
+
+@case("class4", "missing_query_entry")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    remove_entry(cap, base.q(0))
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, [0], [(base.q(0), [("missing", "not found", "no such", "does not exist", "no entry")])])
+
+
+@case("class4", "entry_in_two_forms")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    _, arrays = load_entry(cap, base.q(0))
+    with open(os.path.join(cap, base.q(0) + ".npz"), "wb") as f:
+        f.write(npz_bytes(arrays))
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, [0], [(base.q(0), [".npz"])])
+
+
+@case("class4", "entry_window_differs_from_manifest")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    edit_manifest(cap, lambda m: m.update(sliding_window=[None] * m["n_layers"]))
+    modify_entry(cap, base.q(0), lambda a: a.update(sliding_window=np.array([64], dtype=np.int64)))
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, [0], [(base.q(0), ["sliding_window", "64"])])
+
+
+@case("class4", "query_and_key_windows_differ")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    edit_manifest(cap, lambda m: m.pop("sliding_window", None))  # not recorded: only the entries disagree
+    modify_entry(cap, base.q(0), lambda a: a.update(sliding_window=np.array([64], dtype=np.int64)))
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, [0], [(base.q(0), ["sliding_window"])])
+
+
+# ---- class 5: stale reports and the output folder --------------------------------------
+def _good_run(ctx, cap, out, *extra):
+    r = ctx.analyze(cap, out, *extra)
+    if r.rc != 0:
+        raise Fail("first (clean) run: " + r.brief())
+    return snapshot(out)
+
+
+def _svgs(out):
+    return sorted(p for p in snapshot(out) if p.endswith(".svg"))
+
+
+@case("class5", "rerun_where_every_head_fails_leaves_no_old_file")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    old = _good_run(ctx, cap, out)
+    for i in range(len(base.heads)):
+        truncate_file(entry_path(cap, base.q(i)), 9)
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, list(range(len(base.heads))), [(base.q(i), []) for i in range(len(base.heads))],
+                   healthy=[])
+    new = snapshot(out)
+    stale = [p for p, v in old.items() if v[0] == "file" and new.get(p) == v and not p.endswith(".qkgeom-report")
+             and os.path.basename(p) not in ("failures.txt",)]
+    if stale:
+        raise Fail("files of the first run remain unchanged: %s" % stale[:6])
+    if _svgs(out):
+        raise Fail("pictures remain although no head was analysed: %s" % _svgs(out)[:4])
+    m = head_rows(out, "head_metrics.csv")
+    if m:
+        raise Fail("head_metrics.csv still has rows for %s" % sorted(m))
+
+
+@case("class5", "no_pictures_rerun_removes_old_pictures")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    _good_run(ctx, cap, out)
+    if not _svgs(out):
+        raise Fail("setup: the first run wrote no pictures")
+    r = ctx.analyze(cap, out, "--no-pictures")
+    expect_ok(r, out, base)
+    left = _svgs(out) + [p for p in snapshot(out) if p.endswith("index.html")]
+    if left:
+        raise Fail("--no-pictures rerun: old pictures/index.html remain: %s" % left[:5])
+
+
+def _planted_symlink_case(fname):
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx)
+        _good_run(ctx, cap, out)
+        outside = os.path.join(ctx.case_dir, "precious.txt")
+        with open(outside, "w") as f:
+            f.write("precious\n")
+        st = os.stat(outside)
+        os.unlink(os.path.join(out, fname))
+        os.symlink(outside, os.path.join(out, fname))
+        r = ctx.analyze(cap, out)
+        if r.rc != 0:
+            raise Fail("expected exit 0, got " + r.brief())
+        with open(outside) as f:
+            if f.read() != "precious\n":
+                raise Fail("the file %s pointed to was written through" % fname)
+        if os.stat(outside).st_mtime_ns != st.st_mtime_ns:
+            raise Fail("the file %s pointed to was touched" % fname)
+        compare_heads(out, base, base.heads)
+    return fn
+
+
+case("class5", "summary_symlink_not_written_through")(_planted_symlink_case("summary.txt"))
+case("class5", "head_metrics_symlink_not_written_through")(_planted_symlink_case("head_metrics.csv"))
+
+
+def _bad_out_case(make, names_fn, root_ok=True):
+    """OUT is unusable: exit 1 before any analysis (one stderr line even
+    without --quiet: no progress line), nothing written, OUT's parent unchanged."""
+    def fn(ctx):
+        if not root_ok and os.geteuid() == 0:
+            raise Skip("running as root: permissions are not enforced")
+        base, cap, _ = setup_copy(ctx)
+        parent = os.path.join(ctx.case_dir, "parent")
+        os.mkdir(parent)
+        out = make(parent)
+        before = snapshot(parent)
+        try:
+            r = ctx.analyze(cap, out, quiet=False)
+        finally:
+            for dp, dns, _ in os.walk(parent):
+                for d in dns:
+                    os.chmod(os.path.join(dp, d), 0o755)
+            os.chmod(parent, 0o755)
+        expect_error(r, names_fn(out))
+        if snapshot(parent) != before:
+            raise Fail("the output folder's parent changed: %s" % sorted(set(snapshot(parent)) ^ set(before))[:5])
+    return fn
+
+
+def _mk_file(parent):
+    p = os.path.join(parent, "out")
+    with open(p, "w") as f:
+        f.write("not a folder\n")
+    return p
+
+
+def _mk_foreign(parent):
+    p = os.path.join(parent, "out")
+    os.mkdir(p)
+    with open(os.path.join(p, "thesis.tex"), "w") as f:
+        f.write("\\chapter{mine}\n")
+    return p
+
+
+def _mk_symlink(parent):
+    os.mkdir(os.path.join(parent, "real"))
+    os.symlink("real", os.path.join(parent, "out"))
+    return os.path.join(parent, "out")
+
+
+def _mk_unwritable(parent):
+    os.mkdir(os.path.join(parent, "ro"))
+    os.chmod(os.path.join(parent, "ro"), 0o555)
+    return os.path.join(parent, "ro", "out")
+
+
+def _mk_under_file(parent):
+    with open(os.path.join(parent, "file"), "w") as f:
+        f.write("x\n")
+    return os.path.join(parent, "file", "out")
+
+
+case("class5", "out_is_a_file")(_bad_out_case(_mk_file, lambda o: ["out"]))
+case("class5", "out_is_a_foreign_nonempty_dir")(_bad_out_case(_mk_foreign, lambda o: ["out"]))
+case("class5", "out_is_a_symlink")(_bad_out_case(_mk_symlink, lambda o: ["out"]))
+case("class5", "out_parent_not_writable")(_bad_out_case(_mk_unwritable, lambda o: ["ro"], root_ok=False))
+case("class5", "out_parent_is_a_file")(_bad_out_case(_mk_under_file, lambda o: ["file"]))
+
+
+@case("class5", "empty_out_dir_accepted_and_marked")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    os.mkdir(out)
+    r = ctx.analyze(cap, out)
+    expect_ok(r, out, base)
+    if not os.path.isfile(os.path.join(out, ".qkgeom-report")):
+        raise Fail("no .qkgeom-report marker in the report folder")
+
+
+@case("class5", "exit_1_leaves_previous_report_unchanged")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    old = _good_run(ctx, cap, out)
+    edit_manifest(cap, lambda m: m.update(head_dim=-4))
+    expect_error(ctx.analyze(cap, out), ["manifest.json"], ["head_dim"])
+    if snapshot(out) != old:
+        raise Fail("exit 1 changed the previous report folder")
+
+
+@case("class5", "summary_and_index_record_the_run")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    r = ctx.analyze(cap, out, "--seed", 7, "--components", 5, "--ks-alpha", "0.01")
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    for f in ("summary.txt", "index.html"):
+        p = os.path.join(out, f)
+        if not os.path.isfile(p):
+            raise Fail("%s not written" % f)
+        text = open(p, encoding="utf-8", errors="replace").read()
+        miss = missing_keywords(text, [cap, base.manifest["model"], "--seed 7", "--components 5", "--ks-alpha 0.01"])
+        if miss:
+            raise Fail("%s does not record %s" % (f, miss))
+
+
+# ---- class 6: small inputs claiming large allocations -----------------------------------
+SMALL_RSS_MB = 96.0  # a tiny file claiming gigabytes: the program must not allocate for the claim
+
+
+def _raw_entry_case(fmt, make_bytes, kws, member="vectors"):
+    """Replace the file of q entry 0 by make_bytes(original bytes)."""
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx, fmt)
+        p = entry_path(cap, base.q(0), member)
+        with open(p, "rb") as f:
+            orig = f.read()
+        data = make_bytes(orig)
+        os.unlink(p)
+        with open(p, "wb") as f:
+            f.write(data)
+        r = ctx.analyze(cap, out, rss_limit_mb=SMALL_RSS_MB)
+        expect_partial(r, out, base, [0], [(base.q(0), [os.path.basename(p)] + list(kws))])
+    return fn
+
+
+def _npy_claim(shape, version=1):
+    def mk(orig):
+        return npy_header_bytes("<f4", shape, version=version) + orig[128:]
+    return mk
+
+
+case("class6", "npy_shape_2^40_rows")(_raw_entry_case("npy", _npy_claim((1 << 40, 64)), [("shape", "data", "trunc")]))
+case("class6", "npy_shape_product_overflows")(
+    _raw_entry_case("npy", _npy_claim((1 << 40, 1 << 40)), [("shape", "overflow", "data", "trunc")]))
+case("class6", "npy_v2_header_length_4GiB")(
+    _raw_entry_case("npy", lambda o: b"\x93NUMPY\x02\x00" + struct.pack("<I", 0xFFFFFF00) + o[12:], ["header"]))
+
+
+def _npz_member_claim(orig):
+    # A stored archive whose vectors.npy member header claims 2^40 rows.
+    with zipfile.ZipFile(io.BytesIO(orig)) as z:
+        members = {i.filename[:-4]: z.read(i) for i in z.infolist()}
+    members["vectors"] = npy_header_bytes("<f4", (1 << 40, 64)) + members["vectors"][128:]
+    return npz_bytes(members)
+
+
+case("class6", "npz_member_header_claims_2^40_rows")(
+    _raw_entry_case("npz", _npz_member_claim, ["vectors", ("shape", "data", "trunc")]))
+
+
+def _local_header(name, method, crc, csize, usize):
+    n = name.encode()
+    return struct.pack("<IHHHHHIIIHH", 0x04034b50, 20, 0, method, 0, 0x21, crc, csize, usize, len(n), 0) + n
+
+
+def _central_header(name, method, crc, csize, usize, offset):
+    n = name.encode()
+    return struct.pack("<IHHHHHHIIIHHHHHII", 0x02014b50, 20, 20, 0, method, 0, 0x21, crc, csize, usize, len(n),
+                       0, 0, 0, 0, 0, offset) + n
+
+
+def zip_bytes(members, eocd_patch=None):
+    """A ZIP written by hand: members = [(name, method, stored bytes, crc, usize)]."""
+    body, cd = b"", b""
+    for name, method, data, crc, usize in members:
+        off = len(body)
+        body += _local_header(name, method, crc, len(data), usize) + data
+        cd += _central_header(name, method, crc, len(data), usize, off)
+    eocd = dict(n=len(members), cd_size=len(cd), cd_off=len(body))
+    if eocd_patch:
+        eocd.update(eocd_patch)
+    return body + cd + struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, eocd["n"], eocd["n"], eocd["cd_size"],
+                                   eocd["cd_off"], 0)
+
+
+def _npz_deflate_claims_2gb(orig):
+    # vectors.npy: 2 MiB of deflate stream (incompressible bytes) whose
+    # directory entries claim 2,000,000,000 inflated bytes; its npy header
+    # claims as much. The real inflated size is ~2 MiB.
+    with zipfile.ZipFile(io.BytesIO(orig)) as z:
+        members = {i.filename[:-4]: z.read(i) for i in z.infolist()}
+    claim = 2_000_000_000
+    hdr = npy_header_bytes("<f4", ((claim - 128) // 4,))
+    payload = hdr + np.random.default_rng(1).bytes(2 * MB)
+    co = zlib.compressobj(6, zlib.DEFLATED, -15)
+    comp = co.compress(payload) + co.flush()
+    out = []
+    for k, v in members.items():
+        if k == "vectors":
+            out.append(("vectors.npy", 8, comp, zlib.crc32(payload), claim))
+        else:
+            co = zlib.compressobj(6, zlib.DEFLATED, -15)
+            c = co.compress(v) + co.flush()
+            out.append((k + ".npy", 8, c, zlib.crc32(v), len(v)))
+    return zip_bytes(out)
+
+
+case("class6", "npz_deflated_member_claims_2GB")(
+    _raw_entry_case("npz_deflate", _npz_deflate_claims_2gb, ["vectors", ("size", "trunc", "inflate", "shape", "data")]))
+
+
+def _npz_eocd_lies(orig):
+    with zipfile.ZipFile(io.BytesIO(orig)) as z:
+        members = [(i.filename, 0, z.read(i), zlib.crc32(z.read(i)), i.file_size) for i in z.infolist()]
+    return zip_bytes(members, {"n": 65535, "cd_size": 0xFFFFFF00})
+
+
+case("class6", "npz_end_record_claims_65535_entries_4GiB_directory")(
+    _raw_entry_case("npz", _npz_eocd_lies, [("central", "directory", "entries", "end of")]))
+
+
+def _st_header_len(n):
+    def mk(orig):
+        return struct.pack("<Q", n) + orig[8:]
+    return mk
+
+
+case("class6", "safetensors_header_length_2^62")(
+    _raw_entry_case("safetensors", _st_header_len(1 << 62), ["header"]))
+case("class6", "safetensors_header_length_90MB_in_small_file")(
+    _raw_entry_case("safetensors", _st_header_len(90_000_000), ["header"]))
+
+
+def _st_shape_huge(orig):
+    arrays, meta = st_parse(orig)
+    raw = st_bytes(arrays, meta)
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n])
+    hdr["vectors"]["shape"] = [1 << 40, 64]
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + raw[8 + n:]
+
+
+case("class6", "safetensors_shape_2^40_rows")(
+    _raw_entry_case("safetensors", _st_shape_huge, ["vectors", ("shape", "data_offsets", "size")]))
+
+
+@case("class6", "safetensors_9MB_header")
+def _(ctx):
+    # A valid file whose header carries ~9 MB of metadata: within bounds, either
+    # read (exit 0, values as the clean run's) or refused naming the file.
+    base, cap, out = setup_copy(ctx, "safetensors")
+    p = entry_path(cap, base.q(0))
+    with open(p, "rb") as f:
+        arrays, meta = st_parse(f.read())
+    meta = dict(meta or {})
+    for i in range(300_000):
+        meta["k%06d" % i] = "v" * 14
+    data = st_bytes(arrays, meta)
+    with open(p, "wb") as f:
+        f.write(data)
+    if os.path.getsize(p) > 10 * MB:
+        raise Fail("setup: file over 10 MB")
+    r = ctx.analyze(cap, out)
+    if r.rc == 0:
+        compare_heads(out, base, base.heads)
+    else:
+        expect_partial(r, out, base, [0], [(base.q(0), [os.path.basename(p), "header"])])
+
+
+def _manifest_claim_case(fn, accept=(1, 3), kws=()):
+    def case_fn(ctx):
+        base, cap, out = setup_copy(ctx)
+        edit_manifest(cap, fn)
+        r = ctx.analyze(cap, out, rss_limit_mb=SMALL_RSS_MB)
+        if r.rc not in accept:
+            raise Fail("expected exit %s, got %s" % ("/".join(map(str, accept)), r.brief()))
+        if r.rc == 1:
+            expect_error(r, ["manifest.json"], kws)
+        elif r.rc == 3:
+            failures_text(out)
+        elif r.rc == 0:
+            compare_heads(out, base, base.heads)
+    return case_fn
+
+
+def _heads(nq, nkv, sample):
+    def fn(m):
+        m["n_q_heads"] = [nq] * m["n_layers"]
+        m["n_kv_heads"] = [nkv] * m["n_layers"]
+        m.pop("gqa_group_size", None)
+        if not sample:
+            m.pop("capture", None)
+    return fn
+
+
+case("class6", "manifest_2^40_query_heads")(_manifest_claim_case(_heads(1 << 40, 2, False), kws=["n_q_heads"]))
+case("class6", "manifest_2^40_query_heads_sampled")(_manifest_claim_case(_heads(1 << 40, 2, True)))
+case("class6", "manifest_10^6_query_heads")(_manifest_claim_case(_heads(10 ** 6, 2, False)))
+case("class6", "manifest_2^40_layers")(_manifest_claim_case(
+    lambda m: (m.update(n_layers=1 << 40, n_q_heads=m["n_q_heads"][0], n_kv_heads=m["n_kv_heads"][0]),
+               [m.pop(k, None) for k in ("gqa_group_size", "sliding_window", "capture")])))
+case("class6", "manifest_head_dim_2^40")(_manifest_claim_case(lambda m: m.update(head_dim=1 << 40), kws=["head_dim"]))
+
+
+@case("class6", "manifest_9MB")
+def _(ctx):
+    # A valid manifest padded with ~9 MB of an unknown field (ignored on read):
+    # within bounds, either read (exit 0, the clean run's values) or refused naming the file.
+    base, cap, out = setup_copy(ctx)
+    m = dict(base.manifest)
+    m["padding"] = list(range(1_100_000))
+    edit_manifest(cap, text=json.dumps(m))
+    if os.path.getsize(os.path.join(cap, "manifest.json")) > 10 * MB:
+        raise Fail("setup: manifest over 10 MB")
+    r = ctx.analyze(cap, out)
+    if r.rc == 0:
+        compare_heads(out, base, base.heads)
+    else:
+        expect_error(r, ["manifest.json"])
+
+
+def _shard_file(ctx, name, data):
+    p = os.path.join(ctx.case_dir, name)
+    with open(p, "wb") as f:
+        f.write(data)
+    return p
+
+
+@case("class6", "shard_72_bytes_claiming_d_4096")
+def _(ctx):
+    hdr = SHARD_MAGIC + struct.pack("<IIqqqQ", 1, 0, 0, 0, 0, 4096) + struct.pack("<Q", 1)
+    p = _shard_file(ctx, "tiny.qkm", hdr + struct.pack("<qq", 0, 1))
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    r = ctx.run("merge", p, "-o", out, rss_limit_mb=SMALL_RSS_MB)
+    expect_error(r, ["tiny.qkm"])
+    if os.path.lexists(out):
+        raise Fail("merge failed but created its output")
+
+
+@case("class6", "shard_claiming_2^60_buckets")
+def _(ctx):
+    hdr = SHARD_MAGIC + struct.pack("<IIqqqQ", 1, 0, 0, 0, 0, 4) + struct.pack("<Q", 1 << 60)
+    p = _shard_file(ctx, "many.qkm", hdr + b"\0" * 40)
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    r = ctx.run("merge", p, "-o", out, rss_limit_mb=SMALL_RSS_MB)
+    expect_error(r, ["many.qkm"], [("n_buckets", "bucket", "trunc")])
+    if os.path.lexists(out):
+        raise Fail("merge failed but created its output")
+
+
+# ---- class 7: messages naming their source ---------------------------------------------
+MISSING = ("missing", "not found", "no such", "does not exist", "no entry")
+
+
+def _key_case(mutate, kws):
+    """A key entry at fault: every query head reading it fails, each failure
+    naming the key entry; the heads reading the other key entry are intact."""
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx)
+        k = base.key_with_healthy()
+        mutate(cap, k)
+        r = ctx.analyze(cap, out)
+        readers = base.readers_of(k)
+        expect_partial(r, out, base, readers, [(k, kws)] + [(entry(l, h, "q"), [k]) for l, h, _ in readers])
+    return fn
+
+
+def _zero_rows(cap, name):
+    def fn(a):
+        a["vectors"] = a["vectors"][:0]
+        for m in ("position", "bucket", "example_id"):
+            a[m] = a[m][:0]
+    modify_entry(cap, name, fn)
+
+
+case("class7", "key_entry_with_zero_rows_names_the_key_entry")(_key_case(_zero_rows, ["row"]))
+case("class7", "missing_key_entry_names_the_key_entry")(_key_case(remove_entry, [MISSING]))
+case("class7", "key_entry_bad_bucket_names_the_key_entry")(_key_case(
+    lambda cap, k: modify_entry(cap, k, lambda a: a.update(bucket=a["bucket"] + 1)), ["bucket"]))
+
+
+@case("class7", "query_entry_with_zero_rows")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    _zero_rows(cap, base.q(0))
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, [0], [(base.q(0), ["row"])])
+
+
+@case("class7", "strict_names_the_failing_query_head")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    truncate_file(entry_path(cap, base.q(1)), 9)
+    expect_error(ctx.analyze(cap, out, "--strict"), [base.q(1), "vectors.npy"])
+
+
+@case("class7", "strict_names_the_failing_key_entry")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    k = base.key_with_healthy()
+    truncate_file(entry_path(cap, k), 9)
+    expect_error(ctx.analyze(cap, out, "--strict"), [k])
+
+
+@case("class7", "manifest_with_utf8_bom")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    with open(os.path.join(cap, "manifest.json"), "rb") as f:
+        data = f.read()
+    edit_manifest(cap, raw=b"\xef\xbb\xbf" + data)
+    expect_error(ctx.analyze(cap, out), ["manifest.json"], [("bom", "byte order mark", "byte-order mark")])
+
+
+@case("class7", "cr_lf_in_manifest_value_not_raw_in_message")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    edit_manifest(cap, lambda m: m["buckets"].update(scheme="uni\r\nform"))
+    expect_error(ctx.analyze(cap, out), ["manifest.json", "scheme"])
+
+
+@case("class7", "cr_lf_in_npy_descr_not_raw_in_message")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    p = entry_path(cap, base.q(0))
+    with open(p, "rb") as f:
+        orig = f.read()
+    hdr = npy_header_bytes(None, None, raw_dict="{'descr': '<f\r\n4', 'fortran_order': False, 'shape': (3, 64), }")
+    with open(p, "wb") as f:
+        f.write(hdr + orig[128:128 + 3 * 64 * 4])
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, [0], [(base.q(0), ["vectors.npy", "descr"])])
+
+
+@case("class7", "cr_lf_in_shard_magic_not_raw_in_message")
+def _(ctx):
+    good = shard_bytes(4, random_shard_records(1, 4, [0, 1]), [])
+    p = _shard_file(ctx, "crlf.qkm", b"\r\nQKGM\r\n" + good[8:])
+    r = ctx.run("merge", p, "-o", os.path.join(ctx.case_dir, "m.qkm"))
+    expect_error(r, ["crlf.qkm", "magic"])
+
+
+@case("class7", "usage_error_exit_2")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    expect_usage(ctx.analyze(cap, out, "--jobs", "-3"), ["--jobs"])
+
+
+# ---- class 8: shards and `qkgeom merge` ---------------------------------------------------
+def _merge_expect_error(ctx, shards, bad_name, kws):
+    paths = [_shard_file(ctx, n, d) for n, d in shards]
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    r = ctx.run("merge", *paths, "-o", out)
+    expect_error(r, [bad_name], kws)
+    if os.path.lexists(out):
+        raise Fail("merge failed but created its output")
+
+
+def _good(seed, buckets=(0, 1, 2), d=4):
+    return shard_bytes(d, random_shard_records(seed, d, buckets), random_shard_records(seed + 100, d, buckets))
+
+
+@case("class8", "merge_counts_are_the_sum")
+def _(ctx):
+    shards = [("a.qkm", _good(1, (0, 1, 2))), ("b.qkm", _good(2, (1, 2, 5))), ("c.qkm", _good(3, (7,)))]
+    paths = [_shard_file(ctx, n, d) for n, d in shards]
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    r = ctx.run("merge", *paths, "-o", out)
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    with open(out, "rb") as f:
+        d, got = parse_shard(f.read())
+    want = {"q": {}, "k": {}}
+    for _, data in shards:
+        _, s = parse_shard(data)
+        for kind in ("q", "k"):
+            for b, (n, mt) in s[kind].items():
+                n0, sum0 = want[kind].get(b, (0, 0.0))
+                want[kind][b] = (n0 + n, sum0 + n * mt)
+    for kind in ("q", "k"):
+        if sorted(got[kind]) != sorted(want[kind]):
+            raise Fail("%s buckets %s, expected %s" % (kind, sorted(got[kind]), sorted(want[kind])))
+        for b, (n, st) in want[kind].items():
+            gn, gm = got[kind][b]
+            if gn != n or abs(gm - st / n) > 1e-9 * max(1.0, abs(st / n)):
+                raise Fail("%s bucket %d: n %d mean_t %r, expected %d, %r" % (kind, b, gn, gm, n, st / n))
+    total_q = sum(n for n, _ in want["q"].values())
+    if str(total_q) not in r.out + r.err:
+        raise Fail("merge did not print the row count %d: %r" % (total_q, (r.out + r.err)[:300]))
+
+
+def _recheck(data):
+    """Recompute the checksum of a (modified) shard."""
+    body = data[:-8]
+    return body + struct.pack("<Q", fnv1a64(body))
+
+
+def _mutate(seed, fn, d=4):
+    recs = random_shard_records(seed, d, [0, 1, 2])
+    fn(recs)
+    return shard_bytes(d, recs, random_shard_records(seed + 1, d, [0, 1]))
+
+
+@case("class8", "truncated_shard_in_header")
+def _(ctx):
+    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("t.qkm", _good(2)[:30])], "t.qkm", [("trunc", "end of")])
+
+
+@case("class8", "truncated_shard_in_body")
+def _(ctx):
+    g = _good(2)
+    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("t.qkm", g[:len(g) // 2])], "t.qkm", [("trunc", "end of")])
+
+
+@case("class8", "wrong_magic")
+def _(ctx):
+    g = _good(2)
+    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("m.qkm", b"QKGMOX\r\n" + g[8:])], "m.qkm", ["magic"])
+
+
+@case("class8", "checksum_mismatch")
+def _(ctx):
+    g = bytearray(_good(2))
+    g[100] ^= 1
+    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("c.qkm", bytes(g))], "c.qkm", ["checksum"])
+
+
+@case("class8", "one_row_bucket_spanning_positions_checksum_recomputed")
+def _(ctx):
+    # n = 1 but t_min < t_max and m2_t > 0: a row count the statistics contradict.
+    def fn(recs):
+        recs[1]["n"] = 1
+    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("n.qkm", _mutate(5, fn))], "n.qkm", ["buckets"])
+
+
+@case("class8", "row_count_too_small_for_m2_checksum_recomputed")
+def _(ctx):
+    # n = 2 with 5 rows' spread: m2_t exceeds n * (t_max - t_min)^2 / 4.
+    def fn(recs):
+        recs[0]["n"] = 2
+        recs[0]["m2_t"] = 4 * (recs[0]["t_max"] - recs[0]["t_min"]) ** 2
+    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("n.qkm", _mutate(6, fn))], "n.qkm", ["buckets"])
+
+
+@case("class8", "d_zero")
+def _(ctx):
+    b = bytearray(_good(2))
+    struct.pack_into("<Q", b, 40, 0)
+    _merge_expect_error(ctx, [("d.qkm", _recheck(bytes(b)))], "d.qkm", [("d", "dimension")])
+
+
+@case("class8", "d_above_4096")
+def _(ctx):
+    b = bytearray(_good(2))
+    struct.pack_into("<Q", b, 40, 5000)
+    _merge_expect_error(ctx, [("d.qkm", _recheck(bytes(b)))], "d.qkm", [("d", "dimension")])
+
+
+@case("class8", "different_head_dimensions")
+def _(ctx):
+    _merge_expect_error(ctx, [("a.qkm", _good(1, d=4)), ("b.qkm", _good(2, d=3))], "b.qkm",
+                        [("dimension", "d ")])
+
+
+@case("class8", "negative_bucket_id")
+def _(ctx):
+    def fn(recs):
+        recs[0]["bucket"] = -1
+    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("b.qkm", _mutate(7, fn))], "b.qkm", ["bucket"])
+
+
+@case("class8", "nan_mean_checksum_recomputed")
+def _(ctx):
+    def fn(recs):
+        recs[2]["mean_x"] = recs[2]["mean_x"].copy()
+        recs[2]["mean_x"][1] = float("nan")
+    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("x.qkm", _mutate(8, fn))], "x.qkm", ["mean_x", "nan"])
+
+
+@case("class8", "trailing_bytes")
+def _(ctx):
+    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("t.qkm", _good(2) + b"\0")], "t.qkm", [("trailing", "checksum")])
+
+
+@case("class8", "fifo_as_shard")
+def _(ctx):
+    p = os.path.join(ctx.case_dir, "f.qkm")
+    os.mkfifo(p)
+    a = _shard_file(ctx, "a.qkm", _good(1))
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    r = ctx.run("merge", a, p, "-o", out)
+    expect_error(r, ["f.qkm"], [NOT_REGULAR])
+    if os.path.lexists(out):
+        raise Fail("merge failed but created its output")
+
+
+@case("class8", "directory_as_shard")
+def _(ctx):
+    p = os.path.join(ctx.case_dir, "dir.qkm")
+    os.mkdir(p)
+    a = _shard_file(ctx, "a.qkm", _good(1))
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    r = ctx.run("merge", a, p, "-o", out)
+    expect_error(r, ["dir.qkm"], [("director",) + NOT_REGULAR])
+    if os.path.lexists(out):
+        raise Fail("merge failed but created its output")
+
+
+@case("class8", "missing_shard")
+def _(ctx):
+    a = _shard_file(ctx, "a.qkm", _good(1))
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    r = ctx.run("merge", a, os.path.join(ctx.case_dir, "nope.qkm"), "-o", out)
+    expect_error(r, ["nope.qkm"], [MISSING])
+    if os.path.lexists(out):
+        raise Fail("merge failed but created its output")
+
+
+# ---- manifest field errors: exit 1 naming manifest.json and the field ----------------------
+def _manifest_case(edit, kws, text=None):
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx)
+        if text is not None:
+            with open(os.path.join(cap, "manifest.json")) as f:
+                data = text(f.read())
+            edit_manifest(cap, raw=data if isinstance(data, bytes) else data.encode("utf-8"))
+        elif edit is not None:
+            edit_manifest(cap, edit)
+        expect_error(ctx.analyze(cap, out), ["manifest.json"], kws)
+    return fn
+
+
+def _set(**kv):
+    return lambda m: m.update(kv)
+
+
+def _drop(key):
+    return lambda m: m.pop(key)
+
+
+case("manifest", "missing_head_dim")(_manifest_case(_drop("head_dim"), ["head_dim"]))
+case("manifest", "missing_model")(_manifest_case(_drop("model"), ["model"]))
+case("manifest", "missing_context_length")(_manifest_case(_drop("context_length"), ["context_length"]))
+case("manifest", "n_layers_is_a_string")(_manifest_case(_set(n_layers="1"), ["n_layers"]))
+case("manifest", "negative_head_dim")(_manifest_case(_set(head_dim=-4), ["head_dim", "-4"]))
+case("manifest", "fractional_head_dim")(_manifest_case(_set(head_dim=64.5), ["head_dim", "64.5"]))
+case("manifest", "n_kv_heads_not_dividing_n_q_heads")(
+    _manifest_case(lambda m: (m.update(n_kv_heads=[3] * m["n_layers"]), m.pop("gqa_group_size", None)),
+                   ["n_kv_heads", "3"]))
+case("manifest", "gqa_group_size_contradicts_head_counts")(
+    _manifest_case(_set(gqa_group_size=[3]), ["gqa_group_size"]))
+case("manifest", "n_q_heads_length_differs_from_n_layers")(
+    _manifest_case(lambda m: m.update(n_q_heads=[8, 8]), ["n_q_heads"]))
+case("manifest", "unknown_bucket_scheme")(
+    _manifest_case(lambda m: m["buckets"].update(scheme="quadratic"), ["scheme", "quadratic"]))
+case("manifest", "bucket_width_zero")(_manifest_case(lambda m: m["buckets"].update(width=0), ["width"]))
+case("manifest", "bucket_rate_negative")(_manifest_case(lambda m: m["buckets"].update(rate=-1.0), ["rate"]))
+case("manifest", "context_length_zero")(_manifest_case(_set(context_length=0), ["context_length"]))
+case("manifest", "sliding_window_length_differs")(
+    _manifest_case(lambda m: m.update(sliding_window=[None] * (m["n_layers"] + 1)), ["sliding_window"]))
+case("manifest", "rope_rotary_dim_odd")(
+    _manifest_case(_set(rope={"pairing": "rotate_half", "rotary_dim": 33, "theta": 10000.0}), ["rotary_dim", "33"]))
+case("manifest", "capture_seed_negative")(_manifest_case(lambda m: m["capture"].update(seed=-1), ["seed"]))
+case("manifest", "truncated_json")(_manifest_case(None, [("json", "end", "trunc")], text=lambda s: s[:len(s) // 2]))
+case("manifest", "trailing_comma")(_manifest_case(None, ["json"], text=lambda s: s.rstrip()[:-1] + ",}"))
+case("manifest", "duplicate_key")(_manifest_case(None, ["duplicate"], text=lambda s: '{"head_dim": 64,' + s.lstrip()[1:]))
+case("manifest", "nesting_100000_deep")(
+    _manifest_case(None, [("depth", "nest", "deep")], text=lambda s: '{"x": ' + "[" * 100000 + "]" * 100000 + "," + s.lstrip()[1:]))
+case("manifest", "invalid_utf8")(_manifest_case(None, [("utf-8", "utf8")], text=lambda s: s.replace(
+    '"model": "', '"model": "\udcff').encode("utf-8", "surrogateescape")))
+case("manifest", "empty_file")(_manifest_case(None, [], text=lambda s: b""))
+
+
+@case("manifest", "missing_manifest_file")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    os.unlink(os.path.join(cap, "manifest.json"))
+    expect_error(ctx.analyze(cap, out), ["manifest.json"], [MISSING])
+
+
+# ---- formats: the same corruptions in every storage form ---------------------------------
+FORMATS = ["npy", "npz", "npz_deflate", "safetensors"]
+BASES = [(f, "f32") for f in FORMATS] + [("npy", "f64")]
+
+
+def _fmt_case(fmt, mutate, kws, key=False, raw=False):
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx, fmt)
+        name = base.key_with_healthy() if key else base.q(0)
+        if raw:
+            mutate(entry_path(cap, name))
+        else:
+            modify_entry(cap, name, mutate)
+        r = ctx.analyze(cap, out)
+        fails = base.readers_of(name) if key else [0]
+        expect_partial(r, out, base, fails, [(name, kws)])
+    return fn
+
+
+def _int_vectors(a):
+    a["vectors"] = np.round(a["vectors"] * 100).astype(np.int32)
+
+
+def _short_position(a):
+    a["position"] = a["position"][:-1]
+
+
+def _neg_position(a):
+    p = a["position"].copy()
+    p[5] = -3
+    a["position"] = p
+
+
+def _bad_bucket(a):
+    b = a["bucket"].copy()
+    b[5] += 1
+    a["bucket"] = b
+
+
+def _long_example_id(a):
+    a["example_id"] = np.concatenate([a["example_id"], a["example_id"][:1]])
+
+
+def _narrow_vectors(a):
+    a["vectors"] = np.ascontiguousarray(a["vectors"][:, :-1])
+
+
+def _nan_vector(a):
+    v = a["vectors"].copy()
+    v[7, 2] = np.nan
+    a["vectors"] = v
+
+
+def _rank1_position(a):
+    a["position"] = a["position"].reshape(-1, 1)
+
+
+def _float_position(a):
+    a["position"] = a["position"].astype(np.float64)
+
+
+def _drop_member(member):
+    def fn(a):
+        del a[member]
+    return fn
+
+
+for _fmt in FORMATS:
+    _ext = {"npy": "vectors.npy", "npz": ".npz", "npz_deflate": ".npz", "safetensors": ".safetensors"}[_fmt]
+    case("formats", _fmt + ".truncated_file")(_fmt_case(_fmt, lambda p: truncate_file(p, 7), [_ext], raw=True))
+    case("formats", _fmt + ".trailing_bytes")(
+        _fmt_case(_fmt, lambda p: open(p, "ab").write(b"\0" * 8), [_ext], raw=True))
+    case("formats", _fmt + ".integer_vectors")(_fmt_case(_fmt, _int_vectors, ["vectors", ("dtype", "descr", "float")]))
+    case("formats", _fmt + ".position_shorter_than_vectors")(
+        _fmt_case(_fmt, _short_position, ["position", ("length", "rows")]))
+    case("formats", _fmt + ".negative_position")(_fmt_case(_fmt, _neg_position, ["position", "-3"]))
+    case("formats", _fmt + ".bucket_inconsistent_with_scheme")(_fmt_case(_fmt, _bad_bucket, ["bucket"]))
+    case("formats", _fmt + ".example_id_longer_than_vectors")(
+        _fmt_case(_fmt, _long_example_id, ["example_id", ("length", "rows")]))
+    case("formats", _fmt + ".vectors_one_column_short")(
+        _fmt_case(_fmt, _narrow_vectors, ["vectors", ("head_dim", "column"), "63"]))
+    case("formats", _fmt + ".nan_in_vectors")(_fmt_case(_fmt, _nan_vector, ["vectors", "nan"]))
+    case("formats", _fmt + ".position_rank_2")(_fmt_case(_fmt, _rank1_position, ["position", ("rank", "shape")]))
+    case("formats", _fmt + ".float_positions")(_fmt_case(_fmt, _float_position, ["position", ("dtype", "descr", "integer")]))
+    case("formats", _fmt + ".missing_example_id_member")(
+        _fmt_case(_fmt, _drop_member("example_id"), ["example_id"]))
+    case("formats", _fmt + ".key_entry_truncated")(
+        _fmt_case(_fmt, lambda p: truncate_file(p, 7), [_ext], key=True, raw=True))
+
+
+# --------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------
+def _make_writable(path):
+    for dp, dns, _ in os.walk(path):
+        for d in dns:
+            p = os.path.join(dp, d)
+            if not os.path.islink(p):
+                os.chmod(p, 0o755)
+
+
+def run_case(ctx, cls, name, fn):
+    d = os.path.join(ctx.work, "cases", cls, name.replace("/", "_"))
+    if os.path.exists(d):
+        _make_writable(d)
+        shutil.rmtree(d)
+    os.makedirs(d)
+    ctx.case_dir = d
+    ctx.max_wall = ctx.max_rss = 0.0
+    t0 = time.monotonic()
+    try:
+        fn(ctx)
+        status, why = "PASS", ""
+    except Skip as e:
+        status, why = "SKIP", str(e)
+    except Fail as e:
+        status, why = "FAIL", str(e)
+    except Exception as e:  # a bug in the case itself, or an unexpected program output
+        status, why = "FAIL", "%s: %s" % (type(e).__name__, e)
+    finally:
+        ctx.case_dir = None
+    return status, why, time.monotonic() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--qkgeom", required=False)
+    ap.add_argument("--work", required=False)
+    ap.add_argument("--class", dest="cls", action="append",
+                    help="class to run: 1..8, manifest, formats (repeatable; default all)")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("-k", dest="substr", action="append", help="run only cases whose name contains this")
+    ap.add_argument("--bases", help="folder of the clean captures and their baselines, shared between runs "
+                    "(default WORK/base); made when absent or made by another binary")
+    ap.add_argument("--setup-only", action="store_true", help="make the clean captures and exit")
+    ap.add_argument("--sanitized", action="store_true",
+                    help="sanitizer build: no RSS bound, wall-time bound 30 s")
+    a = ap.parse_args()
+    sel = []
+    want = None if not a.cls else {("class" + c if c.isdigit() else c) for c in a.cls}
+    for cls, name, fn in CASES:
+        if want and cls not in want:
+            continue
+        if a.substr and not any(s in cls + "." + name for s in a.substr):
+            continue
+        sel.append((cls, name, fn))
+    if a.list:
+        for cls, name, _ in sel:
+            print("%s.%s" % (cls, name))
+        print("%d cases" % len(sel))
+        return 0
+    if not a.qkgeom or not a.work:
+        ap.error("--qkgeom and --work are required")
+    if not sel and not a.setup_only:
+        print("no case selected")
+        return 1
+    sanitized = a.sanitized or bool(os.environ.get("QKGEOM_SANITIZE"))
+    ctx = Ctx(a.qkgeom, a.work, sanitized, a.bases)
+    t0 = time.monotonic()
+    if a.setup_only:
+        try:
+            for fmt, dtype in BASES:
+                ctx.base(fmt, dtype)
+        except Fail as e:
+            print("FAIL setup: %s" % e)
+            return 1
+        print("hostile: clean captures ready in %s (%.0f s)" % (ctx.bases_dir, time.monotonic() - t0))
+        return 0
+    counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+    for cls, name, fn in sel:
+        status, why, dt = run_case(ctx, cls, name, fn)
+        counts[status] += 1
+        print("%s %s.%s (%.1f s; program max %.2f s, %.0f MB)%s" % (
+            status, cls, name, dt, ctx.max_wall, ctx.max_rss, (": " + why) if why else ""), flush=True)
+    print("hostile: %d passed, %d failed, %d skipped in %.0f s" % (
+        counts["PASS"], counts["FAIL"], counts["SKIP"], time.monotonic() - t0))
+    return 1 if counts["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
