@@ -1970,3 +1970,22 @@ TEST_CASE("issue 14: bad shard magic is quoted escaped; merge_moment_files valid
     write_bytes(tmp.path / "t.qkm", shard_bytes(a) + "x");
     require_input_error([&] { (void)qkgeom::load_moments(tmp.path / "t.qkm"); }, "trailing bytes");
 }
+
+TEST_CASE("issue 14: a head entry's safetensors header is limited to 1 MiB", "[io][limits][safetensors]") {
+    temp_dir tmp;
+    auto const m = test_manifest();
+    io::write_manifest(tmp.path, m);
+    io::write_head(tmp.path, m, test_entry(m, 0, 1, qkgeom::kind::query), io::storage_format::safetensors);
+    auto const p = tmp.path / "l00h01q.safetensors";
+    auto const b = io::detail::read_file_bytes(p);
+    std::uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(b[static_cast<std::size_t>(i)]) << (8 * i);
+    // the same header padded with spaces (valid JSON, allowed by the format) to 1 MiB + 8 bytes
+    std::string const pad((std::size_t{1} << 20) + 8 - n, ' ');
+    std::string const text(reinterpret_cast<char const*>(b.data()) + 8, n);
+    std::string const body(reinterpret_cast<char const*>(b.data()) + 8 + n, b.size() - 8 - n);
+    write_bytes(p, le(n + pad.size(), 8) + text + pad + body);
+    CHECK(io::read_safetensors(p).tensors.size() == 4);  // the general reader accepts it
+    require_input_error([&] { (void)io::read_head(tmp.path, 0, 1, qkgeom::kind::query); },
+                        p.string() + ": header_size: header size above the limit of 1048576 bytes for this file (value 1048584)");
+}

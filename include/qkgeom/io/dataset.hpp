@@ -135,6 +135,10 @@ struct entry_id {
 /// \brief Largest manifest.json read_manifest accepts, in bytes (16 MiB; a
 /// real manifest is a few kB). Checked on the file size before reading.
 inline constexpr std::uint64_t manifest_max_bytes = std::uint64_t{16} << 20;
+/// \brief Largest safetensors header read_head accepts in a head entry (1 MiB;
+/// an entry's header names at most 5 tensors and takes ~400 bytes). Bounds
+/// the memory the JSON header costs (~40 bytes per byte of hostile text).
+inline constexpr std::uint64_t head_entry_max_header = std::uint64_t{1} << 20;
 /// \brief Largest n_layers a manifest may declare.
 inline constexpr std::int64_t manifest_max_layers = 100000;
 /// \brief Largest query or key head count of one layer a manifest may declare.
@@ -1008,7 +1012,7 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
         detail::validate_head(e, m, src);
     } else {
         std::string const s = st.string();
-        auto const f = read_safetensors(st);
+        auto const f = read_safetensors(st, head_entry_max_header);
         auto get = [&](std::string const& t) -> npy_array {
             auto it = f.tensors.find(t);
             if (it == f.tensors.end()) fail_input(s, t, "<missing>", "required tensor is missing");

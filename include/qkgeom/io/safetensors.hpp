@@ -86,6 +86,11 @@ inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
 /// \brief Parses a complete safetensors file held in memory.
 /// \param[in] bytes the whole file.
 /// \param[in] source file name (or label) used in error messages.
+/// \param[in] max_header the largest header size N accepted (default and at
+///            most sensible: safetensors_max_header, the format's 100 MB).
+///            The parsed JSON header takes up to ~40 bytes of memory per
+///            byte of hostile text, so readers of small files pass a lower
+///            limit (read_head: head_entry_max_header).
 /// \returns the tensors (data copied) and the metadata.
 /// \throws qkgeom::input_error naming the source, the field (e.g.
 ///         "vectors.data_offsets") and the value for every violation listed
@@ -93,12 +98,17 @@ inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
 ///         json::parse, duplicate names included).
 /// \throws std::bad_alloc if the tensors cannot be held in memory.
 [[nodiscard]] inline safetensors_file parse_safetensors(std::span<unsigned char const> bytes,
-                                                        std::string const& source = "<safetensors>") {
+                                                        std::string const& source = "<safetensors>",
+                                                        std::uint64_t max_header = safetensors_max_header) {
     using qkgeom::detail::fail_input;
     if (bytes.size() < 8)
         fail_input(source, "header_size", bytes.size(), "file truncated: shorter than the 8-byte header size");
     std::uint64_t const n = detail::load_le(bytes.data(), 8);
-    if (n > safetensors_max_header) fail_input(source, "header_size", n, "header size above the 100 MB limit");
+    if (n > max_header)
+        fail_input(source, "header_size", n,
+                   max_header == safetensors_max_header
+                       ? std::string("header size above the 100 MB limit")
+                       : "header size above the limit of " + std::to_string(max_header) + " bytes for this file");
     if (n > bytes.size() - 8)
         fail_input(source, "header_size", n,
                    "file truncated: header size exceeds the " + std::to_string(bytes.size() - 8) +
@@ -194,6 +204,7 @@ inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
 
 /// \brief Reads and parses a safetensors file.
 /// \param[in] path the file.
+/// \param[in] max_header the largest header size accepted (as parse_safetensors).
 /// \returns the file's tensors and metadata, as parse_safetensors.
 /// \throws qkgeom::input_error (source = path) when the path is not a regular
 ///         file (as regular_file_size), cannot be opened or read (with the
@@ -201,9 +212,10 @@ inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
 ///         rejects (a header size above safetensors_max_header or the file
 ///         size included). Memory: the file is read whole (its real size).
 /// \throws std::bad_alloc if the file does not fit in memory.
-[[nodiscard]] inline safetensors_file read_safetensors(std::filesystem::path const& path) {
+[[nodiscard]] inline safetensors_file read_safetensors(std::filesystem::path const& path,
+                                                       std::uint64_t max_header = safetensors_max_header) {
     auto const bytes = detail::read_file_bytes(path);
-    return parse_safetensors(bytes, path.string());
+    return parse_safetensors(bytes, path.string(), max_header);
 }
 
 /// \brief Serialises tensors (in name order, contiguous) and metadata. The
