@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import struct
 import subprocess
 import sys
@@ -173,6 +172,7 @@ class Ctx:
     # -- the program ------------------------------------------------------
     def run(self, *args, timeout=HARD_TIMEOUT_S, check_bounds=True, rss_limit_mb=None):
         r = run_child([self.qkgeom] + [str(a) for a in args], cwd=self.case_dir or self.work, timeout=timeout)
+        self.last_err = r.err
         self.max_wall = max(self.max_wall, r.wall)
         self.max_rss = max(self.max_rss, r.rss_mb)
         if r.timed_out:
@@ -323,8 +323,20 @@ class Num:
         return "the number %r" % self.v
 
 
+def unpathed(text):
+    """text with the case's folder replaced by <case>: keywords must come from the
+    message, never from a path that happens to contain them (the case names do)."""
+    ctx = Ctx.current
+    for p in (ctx.case_dir, ctx.work, ctx.bases_dir):
+        if p:
+            text = text.replace(p, "<case>")
+    return text
+
+
 def missing_keywords(text, kws):
-    """The keywords (a str, a tuple of alternatives, or a Num) absent from text (case-insensitive)."""
+    """The keywords (a str, a tuple of alternatives, or a Num) absent from text
+    (case-insensitive; the case's folder is cut out of the text first)."""
+    text = unpathed(text)
     t = text.lower()
     miss = []
     for k in kws:
@@ -907,7 +919,7 @@ def _stray_case(name_fn):
         stray = name_fn(base)
         shutil.copytree(os.path.join(cap, src), os.path.join(cap, stray))
         r = ctx.analyze(cap, out)
-        expect_partial(r, out, base, [], [(stray, [])])
+        expect_partial(r, out, base, [], [(stray, [("stray", "outside", "beyond", "not in the manifest")])])
     return fn
 
 
@@ -1126,11 +1138,11 @@ def _mk_under_file(parent):
     return os.path.join(parent, "file", "out")
 
 
-case("class5", "out_is_a_file")(_bad_out_case(_mk_file, lambda o: ["out"]))
-case("class5", "out_is_a_foreign_nonempty_dir")(_bad_out_case(_mk_foreign, lambda o: ["out"]))
-case("class5", "out_is_a_symlink")(_bad_out_case(_mk_symlink, lambda o: ["out"]))
-case("class5", "out_parent_not_writable")(_bad_out_case(_mk_unwritable, lambda o: ["ro"], root_ok=False))
-case("class5", "out_parent_is_a_file")(_bad_out_case(_mk_under_file, lambda o: ["file"]))
+case("class5", "out_is_a_file")(_bad_out_case(_mk_file, lambda o: ["parent/out"]))
+case("class5", "out_is_a_foreign_nonempty_dir")(_bad_out_case(_mk_foreign, lambda o: ["parent/out"]))
+case("class5", "out_is_a_symlink")(_bad_out_case(_mk_symlink, lambda o: ["parent/out"]))
+case("class5", "out_parent_not_writable")(_bad_out_case(_mk_unwritable, lambda o: ["parent/ro"], root_ok=False))
+case("class5", "out_parent_is_a_file")(_bad_out_case(_mk_under_file, lambda o: ["parent/file"]))
 
 
 @case("class5", "empty_out_dir_accepted_and_marked")
@@ -1164,7 +1176,8 @@ def _(ctx):
         if not os.path.isfile(p):
             raise Fail("%s not written" % f)
         text = open(p, encoding="utf-8", errors="replace").read()
-        miss = missing_keywords(text, [cap, base.manifest["model"], "--seed 7", "--components 5", "--ks-alpha 0.01"])
+        miss = [k for k in (cap, base.manifest["model"], "--seed 7", "--components 5", "--ks-alpha 0.01")
+                if k not in text]
         if miss:
             raise Fail("%s does not record %s" % (f, miss))
 
@@ -1486,7 +1499,7 @@ def _(ctx):
     with open(p, "wb") as f:
         f.write(hdr + orig[128:128 + 3 * 64 * 4])
     r = ctx.analyze(cap, out)
-    expect_partial(r, out, base, [0], [(base.q(0), ["vectors.npy", "descr"])])
+    expect_partial(r, out, base, [0], [(base.q(0), ["vectors.npy", ("descr", "header")])])
 
 
 @case("class7", "cr_lf_in_shard_magic_not_raw_in_message")
@@ -1566,7 +1579,8 @@ def _(ctx):
 @case("class8", "truncated_shard_in_body")
 def _(ctx):
     g = _good(2)
-    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("t.qkm", g[:len(g) // 2])], "t.qkm", [("trunc", "end of")])
+    _merge_expect_error(ctx, [("a.qkm", _good(1)), ("t.qkm", g[:len(g) // 2])], "t.qkm",
+                        [("trunc", "end of", "bytes left")])
 
 
 @case("class8", "wrong_magic")
@@ -1578,7 +1592,7 @@ def _(ctx):
 @case("class8", "checksum_mismatch")
 def _(ctx):
     g = bytearray(_good(2))
-    g[100] ^= 1
+    g[-3] ^= 1  # in the stored checksum itself: every field still valid
     _merge_expect_error(ctx, [("a.qkm", _good(1)), ("c.qkm", bytes(g))], "c.qkm", ["checksum"])
 
 
@@ -1823,6 +1837,189 @@ for _fmt in FORMATS:
         _fmt_case(_fmt, _drop_member("example_id"), ["example_id"]))
     case("formats", _fmt + ".key_entry_truncated")(
         _fmt_case(_fmt, lambda p: truncate_file(p, 7), [_ext], key=True, raw=True))
+
+
+# ---- more of each class -----------------------------------------------------------------
+@case("class3", "dev_zero_as_manifest")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    os.unlink(os.path.join(cap, "manifest.json"))
+    os.symlink("/dev/zero", os.path.join(cap, "manifest.json"))
+    expect_error(ctx.analyze(cap, out), ["manifest.json"], [NOT_REGULAR + ("device",)])
+
+
+@case("class3", "capture_dir_is_a_file")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    shutil.rmtree(cap)
+    with open(cap, "w") as f:
+        f.write("x\n")
+    expect_error(ctx.analyze(cap, out), ["cap"], [("director", "manifest.json", "not a")])
+
+
+@case("class3", "capture_dir_missing")
+def _(ctx):
+    out = os.path.join(ctx.case_dir, "out")
+    expect_error(ctx.analyze(os.path.join(ctx.case_dir, "nowhere"), out), ["nowhere"], [MISSING])
+
+
+def _window_member(value):
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx)
+        modify_entry(cap, base.q(0), lambda a: a.update(sliding_window=np.array(value, dtype=np.int64)))
+        r = ctx.analyze(cap, out)
+        expect_partial(r, out, base, [0], [(base.q(0), ["sliding_window"])])
+    return fn
+
+
+case("class4", "sliding_window_zero")(_window_member([0]))
+case("class4", "sliding_window_two_values")(_window_member([64, 64]))
+
+
+@case("class5", "out_is_the_capture_dir")
+def _(ctx):
+    base, cap, _ = setup_copy(ctx)
+    before = snapshot(cap)
+    expect_error(ctx.analyze(cap, cap, quiet=False), ["cap"])
+    if snapshot(cap) != before:
+        raise Fail("analyze -o CAPTURE changed the capture")
+
+
+@case("class7", "strict_names_a_stray_entry")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    shutil.copytree(os.path.join(cap, base.q(0)), os.path.join(cap, "l05h00q"))
+    expect_error(ctx.analyze(cap, out, "--strict"), ["l05h00q"])
+
+
+@case("class7", "strict_names_head_below_context")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    expect_error(ctx.analyze(cap, out, "--strict", "--context", 100), ["context"])
+    msg = unpathed(ctx.last_err)
+    if not ENTRY_RE.search(msg):
+        raise Fail("--strict message names no head entry: %r" % msg[:300])
+
+
+@case("class8", "dev_zero_as_shard")
+def _(ctx):
+    p = os.path.join(ctx.case_dir, "z.qkm")
+    os.symlink("/dev/zero", p)
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    r = ctx.run("merge", _shard_file(ctx, "a.qkm", _good(1)), p, "-o", out)
+    expect_error(r, ["z.qkm"], [NOT_REGULAR + ("device",)])
+    if os.path.lexists(out):
+        raise Fail("merge failed but created its output")
+
+
+@case("class8", "failed_merge_leaves_existing_output_unchanged")
+def _(ctx):
+    out = _shard_file(ctx, "merged.qkm", b"previous result\n")
+    g = bytearray(_good(2))
+    g[-3] ^= 1
+    r = ctx.run("merge", _shard_file(ctx, "a.qkm", _good(1)), _shard_file(ctx, "c.qkm", bytes(g)), "-o", out)
+    expect_error(r, ["c.qkm"], ["checksum"])
+    if open(out, "rb").read() != b"previous result\n":
+        raise Fail("a failed merge changed the existing output file")
+    if sorted(os.listdir(ctx.case_dir)) != ["a.qkm", "c.qkm", "merged.qkm"]:
+        raise Fail("a failed merge left files behind: %s" % sorted(os.listdir(ctx.case_dir)))
+
+
+@case("class8", "merge_without_shards")
+def _(ctx):
+    r = ctx.run("merge", "-o", os.path.join(ctx.case_dir, "m.qkm"))
+    if r.rc not in (1, 2):
+        raise Fail("expected exit 2 (or 1), got " + r.brief())
+    if os.path.lexists(os.path.join(ctx.case_dir, "m.qkm")):
+        raise Fail("merge of nothing created its output")
+
+
+def _fortran_vectors(a):
+    a["vectors"] = np.asfortranarray(a["vectors"])
+
+
+def _st_edit_header(fn):
+    """Rewrite a safetensors file's header JSON with fn(header dict)."""
+    def mk(p):
+        with open(p, "rb") as f:
+            raw = f.read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        hdr = json.loads(raw[8:8 + n])
+        fn(hdr)
+        h = json.dumps(hdr, separators=(",", ":")).encode()
+        h += b" " * ((8 - len(h) % 8) % 8)
+        with open(p, "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+    return mk
+
+
+def _npz_flip_member_byte(p):
+    """One flipped byte inside the vectors.npy member's data (CRC-32 / inflate must catch it)."""
+    with open(p, "rb") as f:
+        raw = bytearray(f.read())
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as z:
+        info = z.getinfo("vectors.npy")
+    name_len, extra_len = struct.unpack_from("<HH", raw, info.header_offset + 26)
+    data_at = info.header_offset + 30 + name_len + extra_len
+    raw[data_at + info.compress_size // 2] ^= 0x10
+    with open(p, "wb") as f:
+        f.write(bytes(raw))
+
+
+def _npz_encrypted(p):
+    with open(p, "rb") as f:
+        raw = bytearray(f.read())
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as z:
+        infos = z.infolist()
+    cd = raw.rfind(b"PK\x05\x06")
+    cd_off = struct.unpack_from("<I", raw, cd + 16)[0]
+    for i in infos:  # general purpose flag bit 0 in the local and the central header
+        raw[i.header_offset + 6] |= 1
+    at = cd_off
+    while raw[at:at + 4] == b"PK\x01\x02":
+        raw[at + 8] |= 1
+        n, e, c = struct.unpack_from("<HHH", raw, at + 28)
+        at += 46 + n + e + c
+    with open(p, "wb") as f:
+        f.write(bytes(raw))
+
+
+case("formats", "npy.fortran_order_read_identically")(
+    lambda ctx: _valid_variant(ctx, "npy", _fortran_vectors))
+case("formats", "npz.fortran_order_read_identically")(
+    lambda ctx: _valid_variant(ctx, "npz", _fortran_vectors))
+
+
+def _valid_variant(ctx, fmt, mutate):
+    base, cap, out = setup_copy(ctx, fmt)
+    modify_entry(cap, base.q(0), mutate)
+    expect_ok(ctx.analyze(cap, out), out, base)
+
+
+def _big_endian_npy(p):
+    with open(p, "rb") as f:
+        raw = f.read()
+    with open(p, "wb") as f:
+        f.write(raw.replace(b"'<f4'", b"'>f4'", 1))
+
+
+case("formats", "npy.big_endian_descr")(_fmt_case("npy", _big_endian_npy, ["descr", ">f4"], raw=True))
+case("formats", "npz.crc_mismatch")(_fmt_case("npz", _npz_flip_member_byte, ["vectors", ("crc", "checksum")], raw=True))
+case("formats", "npz_deflate.corrupt_deflate_stream")(
+    _fmt_case("npz_deflate", _npz_flip_member_byte, ["vectors"], raw=True))
+case("formats", "npz.encrypted_member")(_fmt_case("npz", _npz_encrypted, [("encrypt",)], raw=True))
+case("formats", "safetensors.unknown_dtype")(_fmt_case(
+    "safetensors", _st_edit_header(lambda h: h["vectors"].update(dtype="F8_E4M3")), ["vectors", ("dtype",)], raw=True))
+case("formats", "safetensors.overlapping_tensors")(_fmt_case(
+    "safetensors", _st_edit_header(lambda h: h["example_id"].update(
+        data_offsets=[h["bucket"]["data_offsets"][0], h["bucket"]["data_offsets"][0] +
+                      h["example_id"]["data_offsets"][1] - h["example_id"]["data_offsets"][0]])),
+    [("overlap", "hole", "data_offsets")], raw=True))
+case("formats", "safetensors.data_offsets_2^62")(_fmt_case(
+    "safetensors", _st_edit_header(lambda h: h["vectors"].update(data_offsets=[0, 1 << 62])),
+    ["vectors", ("data_offsets",)], raw=True))
+case("formats", "safetensors.header_is_an_array")(_fmt_case(
+    "safetensors", lambda p: open(p, "r+b").write(struct.pack("<Q", 8) + b"[1,2,3] "), ["header"], raw=True))
 
 
 # --------------------------------------------------------------------------
