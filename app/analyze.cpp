@@ -87,23 +87,31 @@ std::string head_label(qkgeom::head_id const& t) {
            ", query head " + std::to_string(t.q_head) + ")";
 }
 
+std::string missing_text(fs::path const& dir, std::string const& name) {
+    return (dir / name).string() + ": no entry (neither a folder nor a .npz / .safetensors file)";
+}
+
 /// failures.txt: one line per failed head, in plan order; a run of at least
-/// four heads of one layer whose entries are all missing is one line.
-std::string failure_text(std::vector<qkgeom::head_id> const& tasks, std::vector<std::string> const& errors,
-                         std::vector<char> const& missing) {
+/// four planned heads whose query entries are all missing is one line (a
+/// manifest claiming a million heads over an empty folder: one line).
+std::string failure_text(fs::path const& dir, std::vector<qkgeom::head_id> const& tasks,
+                         std::vector<std::string> const& errors, std::vector<char> const& missing) {
     std::string out;
+    auto qname = [&](std::size_t i) {
+        return qkgeom::io::head_entry_name(tasks[i].layer, tasks[i].q_head, qkgeom::kind::query);
+    };
     for (std::size_t i = 0; i < tasks.size();) {
         std::size_t j = i;
-        while (missing[i] && j < tasks.size() && missing[j] && tasks[j].layer == tasks[i].layer) ++j;
+        while (j < tasks.size() && missing[j]) ++j;
         if (j - i >= 4) {
-            out += qkgeom::io::head_entry_name(tasks[i].layer, tasks[i].q_head, qkgeom::kind::query) + " .. " +
-                   qkgeom::io::head_entry_name(tasks[j - 1].layer, tasks[j - 1].q_head, qkgeom::kind::query) + " (" +
-                   std::to_string(j - i) + " query heads of layer " + std::to_string(tasks[i].layer) +
-                   "): no entry in the capture folder (neither a folder nor a .npz / .safetensors file)\n";
+            out += qname(i) + " .. " + qname(j - 1) + " (" + std::to_string(j - i) +
+                   " planned query heads): no entries in " + dir.string() +
+                   " (neither folders nor .npz / .safetensors files)\n";
             i = j;
             continue;
         }
-        if (!errors[i].empty()) out += head_label(tasks[i]) + ": " + one_line(errors[i]) + "\n";
+        if (missing[i]) out += head_label(tasks[i]) + ": " + missing_text(dir, qname(i)) + "\n";
+        else if (!errors[i].empty()) out += head_label(tasks[i]) + ": " + one_line(errors[i]) + "\n";
         ++i;
     }
     return out;
@@ -135,8 +143,7 @@ int run_analyze(cli const& c) {
         std::string const name = qkgeom::io::head_entry_name(t.layer, t.q_head, qkgeom::kind::query);
         if (!present.contains(name)) {
             missing[i] = 1;
-            errors[i] = (c.dir / name).string() + ": no entry (neither a folder nor a .npz / .safetensors file)";
-            if (c.strict) throw run_error(head_label(t) + ": " + errors[i]);
+            if (c.strict) throw run_error(head_label(t) + ": " + missing_text(c.dir, name));
         } else {
             try {
                 auto head = qkgeom::io::read_capture(c.dir, m, t);
@@ -153,7 +160,7 @@ int run_analyze(cli const& c) {
     std::vector<qkgeom::head_analysis> heads;
     for (auto& r : results)
         if (r) heads.push_back(std::move(*r));
-    std::string failures = failure_text(tasks, errors, missing);
+    std::string failures = failure_text(c.dir, tasks, errors, missing);
     for (auto const& s : stray) failures += s + "\n";
     auto const record = run_record(c);
     std::string const intro = "qkgeom analyze of " + c.dir.string() + ": " + std::to_string(heads.size()) + " of " +

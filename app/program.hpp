@@ -108,7 +108,7 @@ public:
             std::fprintf(stderr, "\r[%s%s] %zu/%zu heads  %.1f heads/s  ETA %.0fs ", std::string(fill, '#').c_str(),
                          std::string(width - fill, '.').c_str(), done_, total_, rate, eta);
             if (done_ == total_) std::fprintf(stderr, "\n");
-        } else {
+        } else if (total_ <= 200 || done_ % (total_ / 100) == 0 || done_ == total_) {  // at most ~100 lines
             std::fprintf(stderr, "qkgeom: %zu/%zu %s (%.1f heads/s, ETA %.0f s)\n", done_, total_, what.c_str(), rate,
                          eta);
         }
