@@ -133,6 +133,7 @@ int run_analyze(cli const& c) {
     for (auto const& name : qkgeom::io::stray_entries(c.dir, m))
         stray.push_back(one_line(name) + ": entry outside the manifest's head counts (" + counts_text(m) + " in " +
                         manifest + "); not analysed");
+    if (c.strict && !stray.empty()) throw run_error(stray.front());  // before any analysis
 
     std::vector<std::unique_ptr<qkgeom::head_analysis>> results(tasks.size());
     std::vector<std::string> errors(tasks.size());
