@@ -1408,6 +1408,21 @@ case("class6", "manifest_2^40_layers")(_manifest_claim_case(
 case("class6", "manifest_head_dim_2^40")(_manifest_claim_case(lambda m: m.update(head_dim=1 << 40), kws=["head_dim"]))
 
 
+@case("class6", "manifest_with_300000_keys")
+def _(ctx):
+    # A valid manifest whose unknown field is an object of 300,000 keys (~5 MB):
+    # read within bounds (no quadratic duplicate-key check) or refused naming the file.
+    base, cap, out = setup_copy(ctx)
+    m = dict(base.manifest)
+    m["extra"] = {"k%06d" % i: 0 for i in range(300_000)}
+    edit_manifest(cap, text=json.dumps(m))
+    r = ctx.analyze(cap, out)
+    if r.rc == 0:
+        compare_heads(out, base, base.heads)
+    else:
+        expect_error(r, ["manifest.json"])
+
+
 @case("class6", "manifest_9MB")
 def _(ctx):
     # A valid manifest padded with ~9 MB of an unknown field (ignored on read):
@@ -1493,19 +1508,36 @@ def _(ctx):
     expect_partial(r, out, base, [0], [(base.q(0), ["row"])])
 
 
+# Under --strict the message names the head entry, also for an error found by
+# the analysis rather than by the reader (zero rows, a value over 2^128: their
+# library messages carry no file name of their own).
 @case("class7", "strict_names_the_failing_query_head")
 def _(ctx):
     base, cap, out = setup_copy(ctx)
-    truncate_file(entry_path(cap, base.q(1)), 9)
-    expect_error(ctx.analyze(cap, out, "--strict"), [base.q(1), "vectors.npy"])
+    _zero_rows(cap, base.q(1))
+    expect_error(ctx.analyze(cap, out, "--strict"), [base.q(1), "row"])
 
 
 @case("class7", "strict_names_the_failing_key_entry")
 def _(ctx):
     base, cap, out = setup_copy(ctx)
     k = base.key_with_healthy()
-    truncate_file(entry_path(cap, k), 9)
-    expect_error(ctx.analyze(cap, out, "--strict"), [k])
+    _zero_rows(cap, k)
+    expect_error(ctx.analyze(cap, out, "--strict"), [k, "row"])
+
+
+@case("class7", "strict_names_the_head_with_an_overflow")
+def _(ctx):
+    base, cap, out = setup_copy(ctx, "npy", "f64")
+    set_value(cap, base.q(1), 3, 5, 1e154)
+    expect_error(ctx.analyze(cap, out, "--strict"), [base.q(1), "row 3", Num(1e154)])
+
+
+@case("class7", "strict_truncated_file_names_head_and_file")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    truncate_file(entry_path(cap, base.q(1)), 9)
+    expect_error(ctx.analyze(cap, out, "--strict"), [base.q(1), "vectors.npy"])
 
 
 @case("class7", "manifest_with_utf8_bom")
