@@ -791,53 +791,108 @@ def _(ctx):
 
 
 # ---- class 2: degenerate but valid data: NaN plus a flag -----------------------
-def flag_column(header):
-    cols = [c for c in header if "flag" in c.lower()]
-    if not cols:
-        raise Fail("head_metrics.csv has no flags column (header: %s...)" % ",".join(header[:8]))
-    return cols[0]
+# docs/outputs.md, "The flags column": the columns each flag makes NaN.
+AP_COLS = ["ap_overall", "ap_first_20pct", "ap_last_20pct", "ap_drop"]
+ROTATION_COLS = ["mu_q_a", "mu_k_a", "mu_q_b", "mu_k_b", "alpha_q", "alpha_k", "r_q_a", "r_k_a", "position_r",
+                 "bias_strength", "separation_strength", "var_frac_a", "var_frac_b", "plane_var_fraction",
+                 "content_var_b", "residual_pos_cov"]
+FLAG_NAN = {
+    "q_constant": ["pc0_r_q", "q_pos_var_frac", "r_q_a"] + AP_COLS,
+    "k_constant": ["pc0_r_k", "k_pos_var_frac", "r_k_a"] + AP_COLS,
+    "q_positions_constant": ["q_R2_pos", "pc0_r_q", "q_pos_var_frac", "alpha_q", "r_q_a"],
+    "k_positions_constant": ["pc0_r_k", "k_pos_var_frac", "alpha_k", "r_k_a", "bias_strength"],
+    "pca_degenerate": ["pc0_r_q", "pc0_r_k"],
+    "pc0_q_flat": ["pc0_r_q"],
+    "pc0_k_flat": ["pc0_r_k"],
+    "drift_degenerate": ROTATION_COLS,
+    "separation_degenerate": ["mu_q_b", "mu_k_b", "separation_strength", "var_frac_b", "plane_var_fraction",
+                              "content_var_b"],
+    "q_beta_zero": [],
+    "pos_residual_degenerate": ["pos_skew", "pos_excess_kurtosis", "pos_ks_p"],
+    "sem_degenerate": ["sem_median_abs_skew", "sem_median_abs_kurtosis", "sem_median_ks_p", "sem_frac_ks_reject"],
+    "no_plasticity_pairs": AP_COLS + ["gaussian_gap"],
+}
 
 
 def _is_nan(s):
-    return s.strip().lower() in ("nan", "")
+    return s.strip().lower() == "nan"
 
 
-def _degenerate_case(what, nan_cols, key=False):
+def check_flags(row, name, required):
+    """The flags column holds the `required` flags (documented names), only
+    known names, and every column a set flag documents as NaN is NaN."""
+    if "flags" not in row:
+        raise Fail("head_metrics.csv has no flags column")
+    flags = [f for f in row["flags"].split(";") if f]
+    unknown = [f for f in flags if f not in FLAG_NAN]
+    if unknown:
+        raise Fail("head %s: unknown flags %s (documented: docs/outputs.md)" % (name, unknown))
+    miss = [f for f in required if f not in flags]
+    if miss:
+        raise Fail("head %s: flags %r lack %s" % (name, row["flags"], miss))
+    for f in flags:
+        bad = [c for c in FLAG_NAN[f] if c in row and not _is_nan(row[c])]
+        if bad:
+            raise Fail("head %s: flag %s set but %s not NaN (%s)" % (name, f, bad, [row[c] for c in bad]))
+
+
+def _degenerate_case(plant, required, key=False):
+    """Planted degenerate data in one entry: exit 0, the heads reading it carry
+    the documented flags and NaN columns, the other heads are as in the clean run."""
     def fn(ctx):
         base, cap, out = setup_copy(ctx, "npy", "f32")
         name = base.key_with_healthy() if key else base.q(0)
         targets = base.readers_of(name) if key else [base.heads[0]]
-
-        def deg(a):
-            v = a["vectors"].copy()
-            v[:] = 0.0 if what == "zero" else v[0]
-            if what != "zero" and not np.any(v[0]):
-                raise Fail("setup: first row is zero")
-            a["vectors"] = v
-        modify_entry(cap, name, deg)
+        modify_entry(cap, name, plant)
         r = ctx.analyze(cap, out)
         if r.rc != 0:
             raise Fail("expected exit 0 (degenerate data is analysed), got " + r.brief())
         compare_heads(out, base, [h for h in base.heads if h not in targets])
-        header, _ = read_csv(os.path.join(out, "head_metrics.csv"))
-        fc = flag_column(header)
         for (l, h, _) in targets:
-            row = metrics_row(out, l, h)
-            clean = dict(base.csv["head_metrics.csv"][(l, h)][0])
-            for c in nan_cols:
-                if c not in row:
-                    raise Fail("head_metrics.csv has no column %s" % c)
-                if not _is_nan(row[c]):
-                    raise Fail("head %s (%s rows): %s = %s, expected NaN" % (entry(l, h, "q"), what, c, row[c]))
-            if not row[fc].strip() or row[fc] == clean.get(fc):
-                raise Fail("head %s (%s rows): flags column %s = %r names no degeneracy" % (
-                    entry(l, h, "q"), what, fc, row[fc]))
+            check_flags(metrics_row(out, l, h), entry(l, h, "q"), required)
     return fn
 
 
-case("class2", "identical_query_rows_nan_and_flag")(_degenerate_case("identical", ["pc0_r_q", "q_pos_var_frac"]))
-case("class2", "zero_query_rows_nan_and_flag")(_degenerate_case("zero", ["pc0_r_q", "q_pos_var_frac"]))
-case("class2", "identical_key_rows_nan_and_flag")(_degenerate_case("identical", ["r_k_a"], key=True))
+def _identical_rows(a):
+    v = a["vectors"].copy()
+    v[:] = v[0]
+    if not np.any(v[0]):
+        raise Fail("setup: first row is zero")
+    a["vectors"] = v
+
+
+def _zero_vectors(a):
+    a["vectors"] = np.zeros_like(a["vectors"])
+
+
+def _one_position(a):
+    a["position"] = np.full_like(a["position"], 100)
+    a["bucket"] = np.full_like(a["bucket"], 0)  # uniform buckets of 256: position 100 is in bucket 0
+
+
+def _one_row(a):
+    for k in ("vectors", "position", "bucket", "example_id"):
+        a[k] = np.ascontiguousarray(a[k][:1])
+
+
+case("class2", "identical_query_rows")(_degenerate_case(
+    _identical_rows, ["q_constant", "pos_residual_degenerate", "sem_degenerate", "no_plasticity_pairs"]))
+case("class2", "zero_query_rows")(_degenerate_case(_zero_vectors, ["q_constant"]))
+case("class2", "identical_key_rows")(_degenerate_case(_identical_rows, ["k_constant"], key=True))
+case("class2", "query_positions_constant")(_degenerate_case(_one_position, ["q_positions_constant"]))
+case("class2", "key_positions_constant")(_degenerate_case(_one_position, ["k_positions_constant"], key=True))
+case("class2", "one_query_row")(_degenerate_case(_one_row, ["q_constant", "q_positions_constant"]))
+
+
+@case("class2", "clean_heads_carry_no_degeneracy_flag")
+def _(ctx):
+    base = ctx.base("npy", "f32")
+    for (l, h, _) in base.heads:
+        row = dict(base.csv["head_metrics.csv"][(l, h)][0])
+        check_flags(row, entry(l, h, "q"), [])
+        bad = [f for f in row["flags"].split(";") if f and f != "q_beta_zero"]
+        if bad:
+            raise Fail("clean head %s flagged %s" % (entry(l, h, "q"), bad))
 
 
 # ---- class 3: non-regular files -----------------------------------------------------
