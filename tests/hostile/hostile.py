@@ -57,14 +57,30 @@ def _spawn_one(req):
 
         timer = threading.Timer(req["timeout"], kill)
         timer.start()
-        _, status, ru = os.wait4(p.pid, 0)
+        # Reap with wait4; meanwhile watch the resident size and kill a child
+        # past req["kill_rss_mb"] (protects the machine: CI runs two suites).
+        over = 0
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            try:
+                with open("/proc/%d/status" % p.pid) as f:
+                    rss = next((int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")), 0)
+            except (OSError, ValueError):
+                rss = 0
+            if rss > req["kill_rss_mb"] * 1024 and not over:
+                over = rss
+                kill()
+            time.sleep(0.01)
         timer.cancel()
         p.returncode = rc = os.waitstatus_to_exitcode(status)
         try:  # anything the child left in its group (it should leave nothing)
             os.killpg(p.pid, signal.SIGKILL)
         except OSError:
             pass
-    return {"rc": rc, "wall": time.monotonic() - t0, "rss_kb": ru.ru_maxrss, "timed_out": bool(fired)}
+    return {"rc": rc, "wall": time.monotonic() - t0, "rss_kb": max(ru.ru_maxrss, over),
+            "timed_out": bool(fired) and not over, "rss_killed": bool(over)}
 
 
 class Spawner:
@@ -143,13 +159,15 @@ def run_child(argv, cwd=None, timeout=HARD_TIMEOUT_S, user=None):
     output, wall time and max RSS. Killed (process group) at `timeout`."""
     log_dir = Ctx.current.tmp
     req = {"argv": argv, "cwd": cwd, "timeout": timeout, "stdout": os.path.join(log_dir, "stdout"),
-           "stderr": os.path.join(log_dir, "stderr"), "user": user}
+           "stderr": os.path.join(log_dir, "stderr"), "user": user, "kill_rss_mb": Ctx.current.kill_rss_mb}
     res = SPAWNER.run(req) if SPAWNER else _spawn_one(req)
     with open(req["stdout"], "rb") as f:
         out = f.read().decode("utf-8", "replace")
     with open(req["stderr"], "rb") as f:
         err = f.read().decode("utf-8", "replace")
-    return Result(argv, res["rc"], out, err, res["wall"], res["rss_kb"], res["timed_out"])
+    r = Result(argv, res["rc"], out, err, res["wall"], res["rss_kb"], res["timed_out"])
+    r.rss_killed = res["rss_killed"]
+    return r
 
 
 class Ctx:
@@ -163,6 +181,7 @@ class Ctx:
         self.sanitized = sanitized
         self.wall_limit = 30.0 if sanitized else 10.0
         self.hard_timeout = 60.0 if sanitized else HARD_TIMEOUT_S
+        self.kill_rss_mb = 3072 if sanitized else 1024  # a child past this is killed (the case fails)
         self.rss_limit_mb = None if sanitized else 256.0
         self.tmp = os.path.join(self.work, "tmp")
         self.bases = {}
@@ -181,6 +200,9 @@ class Ctx:
         self.max_rss = max(self.max_rss, r.rss_mb)
         if r.timed_out:
             raise Fail("hang: killed after %.0f s (%s)" % (timeout, " ".join(map(str, args[:3]))))
+        if r.rss_killed:
+            raise Fail("killed at %.0f MB resident (over %d MB) after %.1f s (%s)" % (
+                r.rss_mb, self.kill_rss_mb, r.wall, " ".join(map(str, args[:3]))))
         if r.rc < 0:
             raise Fail("killed by signal %d: %s" % (-r.rc, r.brief()))
         if check_bounds:
@@ -1378,6 +1400,83 @@ case("class6", "npz_end_record_claims_65535_entries_4GiB_directory")(
     _raw_entry_case("npz", _npz_eocd_lies, [("central", "directory", "entries", "end of")]))
 
 
+def _zip64_member(name, data, claim):
+    """A stored member whose ZIP64 extra fields (local and central) claim `claim` bytes."""
+    n = name.encode()
+    crc = zlib.crc32(data)
+    ext_local = struct.pack("<HHQQ", 1, 16, claim, claim)
+    local = struct.pack("<IHHHHHIIIHH", 0x04034b50, 45, 0, 0, 0, 0x21, crc, 0xFFFFFFFF, 0xFFFFFFFF, len(n),
+                        len(ext_local)) + n + ext_local
+    return local, crc, n
+
+
+def _npz_zip64_claim(orig):
+    with zipfile.ZipFile(io.BytesIO(orig)) as z:
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    body, cd = b"", b""
+    for fname, data in members.items():
+        off = len(body)
+        if fname == "vectors.npy":
+            claim = 1 << 40
+            local, crc, n = _zip64_member(fname, data, claim)
+            body += local + data
+            ext = struct.pack("<HHQQ", 1, 16, claim, claim)
+            cd += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014b50, 45, 45, 0, 0, 0, 0x21, crc, 0xFFFFFFFF, 0xFFFFFFFF,
+                              len(n), len(ext), 0, 0, 0, 0, off) + n + ext
+        else:
+            crc = zlib.crc32(data)
+            body += _local_header(fname, 0, crc, len(data), len(data)) + data
+            cd += _central_header(fname, 0, crc, len(data), len(data), off)
+    return body + cd + struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, len(members), len(members), len(cd), len(body), 0)
+
+
+case("class6", "npz_zip64_member_claims_2^40_bytes")(
+    _raw_entry_case("npz", _npz_zip64_claim, ["vectors", ("size", "zip64", "data", "trunc", "beyond", "outside")]))
+
+
+def _deflate_zeros(nbytes, prefix=b""):
+    co = zlib.compressobj(9, zlib.DEFLATED, -15)
+    parts = [co.compress(prefix)]
+    chunk = bytes(4 * MB)
+    left = nbytes
+    while left > 0:
+        parts.append(co.compress(chunk[:min(left, len(chunk))]))
+        left -= len(chunk)
+    parts.append(co.flush())
+    crc = zlib.crc32(prefix)
+    left = nbytes
+    while left > 0:
+        crc = zlib.crc32(chunk[:min(left, len(chunk))], crc)
+        left -= len(chunk)
+    return b"".join(parts), crc, len(prefix) + nbytes
+
+
+@case("class6", "npz_deflate_bomb_2M_rows_of_zeros")
+def _(ctx):
+    # An honest archive (~0.6 MB) that inflates to 2,097,152 rows of d = 64 zeros
+    # (512 MB of f32; positions 0, bucket 0: every rule holds). An input under
+    # 10 MB: the program must stay within the bounds, so it refuses the entry
+    # naming it (exit 3), or analyses it within them (exit 0).
+    base, cap, out = setup_copy(ctx, "npz_deflate")
+    rows, d = 2 * 1024 * 1024, base.manifest["head_dim"]
+    members = []
+    for key, descr, shape, item in (("vectors", "<f4", (rows, d), 4), ("position", "<i8", (rows,), 8),
+                                    ("bucket", "<i8", (rows,), 8), ("example_id", "<i8", (rows,), 8)):
+        hdr = npy_header_bytes(descr, shape)
+        comp, crc, usize = _deflate_zeros(rows * (d if key == "vectors" else 1) * item, hdr)
+        members.append((key + ".npy", 8, comp, crc, usize))
+    p = entry_path(cap, base.q(0))
+    with open(p, "wb") as f:
+        f.write(zip_bytes(members))
+    if os.path.getsize(p) > 10 * MB:
+        raise Fail("setup: archive over 10 MB")
+    r = ctx.analyze(cap, out)
+    if r.rc == 0:
+        compare_heads(out, base, base.heads[1:])
+    else:
+        expect_partial(r, out, base, [0], [(base.q(0), [os.path.basename(p)])])
+
+
 def _st_header_len(n):
     def mk(orig):
         return struct.pack("<Q", n) + orig[8:]
@@ -1630,6 +1729,30 @@ def _(ctx):
     p = _shard_file(ctx, "crlf.qkm", b"\r\nQKGM\r\n" + good[8:])
     r = ctx.run("merge", p, "-o", os.path.join(ctx.case_dir, "m.qkm"))
     expect_error(r, ["crlf.qkm", "magic"])
+
+
+def _crlf_dir(ctx, base):
+    cap = os.path.join(ctx.case_dir, "ca\r\np")
+    shutil.copytree(base.cap, cap, symlinks=True)
+    return cap
+
+
+@case("class7", "cr_lf_in_capture_path_manifest_error")
+def _(ctx):
+    base = ctx.base("npy", "f32")
+    cap = _crlf_dir(ctx, base)
+    edit_manifest(cap, lambda m: m.update(head_dim=-4))
+    expect_error(ctx.analyze(cap, os.path.join(ctx.case_dir, "out")), ["manifest.json", "head_dim"])
+
+
+@case("class7", "cr_lf_in_capture_path_entry_error")
+def _(ctx):
+    base = ctx.base("npy", "f32")
+    cap = _crlf_dir(ctx, base)
+    out = os.path.join(ctx.case_dir, "out")
+    truncate_file(entry_path(cap, base.q(0)), 9)
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, [0], [(base.q(0), ["vectors.npy"])])
 
 
 @case("class7", "usage_error_exit_2")
