@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -29,6 +30,33 @@ struct analysis_options {
     bool diagnostics = true;  ///< row-based normality diagnostics (needs query rows)
     double ks_alpha = 0.05;   ///< level of sem_frac_ks_reject, in (0, 1) (checked only when diagnostics run)
 };
+
+/// \brief Degeneracy flags of a head (method §9.17): each names why some
+/// head metrics are NaN (or, for `q_beta_zero`, which convention applies).
+/// Bit i is `head_flag_names[i]`; the flags column of head_metrics.csv lists
+/// the set ones, ';'-separated (docs/outputs.md).
+enum class head_flag : std::uint32_t {
+    q_constant = 1u << 0,             ///< < 2 query rows or all numerically identical
+    k_constant = 1u << 1,             ///< < 2 key rows or all numerically identical
+    q_positions_constant = 1u << 2,   ///< the query positions have zero variance (or < 2 rows)
+    k_positions_constant = 1u << 3,   ///< the key positions have zero variance (or < 2 rows)
+    pca_degenerate = 1u << 4,         ///< pooled covariance numerically zero, or the eigensolver failed
+    pc0_q_flat = 1u << 5,             ///< pc0_r_q NaN: queries or their positions constant along component 0
+    pc0_k_flat = 1u << 6,             ///< pc0_r_k NaN: keys or their positions constant along component 0
+    drift_degenerate = 1u << 7,       ///< axis a undefined (rotation.degenerate_a)
+    separation_degenerate = 1u << 8,  ///< axis b undefined (rotation.degenerate_b)
+    q_beta_zero = 1u << 9,            ///< β numerically zero: H = I, β̂ = e1 (alpha_pos = mean of coordinate 0)
+    pos_residual_degenerate = 1u << 10,  ///< pos_ diagnostics NaN (σ²_pos numerically zero, < 3 rows)
+    sem_degenerate = 1u << 11,        ///< sem_ diagnostics NaN (no non-constant semantic coordinate, < 3 rows)
+    no_plasticity_pairs = 1u << 12,   ///< no key pair evaluated: the ap_ columns are NaN
+};
+
+/// \brief Names of the head flags, in bit order (the flags column's words).
+inline constexpr std::array<std::string_view, 13> head_flag_names{
+    "q_constant",       "k_constant",         "q_positions_constant",    "k_positions_constant",
+    "pca_degenerate",   "pc0_q_flat",         "pc0_k_flat",              "drift_degenerate",
+    "separation_degenerate", "q_beta_zero",   "pos_residual_degenerate", "sem_degenerate",
+    "no_plasticity_pairs"};
 
 /// \brief Everything qkgeom computes for one head pair.
 ///
@@ -45,7 +73,28 @@ struct head_analysis {
     householder_result householder;     ///< method §4
     normality_diagnostics diagnostics;  ///< NaN when computed from moments or with `diagnostics` off
     plasticity_result plasticity;       ///< method §5–6; empirical values NaN when computed from moments
+    std::uint32_t flags = 0;            ///< `head_flag` bits set by analyze_head (method §9.17)
+
+    /// \brief Whether a flag is set.
+    /// \param[in] f the flag.
+    /// \returns true when `flags` has f's bit.
+    [[nodiscard]] bool has(head_flag f) const noexcept { return (flags & static_cast<std::uint32_t>(f)) != 0; }
 };
+
+/// \brief The set flags of a head as text: their names in bit order,
+/// ';'-separated; empty when none (the flags column of head_metrics.csv).
+/// \param[in] h the head's analysis.
+/// \returns e.g. "q_constant;pc0_q_flat;no_plasticity_pairs".
+/// \throws std::bad_alloc if the string cannot be allocated.
+inline std::string head_flags_text(head_analysis const& h) {
+    std::string out;
+    for (std::size_t i = 0; i < head_flag_names.size(); ++i)
+        if ((h.flags >> i) & 1u) {
+            if (!out.empty()) out += ';';
+            out += head_flag_names[i];
+        }
+    return out;
+}
 
 namespace detail {
 
@@ -62,6 +111,55 @@ head_analysis closed_forms(head_moments const& hm, analysis_options const& opt) 
     out.rotation = planar_rotation(hm, opt.rotation);
     out.householder = householder(hm.q, opt.householder);
     return out;
+}
+
+/// The flags of method §9.17 from the moments and the results (`diagnosed`:
+/// the normality diagnostics were computed).
+template <class = void>
+std::uint32_t flags_of(head_moments const& hm, head_analysis const& h, bool diagnosed) {
+    moments const mq = hm.q.pooled(), mk = hm.k.pooled();
+    std::uint32_t f = 0;
+    auto set = [&f](head_flag x, bool on) {
+        if (on) f |= static_cast<std::uint32_t>(x);
+    };
+    set(head_flag::q_constant, rows_constant(mq));
+    set(head_flag::k_constant, rows_constant(mk));
+    set(head_flag::q_positions_constant, positions_constant(mq));
+    set(head_flag::k_positions_constant, positions_constant(mk));
+    set(head_flag::pca_degenerate, h.pca.degenerate);
+    set(head_flag::pc0_q_flat, std::isnan(h.pca.pc0_r_q));
+    set(head_flag::pc0_k_flat, std::isnan(h.pca.pc0_r_k));
+    set(head_flag::drift_degenerate, h.rotation.degenerate_a);
+    set(head_flag::separation_degenerate, h.rotation.degenerate_b);
+    set(head_flag::q_beta_zero, h.householder.beta_zero);
+    set(head_flag::pos_residual_degenerate, diagnosed && h.diagnostics.pos_degenerate);
+    set(head_flag::sem_degenerate, diagnosed && h.diagnostics.sem_degenerate);
+    set(head_flag::no_plasticity_pairs, h.plasticity.n_pairs == 0);
+    return f;
+}
+
+/// `analyze_head(head_moments, keys, …)`: the moments are well formed
+/// (dimensions, both kinds present, finite and inside the input limit) and
+/// agree with the key rows (dimension, row count).
+template <class = void>
+void check_moments_and_keys(std::string_view fn, head_moments const& hm, index_t key_cols, index_t key_rows) {
+    check_head(fn, hm);
+    for (auto const* bm : {&hm.q, &hm.k})
+        for (auto const& [b, m] : bm->buckets) {
+            std::string const what = std::string(bm == &hm.q ? "query" : "key") + " moments of bucket " +
+                                     std::to_string(b);
+            if (m.dim() != hm.d) fail_arg(fn, what + ": dimension differs from d = " + std::to_string(hm.d), m.dim());
+            if (any_out_of_range(m.mean_x.data(), m.dim()) || !std::isfinite(m.mean_t) || !std::isfinite(m.m2_t) ||
+                !m.c_xx.allFinite() || !m.c_xt.allFinite())
+                fail_arg(fn, what + ": a statistic is non-finite or a mean is outside |x| < 2^128; rows", m.n);
+        }
+    if (key_cols != hm.d)
+        fail_arg(fn, "keys: head dimension differs from the moments' d = " + std::to_string(hm.d) + "; keys have",
+                 key_cols);
+    if (key_rows != hm.k.count())
+        fail_arg(fn, "keys: row count differs from the key moments' " + std::to_string(hm.k.count()) +
+                         " rows; key rows",
+                 key_rows);
 }
 
 }  // namespace detail
@@ -115,7 +213,9 @@ head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options co
     if (opt.diagnostics)
         out.diagnostics = detail::diagnostics_of(out.householder, head.queries.vectors, head.queries.position,
                                                  opt.ks_alpha, true);
-    out.plasticity = detail::plasticity_of(out.householder, &head.queries, head.keys, head.facts, opt.plasticity, true);
+    out.plasticity =
+        detail::plasticity_of(out.householder, &head.queries, head.keys, head.facts, opt.plasticity, true, head.id);
+    out.flags = detail::flags_of(hm, out, opt.diagnostics);
     return out;
 }
 
@@ -130,17 +230,24 @@ head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options co
 /// \param[in] opt    options (the diagnostics flag is ignored)
 /// \returns the head's metrics without diagnostics and empirical values
 /// \pre hm.d ≥ 1 and the moments hold query and key rows; `keys` are the
-///      rows of the same key head (not checked against hm.k)
+///      rows the key moments were reduced from (same d and row count,
+///      checked; their values are not compared with the moments)
 /// \throws std::invalid_argument as `analyze_head(head)` for the keys, and
-///         when hm.d < 1, the moments hold no query rows or no key rows, or
+///         when hm.d < 1, the moments hold no query rows or no key rows, a
+///         bucket's dimension differs from hm.d, a statistic is non-finite or
+///         a mean is outside the input limit, the keys' column count differs
+///         from hm.d or their row count from the key moments', or
 ///         pca.n_components < 1
 /// \throws std::bad_alloc if the d × d work matrices or the plasticity work
 ///         buffers cannot be allocated
 template <RowMatrix KM>
 head_analysis analyze_head(head_moments const& hm, token_rows<KM> const& keys, capture_facts const& facts,
                            analysis_options const& opt = {}) {
+    auto const kr = as_matrix(keys.vectors);
+    detail::check_moments_and_keys("qkgeom::analyze_head", hm, kr.cols(), kr.rows());
     head_analysis out = detail::closed_forms(hm, opt);
-    out.plasticity = attention_plasticity(out.householder, keys, facts, opt.plasticity);
+    out.plasticity = attention_plasticity(out.householder, keys, facts, opt.plasticity, hm.id);
+    out.flags = detail::flags_of(hm, out, false);
     return out;
 }
 

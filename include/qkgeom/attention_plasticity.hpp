@@ -104,17 +104,20 @@ query_store read_queries(std::string_view fn, index_t d, token_rows<QM> const& q
 /// `attention_plasticity` of a head's keys and (when `queries` is not null)
 /// its queries. `checked`: the caller has validated the facts, the row
 /// values and the annotations (analyze_head); only shapes are checked again.
+/// `id`: the head, whose identity seeds its sampling stream (method §6).
 template <RowMatrix QM, RowMatrix KM>
 plasticity_result plasticity_of(householder_result const& model, token_rows<QM> const* queries,
                                 token_rows<KM> const& keys, capture_facts const& facts, plasticity_options const& opt,
-                                bool checked) {
+                                bool checked, head_id const& id) {
     constexpr std::string_view fn = "qkgeom::attention_plasticity";
     check_plasticity_options(fn, opt);
     if (!checked) check_facts(fn, facts);
     bool const with_queries = queries != nullptr && !queries->position.empty();
     key_store const ks = read_keys(fn, model, keys, facts, checked, with_queries);
     query_store const qs = queries != nullptr ? read_queries(fn, ks.d, *queries, facts, checked) : query_store{};
-    return evaluate_plasticity(model, ks, qs, facts, opt);
+    plasticity_options head_opt = opt;
+    head_opt.seed = head_stream_seed(opt.seed, id);  // independent draws per head (method §6)
+    return evaluate_plasticity(model, ks, qs, facts, head_opt);
 }
 
 }  // namespace detail
@@ -143,7 +146,7 @@ plasticity_result plasticity_of(householder_result const& model, token_rows<QM> 
 template <RowMatrix QM, RowMatrix KM>
 plasticity_result attention_plasticity(householder_result const& model, head_capture<QM, KM> const& head,
                                        plasticity_options const& opt = {}) {
-    return detail::plasticity_of(model, &head.queries, head.keys, head.facts, opt, false);
+    return detail::plasticity_of(model, &head.queries, head.keys, head.facts, opt, false, head.id);
 }
 
 /// \brief Attention plasticity from the key rows only (no empirical
@@ -154,12 +157,18 @@ plasticity_result attention_plasticity(householder_result const& model, head_cap
 /// \param[in] keys   the key rows with positions, buckets and example ids
 /// \param[in] facts  the capture facts (bucket scheme, window, context length)
 /// \param[in] opt    options as for the overload with queries
+/// \param[in] id     the head's identity: with the options' seed it selects
+///                   the head's sampling stream (method §6), so pass each
+///                   head's own id when heads share key positions (the
+///                   default, {-1, -1, -1}, gives every such head the same draws)
 /// \returns as for the overload with queries, without the empirical values
 /// \throws std::invalid_argument as the overload with queries, for the keys
 template <RowMatrix KM>
 plasticity_result attention_plasticity(householder_result const& model, token_rows<KM> const& keys,
-                                       capture_facts const& facts, plasticity_options const& opt = {}) {
-    return detail::plasticity_of(model, static_cast<token_rows<row_matrix> const*>(nullptr), keys, facts, opt, false);
+                                       capture_facts const& facts, plasticity_options const& opt = {},
+                                       head_id const& id = {}) {
+    return detail::plasticity_of(model, static_cast<token_rows<row_matrix> const*>(nullptr), keys, facts, opt, false,
+                                 id);
 }
 
 }  // namespace qkgeom

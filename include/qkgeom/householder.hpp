@@ -166,6 +166,9 @@ struct householder_result {
     std::int64_t n_buckets_skipped = 0;     ///< buckets with < 2 queries under diag/full
     semantic_model model = semantic_model::diag;  ///< the model the buckets were fitted with
     bool degenerate_t = false;  ///< Var(t) = 0 or < 2 queries: β = 0, H = I, R² NaN (method §9.8)
+    bool beta_zero = false;     ///< β numerically zero (method §9.17) or degenerate_t: β = 0, H = I, β̂ = e1
+    bool constant_q = false;    ///< < 2 queries, or the query rows numerically identical (method §9.17): every
+                                ///< variance is 0, so the plasticity pairs are skipped (AP NaN)
 };
 
 /// \brief Householder positional–semantic decomposition from a head's moments
@@ -192,16 +195,21 @@ householder_result householder(bucketed_moments const& queries, householder_opti
     r.model = opt.model;
     r.n_queries = q.n;
     r.max_position = static_cast<std::int64_t>(q.t_max);
-    r.degenerate_t = q.n < 2 || !(q.m2_t > 0);
+    r.degenerate_t = detail::positions_constant(q);
+    // method §9.17: the scale of the query co-moments, Σ‖q‖².
+    double const scale = detail::sum_squares_x(q);
+    r.constant_q = detail::rows_constant(q);
 
-    // OLS of every coordinate on t (method §4).
-    r.beta = r.degenerate_t ? Eigen::VectorXd::Zero(d) : Eigen::VectorXd(q.c_xt / q.m2_t);
+    // OLS of every coordinate on t (method §4). β is numerically zero when
+    // the variance it explains, ‖C_xt‖²/M2_t, is (method §9.17).
+    r.beta_zero = r.degenerate_t || detail::numerically_zero(q.c_xt.squaredNorm() / q.m2_t, scale);
+    r.beta = r.beta_zero ? Eigen::VectorXd::Zero(d) : Eigen::VectorXd(q.c_xt / q.m2_t);
     r.alpha = q.mean_x - r.beta * q.mean_t;
     r.component_r2.resize(d);
     for (index_t j = 0; j < d; ++j) {
         double const cjj = q.c_xx(j, j);
         if (r.degenerate_t) r.component_r2(j) = detail::nan;
-        else if (!(cjj > 0)) r.component_r2(j) = 0.0;  // constant coordinate (method §9.8)
+        else if (detail::numerically_zero(cjj, scale)) r.component_r2(j) = 0.0;  // constant coordinate (§9.8, §9.17)
         else r.component_r2(j) = std::min(1.0, q.c_xt(j) * q.c_xt(j) / (cjj * q.m2_t));
     }
     r.q_R2_pos = r.degenerate_t ? detail::nan : r.component_r2.mean();
@@ -222,11 +230,12 @@ householder_result householder(bucketed_moments const& queries, householder_opti
     r.beta_rot(0) = bn;
     // Residual covariance of Q after the regression on t (n−1).
     Eigen::MatrixXd resid = q.c_xx;
-    if (!r.degenerate_t) resid.noalias() -= (q.c_xt * q.c_xt.transpose()) / q.m2_t;
+    if (!r.beta_zero) resid.noalias() -= (q.c_xt * q.c_xt.transpose()) / q.m2_t;
+    double const vscale = q.n >= 2 ? scale / double(q.n - 1) : detail::nan;  // Σ‖q‖² in variance units
     resid /= q.n >= 2 ? double(q.n - 1) : detail::nan;
-    r.sigma2_pos = std::max(0.0, beta_hat.dot(resid * beta_hat));
+    r.sigma2_pos = detail::snap_zero(std::max(0.0, beta_hat.dot(resid * beta_hat)), vscale);
     if (q.n < 2) r.sigma2_pos = detail::nan;
-    Eigen::VectorXd const global_var = r.H.apply_sym_diag(resid);
+    Eigen::VectorXd const global_var = detail::snap_zero(r.H.apply_sym_diag(resid), vscale);
 
     for (auto const& [bucket, m] : queries.buckets) {
         bucket_semantics s;
@@ -249,11 +258,13 @@ householder_result householder(bucketed_moments const& queries, householder_opti
             } else {
                 Eigen::MatrixXd const Sb = m.c_xx / double(m.n - 1);
                 if (opt.model == semantic_model::full) {
-                    Eigen::MatrixXd const HSH = r.H.apply_sym(Sb);
+                    Eigen::MatrixXd HSH = r.H.apply_sym(Sb);
+                    // method §9.17: a numerically zero Σ_b is exactly zero
+                    if (detail::numerically_zero(HSH.trace(), vscale)) HSH.setZero();
                     s.var = HSH.diagonal();
                     s.cov = HSH.bottomRightCorner(d - 1, d - 1);
                 } else {
-                    s.var = r.H.apply_sym_diag(Sb);
+                    s.var = detail::snap_zero(r.H.apply_sym_diag(Sb), vscale);
                 }
                 s.var(0) = r.sigma2_pos;
                 s.used = true;
@@ -312,6 +323,9 @@ struct normality_diagnostics {
                                                    ///< (the sem_ fields are NaN when no semantic coordinate has
                                                    ///< a non-zero variance, d = 1, or fewer than 3 rows)
     index_t sem_coordinates = 0;                   ///< min(64, d − 1) coordinates considered (also when n < 3)
+    bool pos_degenerate = false;  ///< the pos_ fields are NaN: < 3 rows, or σ²_pos numerically zero (method §9.17)
+    bool sem_degenerate = false;  ///< the sem_ fields are NaN: < 3 rows, d = 1, or every semantic coordinate
+                                  ///< numerically constant (method §9.17)
 };
 
 namespace detail {
@@ -356,12 +370,14 @@ normality_diagnostics diagnostics_of(householder_result const& model, X const& q
     auto const r = as_matrix(queries);
     auto const p = as_indices(positions);
     index_t const d = model.beta.size();
-    detail::check_batch(fn, d, r, p, static_cast<decltype(p) const*>(nullptr), !rows_checked);
     if (!(ks_alpha > 0 && ks_alpha < 1)) detail::fail_arg(fn, "ks_alpha must be in (0, 1)", ks_alpha);
     normality_diagnostics out;
-    index_t const n = r.rows();
-    index_t const m = std::min<index_t>(64, d - 1);
+    index_t const m = std::max<index_t>(0, std::min<index_t>(64, d - 1));
     out.sem_coordinates = m;
+    out.pos_degenerate = out.sem_degenerate = true;  // until computed
+    if (r.rows() == 0 && p.size() == 0) return out;  // no rows: NaN (fewer than 3)
+    detail::check_batch(fn, d, r, p, static_cast<decltype(p) const*>(nullptr), !rows_checked);
+    index_t const n = r.rows();
     if (n < 3) return out;
     // Rotated rows, coordinate 0 and the first m semantic coordinates. Only
     // coordinates 1..m of Hq = q − γ (u·q) u are needed: the same arithmetic as
@@ -377,11 +393,13 @@ normality_diagnostics diagnostics_of(householder_result const& model, X const& q
     bool const reflect = !model.H.is_identity();
     constexpr index_t block = 256;
     Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> T(std::min(block, n), 1 + m);
+    double sum_sq = 0;  // Σ‖q‖², the scale of method §9.17
     for (index_t i0 = 0; i0 < n; i0 += block) {
         index_t const nb = std::min(block, n - i0);
         for (index_t t = 0; t < nb; ++t) {
             index_t const i = i0 + t;
             r.read_row(i, row.data());
+            sum_sq += row.squaredNorm();
             T(t, 0) = bh.dot(row) - model.alpha_pos - model.beta_pos * static_cast<double>(p[i]);
             if (reflect) {
                 double const s = model.H.gamma * model.H.u.dot(row);
@@ -398,24 +416,27 @@ normality_diagnostics diagnostics_of(householder_result const& model, X const& q
         for (index_t i = 0; i < n; ++i) z[static_cast<std::size_t>(i)] = (Y(i, j) - centre) / sd;
         return true;
     };
-    if (standardised(0, 0.0, std::sqrt(model.sigma2_pos))) {
+    double const var_scale = sum_sq / static_cast<double>(n - 1);  // Σ‖q‖² in variance units
+    if (!numerically_zero(model.sigma2_pos, var_scale) && standardised(0, 0.0, std::sqrt(model.sigma2_pos))) {
         auto const s = detail::shape_of(z);
         out.pos_skew = s.skew;
         out.pos_excess_kurtosis = s.excess_kurtosis;
         out.pos_ks_p = s.ks_p;
+        out.pos_degenerate = false;
     }
     std::vector<double> skews, kurts, ps;
     for (index_t j = 1; j <= m; ++j) {
         Eigen::VectorXd const col = Y.col(j);
         double const mean = col.mean();
-        double const sd = std::sqrt((col.array() - mean).square().sum() / static_cast<double>(n - 1));
-        if (!standardised(j, mean, sd)) continue;
+        double const var = (col.array() - mean).square().sum() / static_cast<double>(n - 1);
+        if (numerically_zero(var, var_scale) || !standardised(j, mean, std::sqrt(var))) continue;
         auto const s = detail::shape_of(z);
         skews.push_back(std::abs(s.skew));
         kurts.push_back(std::abs(s.excess_kurtosis));
         ps.push_back(s.ks_p);
     }
     if (!ps.empty()) {
+        out.sem_degenerate = false;
         out.sem_median_abs_skew = detail::median(skews);
         out.sem_median_abs_kurtosis = detail::median(kurts);
         out.sem_median_ks_p = detail::median(ps);
@@ -431,17 +452,19 @@ normality_diagnostics diagnostics_of(householder_result const& model, X const& q
 /// (method §4 "Diagnostics", §9.15): the coordinate-1 residual
 /// (β̂·q − α_pos − β_pos t)/σ_pos and the first min(64, d − 1) semantic
 /// coordinates of Hq, each standardised by its global mean and (n−1) sd.
-/// Fewer than 3 rows, or a zero variance, gives NaN for that coordinate.
+/// Fewer than 3 rows (also none), or a numerically zero variance (method
+/// §9.17), gives NaN for that coordinate and sets `pos_degenerate` /
+/// `sem_degenerate`.
 /// \tparam X any RowMatrix.
 /// \tparam P any IndexVector.
 /// \param[in] model     the result of `householder` on (a superset of) these queries.
-/// \param[in] queries   n × d query rows, n ≥ 1, d = model.beta.size(), all finite.
+/// \param[in] queries   n × d query rows, n ≥ 0, d = model.beta.size(), all finite.
 /// \param[in] positions n non-negative token positions.
 /// \param[in] ks_alpha  level for `sem_frac_ks_reject` (default 0.05), in (0, 1).
 /// \returns the diagnostics; all NaN when n < 3, the pos_ fields NaN when
 ///          σ²_pos is 0 or NaN.
 /// \pre `model` comes from `householder` (a default-constructed one has d = 0).
-/// \throws std::invalid_argument on zero rows, a column count other than d,
+/// \throws std::invalid_argument on a column count other than d (n ≥ 1),
 ///         a positions length other than n, negative positions, NaN/Inf
 ///         values, or ks_alpha outside (0, 1).
 /// \throws std::bad_alloc if the n × (1 + min(64, d − 1)) work matrix

@@ -39,6 +39,13 @@
 
 namespace qkgeom {
 
+/// \brief The input limit of every analysis (method §9.18): each row value x
+/// must satisfy |x| < 2¹²⁸ (≈ 3.4e38, just above the float32 range, so every
+/// float32/bf16/f16 capture passes). Larger values are rejected where rows
+/// enter an analysis: the plasticity variances are quartic in the values and
+/// would overflow double (one value ≥ ~1e154 turned a head's AP into 0).
+inline constexpr double input_limit = 0x1p128;
+
 /// \brief Centred sufficient statistics of one group of rows (method §1).
 ///
 /// Invariants: `c_xx` is symmetric (both triangles stored); when `n == 0` all
@@ -61,11 +68,18 @@ struct moments {
     moments() = default;
     /// \brief Empty statistics of dimension d: zero means and co-moments,
     /// `n == 0`, `t_min == +∞`, `t_max == −∞`.
-    /// \param[in] d the row dimension.
-    /// \pre d ≥ 0 (not checked; Eigen asserts in debug builds).
+    /// \param[in] d the row dimension, ≥ 0.
+    /// \throws std::invalid_argument if d < 0.
     /// \throws std::bad_alloc if the d × d co-moment cannot be allocated.
     explicit moments(index_t d)
-        : mean_x(Eigen::VectorXd::Zero(d)), c_xt(Eigen::VectorXd::Zero(d)), c_xx(Eigen::MatrixXd::Zero(d, d)) {}
+        : mean_x(Eigen::VectorXd::Zero(checked_dim(d))), c_xt(Eigen::VectorXd::Zero(d)),
+          c_xx(Eigen::MatrixXd::Zero(d, d)) {}
+
+    /// \brief d, checked to be ≥ 0 (the constructor's first step).
+    static index_t checked_dim(index_t d) {
+        if (d < 0) detail::fail_arg("qkgeom::moments", "row dimension d must be >= 0", d);
+        return d;
+    }
 
     /// \brief The row dimension d.
     /// \returns `mean_x.size()`; 0 for a default-constructed `moments`.
@@ -235,6 +249,33 @@ struct moments {
 
 namespace detail {
 
+/// Whether some value of x[0..n) is NaN, ±inf or |x| ≥ input_limit (2¹²⁸).
+/// (bits & exponent) + 0x381·2⁵² carries into the sign bit iff the biased
+/// exponent is ≥ 0x47F = 1023 + 128, i.e. |x| ≥ 2¹²⁸ (±inf and NaN have the
+/// all-ones exponent 0x7FF); OR over the values: integer SSE2 operations only.
+inline bool any_out_of_range(double const* x, index_t n) noexcept {
+    static_assert(input_limit == 0x1p128, "the added constant encodes the exponent of input_limit");
+    std::uint64_t acc = 0;
+    for (index_t j = 0; j < n; ++j)
+        acc |= (std::bit_cast<std::uint64_t>(x[j]) & 0x7ff0000000000000u) + 0x3810000000000000u;
+    return (acc >> 63) != 0;
+}
+
+/// Throws for the first value of a row that `any_out_of_range` flagged,
+/// naming the row, the column, the value and the limit (method §9.18).
+[[noreturn]] inline void fail_out_of_range(std::string_view where, std::string_view dtype, index_t i,
+                                           double const* row, index_t d) {
+    for (index_t j = 0; j < d; ++j) {
+        double const v = row[j];
+        std::string const at = " " + std::string(dtype) + " value at row " + std::to_string(i) + ", column " +
+                               std::to_string(j);
+        if (!std::isfinite(v)) fail_arg(where, "rows: non-finite" + at, v);
+        if (!(std::abs(v) < input_limit))
+            fail_arg(where, "rows:" + at + " is outside the input limit |x| < 2^128 = 3.4028236692093846e+38", v);
+    }
+    fail_arg(where, "rows: value out of range at row", i);  // not reached: some value was flagged
+}
+
 /// Validates one batch (rows, positions, buckets) before anything is mutated
 /// (strong exception guarantee): shapes, non-negative integers, finite values.
 /// `values = false` skips the scan of the values (rows the caller has already
@@ -268,17 +309,7 @@ void check_batch(std::string_view where, index_t d, R const& r, P const& p, B co
     std::vector<double> row(static_cast<std::size_t>(d));
     for (index_t i = 0; i < r.rows(); ++i) {
         r.read_row(i, row.data());
-        // (bits & exponent) + 2^52 carries into the sign bit iff the exponent is
-        // all ones (±inf, NaN); OR over the row: integer SSE2 operations only.
-        std::uint64_t acc = 0;
-        for (double v : row) acc |= (std::bit_cast<std::uint64_t>(v) & 0x7ff0000000000000u) + 0x0010000000000000u;
-        if ((acc >> 63) == 0) continue;
-        for (index_t j = 0; j < d; ++j)
-            if (!std::isfinite(row[static_cast<std::size_t>(j)]))
-                fail_arg(where,
-                         "rows: non-finite " + std::string(r.dtype()) + " value at row " + std::to_string(i) +
-                             ", column " + std::to_string(j),
-                         row[static_cast<std::size_t>(j)]);
+        if (any_out_of_range(row.data(), d)) fail_out_of_range(where, r.dtype(), i, row.data(), d);
     }
 }
 
@@ -315,7 +346,7 @@ void absorb_rows(moments& m, R const& r, P const& p, std::span<index_t const> id
 /// \param[in] positions  n non-negative token positions.
 /// \throws std::invalid_argument on zero rows, a column count other than
 ///         m.dim(), a positions length other than n, negative positions,
-///         NaN/Inf values; `m` is unchanged when it throws.
+///         NaN/Inf values or values outside the input limit |x| < 2^128 (`input_limit`); `m` is unchanged when it throws.
 /// \throws std::bad_alloc if a work buffer cannot be allocated.
 /// \sa bucketed_moments::add
 template <RowMatrix X, IndexVector P>
@@ -374,7 +405,7 @@ struct bucketed_moments {
     /// \pre d ≥ 1.
     /// \throws std::invalid_argument when d < 1, on zero rows, a column count
     ///         other than d, a positions or bucket_ids length other than n,
-    ///         negative positions or bucket ids, NaN/Inf values; strong
+    ///         negative positions or bucket ids, NaN/Inf values or |x| ≥ 2^128; strong
     ///         guarantee: nothing is added when it throws.
     /// \throws std::bad_alloc if a work buffer or bucket cannot be allocated
     ///         (buckets earlier in the batch may then already be updated).
@@ -407,14 +438,17 @@ struct bucketed_moments {
     /// \brief Merge another shard of the same kind (bucket by bucket).
     ///
     /// A shard with no buckets changes nothing (but gives a d = 0 `*this`
-    /// its d, without a dimension check); a d = 0 `*this` adopts o.d.
+    /// its d); a d = 0 `*this` adopts o.d.
     /// \param[in] o the other shard.
     /// \returns `*this`.
-    /// \throws std::invalid_argument when o has buckets and both head
-    ///         dimensions are non-zero and differ (`*this` unchanged).
+    /// \throws std::invalid_argument when both head dimensions are non-zero
+    ///         and differ, also for an empty shard (`*this` unchanged).
     /// \throws std::bad_alloc if a bucket or temporary cannot be allocated.
     template <class = void>  // instantiated on use
     bucketed_moments& operator+=(bucketed_moments const& o) {
+        if (d != 0 && o.d != 0 && o.d != d)
+            detail::fail_arg("qkgeom::bucketed_moments::operator+=",
+                             "head dimension mismatch: this has d = " + std::to_string(d) + ", other has d", o.d);
         if (o.buckets.empty()) {
             if (d == 0) d = o.d;
             return *this;

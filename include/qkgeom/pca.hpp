@@ -86,8 +86,8 @@ struct pca_component {
     index_t component = 0;                 ///< 0-based, descending eigenvalue
     double eigenvalue = detail::nan;       ///< λ_j of Σ_pool (n−1 normalisation); NaN when `status` is not success
     double explained_variance_ratio = detail::nan;  ///< λ_j / trace Σ_pool; NaN when `degenerate`
-    double r_q = detail::nan;              ///< corr(Q v_j, t_q); NaN when the query positions or Q v_j have zero
-                                           ///< variance, or a kind has < 2 rows
+    double r_q = detail::nan;              ///< corr(Q v_j, t_q); NaN when the query positions or Q v_j are
+                                           ///< numerically constant (method §9.17), < 2 query rows, or `degenerate`
     double r_k = detail::nan;              ///< corr(K v_j, t_k); NaN likewise for keys
     Eigen::VectorXd loading;               ///< v_j (unit, sign-canonicalised); all NaN when `status` is not success
 };
@@ -100,11 +100,12 @@ struct pca_result {
     double pc0_r_q = detail::nan;   ///< r_q of component 0 (head_metrics.csv); NaN as pca_component::r_q
     double pc0_r_k = detail::nan;   ///< r_k of component 0; NaN as pca_component::r_k
     head_class taxonomy = head_class::undefined;  ///< class of component 0; `undefined` when pc0_r_q or pc0_r_k is NaN
-    double q_pos_var_frac = detail::nan;  ///< ‖Cov(Q,t)‖² / (Var t_q · trace Σ_Q); NaN when < 2 query rows or Var t_q
-                                          ///< · trace Σ_Q is 0
+    double q_pos_var_frac = detail::nan;  ///< ‖Cov(Q,t)‖² / (Var t_q · trace Σ_Q); NaN when < 2 query rows, or the
+                                          ///< query rows or positions are numerically constant (method §9.17)
     double k_pos_var_frac = detail::nan;  ///< same for keys
-    bool degenerate = false;        ///< pooled variance is zero or fewer than 2 rows (NaN explained-variance ratios);
-                                    ///< also set when `status` is not success
+    bool degenerate = false;        ///< pooled variance numerically zero (method §9.17) or fewer than 2 rows: NaN
+                                    ///< explained-variance ratios and correlations, taxonomy `undefined`; also set
+                                    ///< when `status` is not success
     /// The eigendecomposition of Σ_pool: `success`, or `no_convergence` /
     /// `invalid_input`, in which case `basis`, `eigenvalues` and every
     /// component field are NaN, `taxonomy` is `undefined` and `degenerate`
@@ -140,13 +141,12 @@ void canonicalise_sign(Eigen::VectorXd& v, double& r_q, double& r_k, sign_policy
     }
 }
 
-/// ‖C_xt‖² / (M2_t · trace C_xx): share of the variance linear in position.
+/// ‖C_xt‖² / (M2_t · trace C_xx): share of the variance linear in position;
+/// NaN when the rows or the positions are numerically constant (method §9.17).
 template <class = void>
 double positional_variance_fraction(moments const& m) {
-    double const tr = m.c_xx.trace();
-    double const den = m.m2_t * tr;
-    if (m.n < 2 || !(den > 0)) return nan;
-    return m.c_xt.squaredNorm() / den;
+    if (rows_constant(m) || positions_constant(m)) return nan;
+    return m.c_xt.squaredNorm() / (m.m2_t * m.c_xx.trace());
 }
 
 }  // namespace detail
@@ -197,12 +197,14 @@ pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
     r.basis = es.eigenvectors().rowwise().reverse();
     r.eigenvalues = es.eigenvalues().reverse() * scale;
     double const trace = pool.c_xx.trace() * scale;
-    r.degenerate = !(trace > 0) || pool.n < 2;
+    r.degenerate = detail::rows_constant(pool);  // method §9.17: pooled variance numerically zero
 
     index_t const k = std::min(opt.n_components, d);
     for (index_t j = 0; j < d; ++j) {
         Eigen::VectorXd v = r.basis.col(j);
-        double rq = detail::projection_corr(mq, v), rk = detail::projection_corr(mk, v);
+        // A numerically zero pooled covariance has arbitrary eigenvectors: no correlation.
+        double rq = r.degenerate ? detail::nan : detail::projection_corr(mq, v);
+        double rk = r.degenerate ? detail::nan : detail::projection_corr(mk, v);
         detail::canonicalise_sign(v, rq, rk, opt.sign);
         r.basis.col(j) = v;
         if (j < k) {

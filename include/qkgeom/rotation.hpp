@@ -51,9 +51,11 @@ struct rotation_result {
     double plane_var_fraction = detail::nan;   ///< var_frac_a + var_frac_b; NaN when degenerate_b
     double content_var_b = detail::nan;        ///< (Var(b·q) + Var(b·k)) / 2; NaN when degenerate_b or a kind has < 2
                                                ///< rows
-    bool degenerate_a = false;  ///< ‖c‖ ≤ 1e-12·sqrt(Var t · trace Σ_pool)
-    bool degenerate_b = false;  ///< b undefined (Δ ∥ a, Δ = 0, d = 1, a degenerate; max_separation:
-                                ///< a kind with < 2 rows or top eigenvalue of PMP ≤ 1e-12·trace M)
+    bool degenerate_a = false;  ///< ‖c‖ ≤ 1e-12·sqrt(Var t · trace Σ_pool), or the pooled rows or positions
+                                ///< numerically constant (method §9.17)
+    bool degenerate_b = false;  ///< b undefined (Δ ∥ a, Δ numerically zero (method §9.17), d = 1, a degenerate;
+                                ///< max_separation: a kind with < 2 rows, M numerically zero, or top eigenvalue of
+                                ///< PMP ≤ 1e-12·trace M)
     /// max_separation: the eigendecomposition of PMP: `success` (always so
     /// with `centroid`, or when it was not attempted), or `no_convergence` /
     /// `invalid_input`, in which case `degenerate_b` is set and b and the
@@ -108,7 +110,9 @@ rotation_result planar_rotation(head_moments const& hm, rotation_options const& 
     Eigen::VectorXd const& c = pool.c_xt;
     double const cn = c.norm();
     double const tr_pool = pool.c_xx.trace();
-    r.degenerate_a = pool.n < 2 || !(cn > 1e-12 * std::sqrt(pool.m2_t * tr_pool));
+    // … and, before it, the rows or positions of the pool numerically constant (method §9.17).
+    r.degenerate_a = detail::rows_constant(pool) || detail::positions_constant(pool) ||
+                     !(cn > 1e-12 * std::sqrt(pool.m2_t * tr_pool));
     // --- b needs Δ = μ_Q − μ_K and M (second moment of q − k), sample-normalised
     Eigen::VectorXd const delta = mq.mean_x - mk.mean_x;
     // Σ_Q, Σ_K (n−1); undefined (NaN) for a kind with a single row, and so is M.
@@ -132,18 +136,21 @@ rotation_result planar_rotation(head_moments const& hm, rotation_options const& 
     r.r_k_a = detail::projection_corr(mk, a);
     r.position_r = std::abs(detail::projection_corr(pool, a));
     r.bias_strength = r.mu_q_a * r.alpha_k;
-    r.var_frac_a = a.dot(pool.c_xx * a) / tr_pool;
+    r.var_frac_a = detail::projection_constant(pool, a) ? 0.0 : a.dot(pool.c_xx * a) / tr_pool;
 
     // --- axis b
     Eigen::VectorXd const pdelta = delta - a * a.dot(delta);
     Eigen::MatrixXd const M = Sq + Sk + delta * delta.transpose();
     Eigen::VectorXd b;
+    // Δ numerically zero against the centroids (method §9.17): Q and K share their mean.
+    bool const delta_zero = detail::numerically_zero(delta.squaredNorm(),
+                                                     mq.mean_x.squaredNorm() + mk.mean_x.squaredNorm());
     if (opt.separation == separation_policy::centroid) {
         double const pn = pdelta.norm();
-        r.degenerate_b = d < 2 || !(pn > 1e-12 * delta.norm());
+        r.degenerate_b = d < 2 || delta_zero || !(pn > 1e-12 * delta.norm());
         if (!r.degenerate_b) b = pdelta / pn;
-    } else if (!have_m) {
-        r.degenerate_b = true;  // M needs Σ_Q and Σ_K
+    } else if (!have_m || (delta_zero && detail::rows_constant(mq) && detail::rows_constant(mk))) {
+        r.degenerate_b = true;  // M needs Σ_Q and Σ_K; M numerically zero (method §9.17)
     } else {
         // P M P with P = I − aaᵀ, applied implicitly; its top eigenvector is ⟂ a.
         Eigen::MatrixXd PM = M - a * (a.transpose() * M);
@@ -168,10 +175,11 @@ rotation_result planar_rotation(head_moments const& hm, rotation_options const& 
     r.mu_k_b = b.dot(mk.mean_x);
     double const trM = M.trace();
     r.separation_strength = have_m && trM > 0 ? b.dot(M * b) / trM : detail::nan;
-    r.var_frac_b = b.dot(pool.c_xx * b) / tr_pool;
+    r.var_frac_b = detail::projection_constant(pool, b) ? 0.0 : b.dot(pool.c_xx * b) / tr_pool;
     r.plane_var_fraction = r.var_frac_a + r.var_frac_b;
-    double const vq = mq.n >= 2 ? b.dot(Sq * b) : detail::nan;
-    double const vk = mk.n >= 2 ? b.dot(Sk * b) : detail::nan;
+    // A numerically constant projection has variance exactly 0 (method §9.17).
+    double const vq = mq.n < 2 ? detail::nan : detail::projection_constant(mq, b) ? 0.0 : b.dot(Sq * b);
+    double const vk = mk.n < 2 ? detail::nan : detail::projection_constant(mk, b) ? 0.0 : b.dot(Sk * b);
     r.content_var_b = 0.5 * (vq + vk);
     return r;
 }

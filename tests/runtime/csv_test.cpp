@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <charconv>
 #include <chrono>
@@ -175,7 +176,7 @@ strings const head_metrics_cols{
     "mu_k_b",         "alpha_q",         "alpha_k",          "r_q_a",             "r_k_a",
     "position_r",     "bias_strength",   "separation_strength", "var_frac_a",     "var_frac_b",
     "plane_var_fraction", "content_var_b", "residual_pos_cov", "pc0_r_q",         "pc0_r_k",
-    "q_pos_var_frac", "k_pos_var_frac",  "taxonomy"};
+    "q_pos_var_frac", "k_pos_var_frac",  "taxonomy",         "flags"};
 
 strings const summary_tail{
     "n_heads",
@@ -263,11 +264,57 @@ TEST_CASE("csv: head_metrics.csv has the documented columns and one exact row pe
             CHECK(same(row[3 + j], v[j]));
             saw_nan = saw_nan || row[3 + j] == "nan";
         }
-        CHECK(classes.count(row.back()) == 1);
-        CHECK(row.back() == qkgeom::to_string(h.pca.taxonomy));
+        auto const& taxonomy = row[row.size() - 2];
+        CHECK(classes.count(taxonomy) == 1);
+        CHECK(taxonomy == qkgeom::to_string(h.pca.taxonomy));
+        CHECK(row.back() == qkgeom::head_flags_text(h));
     }
     CHECK(saw_nan);  // layer 1 has no diagnostics
     CHECK(std::isfinite(heads()[0].householder.q_R2_pos));
+}
+
+TEST_CASE("csv: the flags column lists a degenerate head's flags, ';'-separated, in bit order", "[csv]") {
+    syn::layer_spec L;
+    L.d = 8;
+    L.rotary_dims = 4;
+    L.n_q_heads = 1;
+    L.n_kv_heads = 1;
+    syn::capture_spec cap;
+    cap.n_examples = 6;
+    cap.context_length = 512;
+    cap.buckets = {qkgeom::bucket_scheme::uniform, 64, 4.0};
+    auto hc = syn::generate_head(L, cap, 0);
+    Eigen::RowVectorXd const v = hc.queries.vectors.row(0);
+    hc.queries.vectors.rowwise() = v;  // every query row the same vector (method §9.17)
+    std::vector<qkgeom::head_analysis> const hs{qkgeom::analyze_head(hc),
+                                                heads()[0]};
+    auto const t = written([&](std::ostream& os) { rep::write_head_metrics(os, hs); });
+    REQUIRE(t.rows.size() == 2);
+    std::string const flags = t.rows[0].back();
+    INFO(flags);
+    // Split on ';': every word is a documented flag, in bit order, and the
+    // causes planted here are among them.
+    strings words;
+    for (std::size_t a = 0; a <= flags.size();) {
+        auto const b = std::min(flags.find(';', a), flags.size());
+        words.push_back(flags.substr(a, b - a));
+        a = b + 1;
+    }
+    std::size_t last = 0;
+    for (auto const& w : words) {
+        auto const it = std::find(qkgeom::head_flag_names.begin(), qkgeom::head_flag_names.end(), w);
+        REQUIRE(it != qkgeom::head_flag_names.end());
+        auto const bit = static_cast<std::size_t>(it - qkgeom::head_flag_names.begin());
+        CHECK((bit >= last));
+        last = bit;
+    }
+    for (std::string w : {"q_constant", "pc0_q_flat", "pos_residual_degenerate", "sem_degenerate",
+                          "no_plasticity_pairs"})
+        CHECK(std::find(words.begin(), words.end(), w) != words.end());
+    CHECK(std::find(words.begin(), words.end(), "k_constant") == words.end());
+    CHECK(t.rows[0][t.header.size() - 2] == "undefined");
+    CHECK(t.rows[1].back() == qkgeom::head_flags_text(heads()[0]));  // healthy head: "" (no flag)
+    CHECK(heads()[0].flags == 0);
 }
 
 TEST_CASE("csv: head_bucket_plasticity.csv: one row per cell", "[csv]") {

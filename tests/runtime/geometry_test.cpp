@@ -18,10 +18,14 @@
 
 #include <Eigen/SVD>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "test_util.hpp"
@@ -607,4 +611,285 @@ TEST_CASE("the thesis' reversal: PCA favours Q, the drift axis favours K", "[geo
     CHECK(std::abs(r.r_q_a - hc.truth.r_q_a) < 0.03);
     CHECK(std::abs(r.r_k_a - hc.truth.r_k_a) < 0.03);
     CHECK(p.taxonomy != qkgeom::head_class::position_dominated);
+}
+
+// ---------------------------------------------------------------------------
+// Issue 14, classes 1 and 2: the input limit (method §9.18) and degenerate
+// data as NaN plus a flag (method §9.17), on planted data.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+/// A synthetic head of realistic size (d = 32, a few thousand rows per kind).
+qkgeom::synthetic::head_capture degenerate_base(std::int64_t n_examples = 24) {
+    qkgeom::synthetic::layer_spec L;
+    L.d = 32;
+    L.rotary_dims = 16;
+    L.n_q_heads = 1;
+    L.n_kv_heads = 1;
+    L.mix = true;
+    qkgeom::synthetic::capture_spec cap;
+    cap.n_examples = n_examples;
+    cap.context_length = 1024;
+    cap.buckets = {.scheme = qkgeom::bucket_scheme::uniform, .width = 128, .rate = 1.0};
+    return qkgeom::synthetic::generate_head(L, cap, 0);
+}
+
+bool has_flag(qkgeom::head_analysis const& h, qkgeom::head_flag f) { return h.has(f); }
+
+double metric(qkgeom::head_analysis const& h, std::string_view name) {
+    auto const v = qkgeom::head_metric_values(h);
+    for (std::size_t i = 0; i < v.size(); ++i)
+        if (qkgeom::head_metric_names[i] == name) return v[i];
+    FAIL("no metric " << name);
+    return 0;
+}
+
+}  // namespace
+
+TEST_CASE("input limit: |x| >= 2^128 is rejected with row, column, value and limit on every path", "[degenerate][limit]") {
+    auto hc = degenerate_base(4);
+    double const big = std::ldexp(1.0, 128);
+    for (double bad : {1e154, big, -big, std::numeric_limits<double>::max()}) {
+        auto h = hc;
+        h.queries.vectors(3, 5) = bad;
+        std::string const msg = qkgeom_test::invalid_argument_of([&] { (void)qkgeom::analyze_head(h); });
+        INFO(msg);
+        CHECK(msg.find("row 3, column 5") != std::string::npos);
+        CHECK(msg.find("input limit |x| < 2^128") != std::string::npos);
+        CHECK(msg.find("value") != std::string::npos);
+        // streaming add
+        qkgeom::bucketed_moments bm(h.queries.vectors.cols());
+        CHECK(qkgeom_test::invalid_argument_of([&] { bm.add(h.queries.vectors, h.queries.position, h.queries.bucket); })
+                  .find("row 3, column 5") != std::string::npos);
+        CHECK(bm.count() == 0);
+        qkgeom::moments m(h.queries.vectors.cols());
+        CHECK(qkgeom_test::invalid_argument_of([&] { qkgeom::add_rows(m, h.queries.vectors, h.queries.position); })
+                  .find("input limit") != std::string::npos);
+    }
+    // keys: both plasticity overloads and the moments overload of analyze_head
+    auto const model = qkgeom::householder(hc.queries.vectors, hc.queries.position, hc.queries.bucket);
+    auto h = hc;
+    h.keys.vectors(7, 0) = -1e200;
+    CHECK(qkgeom_test::invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, h); })
+              .find("keys: rows: f64 value at row 7, column 0 is outside the input limit") != std::string::npos);
+    CHECK(qkgeom_test::invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, h.keys, h.facts); })
+              .find("row 7, column 0") != std::string::npos);
+    qkgeom::head_moments hm(hc.queries.vectors.cols(), hc.id);
+    hm.add(qkgeom::kind::query, hc.queries);
+    hm.add(qkgeom::kind::key, hc.keys);
+    CHECK(qkgeom_test::invalid_argument_of([&] { (void)qkgeom::analyze_head(hm, h.keys, h.facts); })
+              .find("row 7, column 0 is outside the input limit") != std::string::npos);
+    // moments holding an out-of-range mean (e.g. a hand-built shard)
+    auto hm_bad = hm;
+    hm_bad.q.buckets.begin()->second.mean_x(2) = 1e300;
+    CHECK(qkgeom_test::invalid_argument_of([&] { (void)qkgeom::analyze_head(hm_bad, hc.keys, hc.facts); })
+              .find("outside |x| < 2^128") != std::string::npos);
+    // the largest value below the limit is accepted
+    auto ok = hc;
+    ok.queries.vectors(0, 0) = std::nextafter(big, 0.0);
+    CHECK_NOTHROW(qkgeom::analyze_head(ok));
+}
+
+TEST_CASE("values just under the input limit keep every output finite and scale-invariant ones unchanged",
+          "[degenerate][limit]") {
+    auto const hc = degenerate_base();
+    double const m = std::max(hc.queries.vectors.cwiseAbs().maxCoeff(), hc.keys.vectors.cwiseAbs().maxCoeff());
+    // a power of two: the scaled rows are exact, and the largest is in [2^126, 2^127)
+    double const s = std::ldexp(1.0, 126 - std::ilogb(m));
+    auto big = hc;
+    big.queries.vectors *= s;
+    big.keys.vectors *= s;
+    REQUIRE(big.queries.vectors.cwiseAbs().maxCoeff() < std::ldexp(1.0, 128));
+    REQUIRE(big.queries.vectors.cwiseAbs().maxCoeff() >= std::ldexp(1.0, 126));
+    INFO("rows " << hc.queries.vectors.rows() << " x " << hc.queries.vectors.cols());
+    auto const a = qkgeom::analyze_head(hc), b = qkgeom::analyze_head(big);
+    auto const va = qkgeom::head_metric_values(a), vb = qkgeom::head_metric_values(b);
+    for (std::size_t i = 0; i < va.size(); ++i) {
+        INFO(qkgeom::head_metric_names[i] << ": " << va[i] << " vs " << vb[i]);
+        CHECK(std::isnan(va[i]) == std::isnan(vb[i]));
+        CHECK(!std::isinf(vb[i]));
+    }
+    CHECK(a.flags == b.flags);
+    // scale-invariant metrics: the same numbers (power-of-two scaling is exact)
+    for (auto name : {"q_R2_pos", "pos_ks_p", "sem_median_ks_p", "ap_overall", "ap_drop", "gaussian_gap", "r_q_a",
+                      "r_k_a", "position_r", "var_frac_a", "plane_var_fraction", "pc0_r_q", "pc0_r_k",
+                      "q_pos_var_frac", "k_pos_var_frac"}) {
+        INFO(name << ": " << metric(a, name) << " vs " << metric(b, name));
+        CHECK(std::isfinite(metric(b, name)));
+        CHECK(std::abs(metric(a, name) - metric(b, name)) <= 1e-9 * std::max(1.0, std::abs(metric(a, name))));
+    }
+    CHECK(metric(b, "q_beta_norm") == Approx(metric(a, "q_beta_norm") * s).epsilon(1e-9));
+}
+
+TEST_CASE("identical query rows give NaN and flags, at every scale", "[degenerate]") {
+    auto const hc = degenerate_base(8);
+    std::mt19937_64 gen(7);
+    std::normal_distribution<double> nd;
+    Eigen::RowVectorXd v = Eigen::RowVectorXd::NullaryExpr(hc.queries.vectors.cols(), [&] { return nd(gen); });
+    for (double scale : {1e-3, 1.0, 1e3}) {
+        INFO("scale " << scale);
+        auto h = hc;
+        h.queries.vectors.rowwise() = v * scale;
+        auto const r = qkgeom::analyze_head(h);
+        using F = qkgeom::head_flag;
+        for (auto name : {"pc0_r_q", "q_pos_var_frac", "r_q_a", "pos_skew", "pos_ks_p", "sem_median_ks_p",
+                          "sem_frac_ks_reject", "ap_overall", "ap_drop"}) {
+            INFO(name << " = " << metric(r, name));
+            CHECK(std::isnan(metric(r, name)));
+        }
+        CHECK(r.pca.taxonomy == qkgeom::head_class::undefined);
+        // β = 0 exactly: H = I, alpha_pos is the mean of coordinate 0 (method §9.7), R² of constants 0
+        CHECK(metric(r, "q_beta_norm") == 0.0);
+        CHECK(metric(r, "alpha_pos") == Approx(v(0) * scale).epsilon(1e-12));
+        CHECK(metric(r, "q_R2_pos") == 0.0);
+        CHECK(metric(r, "alpha_q") == 0.0);
+        CHECK(metric(r, "sigma2_pos") == 0.0);
+        for (F f : {F::q_constant, F::pc0_q_flat, F::q_beta_zero, F::pos_residual_degenerate, F::sem_degenerate,
+                    F::no_plasticity_pairs})
+            CHECK(has_flag(r, f));
+        for (F f : {F::k_constant, F::q_positions_constant, F::k_positions_constant, F::pca_degenerate,
+                    F::drift_degenerate})
+            CHECK_FALSE(has_flag(r, f));
+        // the keys are healthy: their metrics stay finite
+        CHECK(std::isfinite(metric(r, "r_k_a")));
+        CHECK(std::isfinite(metric(r, "k_pos_var_frac")));
+        CHECK(qkgeom::head_flags_text(r).find("q_constant") == 0);
+    }
+}
+
+TEST_CASE("identical key rows give NaN and flags", "[degenerate]") {
+    auto const hc = degenerate_base(8);
+    for (double scale : {1e-3, 1.0, 1e3}) {
+        INFO("scale " << scale);
+        auto h = hc;
+        Eigen::RowVectorXd const v = hc.keys.vectors.row(0) * scale;
+        h.keys.vectors.rowwise() = v;
+        auto const r = qkgeom::analyze_head(h);
+        using F = qkgeom::head_flag;
+        for (auto name : {"pc0_r_k", "k_pos_var_frac", "r_k_a", "ap_overall"}) {
+            INFO(name << " = " << metric(r, name));
+            CHECK(std::isnan(metric(r, name)));
+        }
+        CHECK(metric(r, "alpha_k") == 0.0);
+        CHECK(metric(r, "bias_strength") == 0.0);
+        for (F f : {F::k_constant, F::pc0_k_flat, F::no_plasticity_pairs}) CHECK(has_flag(r, f));
+        CHECK_FALSE(has_flag(r, F::q_constant));
+        CHECK(std::isfinite(metric(r, "pc0_r_q")));
+        CHECK(std::isfinite(metric(r, "pos_ks_p")));
+        CHECK(r.plasticity.n_pairs_skipped > 0);
+    }
+}
+
+TEST_CASE("queries and keys all the same vector: every closed form NaN, flagged", "[degenerate]") {
+    auto h = degenerate_base(4);
+    Eigen::RowVectorXd const v = h.queries.vectors.row(0);
+    h.queries.vectors.rowwise() = v;
+    h.keys.vectors.rowwise() = v;
+    auto const r = qkgeom::analyze_head(h);
+    using F = qkgeom::head_flag;
+    for (F f : {F::q_constant, F::k_constant, F::pca_degenerate, F::drift_degenerate, F::separation_degenerate})
+        CHECK(has_flag(r, f));
+    for (auto name : {"pc0_r_q", "pc0_r_k", "r_q_a", "r_k_a", "position_r", "var_frac_a", "separation_strength"})
+        CHECK(std::isnan(metric(r, name)));
+}
+
+TEST_CASE("a query coordinate constant, or positions constant: its R² is 0, flags name the cause", "[degenerate]") {
+    auto h = degenerate_base(8);
+    h.queries.vectors.col(3).setConstant(0.7);
+    auto const r = qkgeom::analyze_head(h);
+    CHECK(r.householder.component_r2(3) == 0.0);
+    CHECK(r.householder.component_weight(3) == 0.0);
+    CHECK(r.flags == 0);
+    // every key at one position (bucket 0): the key position correlations are undefined
+    auto hk = degenerate_base(8);
+    std::fill(hk.keys.position.values().begin(), hk.keys.position.values().end(), 5);
+    std::fill(hk.keys.bucket.values().begin(), hk.keys.bucket.values().end(), 0);
+    auto const rk = qkgeom::analyze_head(hk);
+    CHECK(rk.has(qkgeom::head_flag::k_positions_constant));
+    CHECK(rk.has(qkgeom::head_flag::pc0_k_flat));
+    CHECK(std::isnan(metric(rk, "pc0_r_k")));
+    CHECK(std::isnan(metric(rk, "k_pos_var_frac")));
+    CHECK(std::isnan(metric(rk, "alpha_k")));
+    CHECK(std::isnan(metric(rk, "r_k_a")));
+    // key bucket 0 is earlier than every later query bucket: the plasticity is defined
+    CHECK_FALSE(rk.has(qkgeom::head_flag::no_plasticity_pairs));
+    CHECK(std::isfinite(metric(rk, "ap_overall")));
+}
+
+TEST_CASE("data just above the zero threshold stays finite (the threshold is not too coarse)", "[degenerate]") {
+    auto const hc = degenerate_base(8);
+    // every query row = a large common vector + the head's own spread: relative
+    // variance ~1e-12 per coordinate, far above 16 ε but far below 1
+    Eigen::RowVectorXd const off = Eigen::RowVectorXd::Constant(hc.queries.vectors.cols(), 1e6);
+    auto h = hc;
+    h.queries.vectors.rowwise() += off;
+    h.keys.vectors.rowwise() += off;
+    auto const a = qkgeom::analyze_head(hc), b = qkgeom::analyze_head(h);
+    CHECK(b.flags == a.flags);
+    // translation-invariant metrics agree to the rounding of the shifted inputs
+    for (auto name : {"q_R2_pos", "q_beta_norm", "sigma2_pos", "pos_ks_p", "sem_median_ks_p", "r_q_a", "r_k_a",
+                      "pc0_r_q", "pc0_r_k", "q_pos_var_frac", "k_pos_var_frac", "position_r"}) {
+        INFO(name << ": " << metric(a, name) << " vs " << metric(b, name));
+        REQUIRE(std::isfinite(metric(b, name)));
+        CHECK(std::abs(metric(a, name) - metric(b, name)) <= 1e-5 * std::max(1.0, std::abs(metric(a, name))));
+    }
+    CHECK(std::isfinite(metric(b, "ap_overall")));
+    // a tiny spread, 3e-7 relative (5 float32 ulps): still a variance
+    auto t = hc;
+    Eigen::RowVectorXd const v = hc.queries.vectors.row(0);
+    for (index_t i = 0; i < t.queries.vectors.rows(); ++i)
+        t.queries.vectors.row(i) = v * (1.0 + 3e-7 * std::sin(double(i)));
+    auto const rt = qkgeom::analyze_head(t);
+    CHECK_FALSE(rt.has(qkgeom::head_flag::q_constant));
+    CHECK(std::isfinite(metric(rt, "q_pos_var_frac")));
+}
+
+TEST_CASE("householder_diagnostics on no rows: NaN and flags, no exception", "[degenerate]") {
+    auto const hc = degenerate_base(4);
+    auto const model = qkgeom::householder(hc.queries.vectors, hc.queries.position, hc.queries.bucket);
+    Eigen::MatrixXd const none(0, hc.queries.vectors.cols());
+    std::vector<std::int64_t> const no_pos;
+    auto const d = qkgeom::householder_diagnostics(model, none, no_pos);
+    CHECK(std::isnan(d.pos_ks_p));
+    CHECK(std::isnan(d.sem_median_ks_p));
+    CHECK(d.pos_degenerate);
+    CHECK(d.sem_degenerate);
+    auto const full = qkgeom::householder_diagnostics(model, hc.queries.vectors, hc.queries.position);
+    CHECK_FALSE(full.pos_degenerate);
+    CHECK_FALSE(full.sem_degenerate);
+}
+
+TEST_CASE("analyze_head from moments: clear errors for missing or mismatched keys", "[degenerate]") {
+    auto const hc = degenerate_base(4);
+    qkgeom::head_moments hm(hc.queries.vectors.cols(), hc.id);
+    hm.add(qkgeom::kind::query, hc.queries);
+    CHECK(qkgeom_test::invalid_argument_of([&] { (void)qkgeom::analyze_head(hm, hc.keys, hc.facts); })
+              .find("no key rows in the head's moments") != std::string::npos);
+    hm.add(qkgeom::kind::key, hc.keys);
+    auto const r = qkgeom::analyze_head(hm, hc.keys, hc.facts);
+    CHECK(r.id == hc.id);
+    // keys of another dimension, or another row count, than the key moments
+    auto fewer = hc.keys;
+    fewer.vectors = hc.keys.vectors.topRows(hc.keys.vectors.rows() - 1);
+    fewer.position.values().pop_back();
+    fewer.bucket.values().pop_back();
+    fewer.example_id.values().pop_back();
+    CHECK(qkgeom_test::invalid_argument_of([&] { (void)qkgeom::analyze_head(hm, fewer, hc.facts); })
+              .find("row count differs from the key moments") != std::string::npos);
+    auto narrow = hc.keys;
+    narrow.vectors = hc.keys.vectors.leftCols(hc.keys.vectors.cols() - 1);
+    CHECK(qkgeom_test::invalid_argument_of([&] { (void)qkgeom::analyze_head(hm, narrow, hc.facts); })
+              .find("keys: head dimension differs from the moments' d = 32") != std::string::npos);
+}
+
+TEST_CASE("moments: negative dimension and an empty shard of another dimension are rejected", "[degenerate][moments]") {
+    CHECK(qkgeom_test::invalid_argument_of([] { qkgeom::moments m(-1); }).find("d must be >= 0") != std::string::npos);
+    qkgeom::bucketed_moments a(4);
+    qkgeom::bucketed_moments const empty5(5);
+    CHECK(qkgeom_test::invalid_argument_of([&] { a += empty5; }).find("head dimension mismatch") != std::string::npos);
+    CHECK(a.d == 4);
+    qkgeom::bucketed_moments z;
+    z += empty5;
+    CHECK(z.d == 5);
 }

@@ -158,7 +158,7 @@ inline void torch_group_pairs(at::Tensor const& K, at::Tensor const& Krot, torch
 /// \param[in] topt   GEMM dtype, tile size, fallback threshold
 /// \returns the cells, in the order of `attention_plasticity(...).cells`
 /// \throws std::invalid_argument on mismatched shapes or lengths, NaN/Inf in a
-///         key, negative positions or buckets, buckets that do not match the
+///         key or a key value outside |x| < 2^128 (`input_limit`), negative positions or buckets, buckets that do not match the
 ///         positions (when `facts.buckets` is given), `enumeration_policy::sampled`,
 ///         or bad options.
 inline torch_plasticity_result torch_attention_plasticity(householder_result const& model,
@@ -193,7 +193,18 @@ inline torch_plasticity_result torch_attention_plasticity(householder_result con
 
     at::Device const dev = kt.device();
     at::Tensor const K = kt.detach().to(at::kDouble);
-    if (!at::isfinite(K).all().item<bool>()) detail::fail_arg(fn, "keys: a key value is not finite; finite", 0);
+    // NaN, ±inf and |x| ≥ 2^128 all fail |x| < input_limit (method §9.18).
+    at::Tensor const in_range = K.abs() < input_limit;
+    if (!in_range.all().item<bool>()) {
+        at::Tensor const at_ = at::nonzero(in_range.logical_not())[0].to(at::kCPU);
+        auto const i = at_[0].item<std::int64_t>(), j = at_[1].item<std::int64_t>();
+        double const v = K[i][j].item<double>();
+        detail::fail_arg(fn,
+                         "keys: value at row " + std::to_string(i) + ", column " + std::to_string(j) +
+                             (std::isfinite(v) ? " is outside the input limit |x| < 2^128 = 3.4028236692093846e+38"
+                                               : " is not finite"),
+                         v);
+    }
     at::Tensor Krot = K;
     if (!model.H.is_identity()) {  // k̃ = k − γ u (u·k), never forming H
         at::Tensor const u = detail::torch_vector(model.H.u, dev);

@@ -11,11 +11,64 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <vector>
 
 namespace qkgeom::detail {
 
+/// Relative tolerance of "numerically zero" (method §9.17): a variance,
+/// co-moment or squared norm is zero when it is at most 16 ε times the
+/// data's scale (its sum of squares, in the same units). 16 ε ≈ 3.6e-15 is
+/// about the squared relative resolution of float32 (2⁻²⁴)², so every
+/// spread a float32/bf16/f16 capture can hold stays above it, and the
+/// rounding noise of the centred moments of identical rows (≈ ε² of the
+/// scale) stays far below it.
+inline constexpr double zero_tolerance = 16 * std::numeric_limits<double>::epsilon();
+
+/// The one test of method §9.17: is `value` numerically zero relative to
+/// `scale` (same units, e.g. a co-moment against a sum of squares)? True
+/// for |value| ≤ zero_tolerance · scale, and for NaN.
+inline bool numerically_zero(double value, double scale) noexcept {
+    return !(std::abs(value) > zero_tolerance * scale);
+}
+
+/// `value` when it is not numerically zero relative to `scale`, else exactly 0
+/// (a variance below the rounding floor of its data, method §9.17).
+inline double snap_zero(double value, double scale) noexcept {
+    return numerically_zero(value, scale) && !std::isnan(value) ? 0.0 : value;
+}
+
+/// Element-wise `snap_zero` of a vector of variances.
+template <class = void>
+Eigen::VectorXd snap_zero(Eigen::VectorXd v, double scale) {
+    for (index_t i = 0; i < v.size(); ++i) v(i) = snap_zero(v(i), scale);
+    return v;
+}
+
+/// Σ‖x‖² of a group of rows, trace C_xx + n‖x̄‖²: the scale of its co-moments.
+template <class = void>
+double sum_squares_x(moments const& m) {
+    return m.c_xx.trace() + static_cast<double>(m.n) * m.mean_x.squaredNorm();
+}
+
+/// Σt² of a group, M2_t + n t̄²: the scale of M2_t.
+inline double sum_squares_t(moments const& m) noexcept {
+    return m.m2_t + static_cast<double>(m.n) * m.mean_t * m.mean_t;
+}
+
+/// Fewer than 2 rows, or every row numerically the same vector: trace C_xx
+/// numerically zero relative to Σ‖x‖² (method §9.17).
+template <class = void>
+bool rows_constant(moments const& m) {
+    return m.n < 2 || numerically_zero(m.c_xx.trace(), sum_squares_x(m));
+}
+
+/// Fewer than 2 rows or every position the same (positions are exact
+/// integers, so M2_t is exactly 0 then; the scale test is the same rule).
+inline bool positions_constant(moments const& m) noexcept {
+    return m.n < 2 || numerically_zero(m.m2_t, sum_squares_t(m));
+}
 
 /// Pearson correlation from co-moments (ddof-free, method §9.1): cxy / sqrt(cxx·cyy),
 /// clamped to [-1, 1]; NaN when either variance is zero or not finite.
@@ -25,17 +78,27 @@ inline double corr_from_comoments(double cxy, double cxx, double cyy) noexcept {
     return std::clamp(cxy / den, -1.0, 1.0);
 }
 
-/// corr(v·x, t) for one group of rows: v·C_xt / sqrt(vᵀ C_xx v · M2_t).
+/// Is the projection v·x of a group numerically constant: vᵀ C_xx v
+/// numerically zero relative to ‖v‖² Σ‖x‖² (method §9.17)?
+template <class = void>
+bool projection_constant(moments const& m, Eigen::VectorXd const& v) {
+    return m.n < 2 || numerically_zero(v.dot(m.c_xx * v), v.squaredNorm() * sum_squares_x(m));
+}
+
+/// corr(v·x, t) for one group of rows: v·C_xt / sqrt(vᵀ C_xx v · M2_t);
+/// NaN when v·x or t is numerically constant (method §9.17).
 template <class = void>
 double projection_corr(moments const& m, Eigen::VectorXd const& v) {
-    if (m.n < 2) return nan;
+    if (positions_constant(m) || projection_constant(m, v)) return nan;
     return corr_from_comoments(v.dot(m.c_xt), v.dot(m.c_xx * v), m.m2_t);
 }
 
-/// OLS slope of v·x on t for one group: v·C_xt / M2_t (NaN when Var t = 0).
+/// OLS slope of v·x on t for one group: v·C_xt / M2_t (NaN when Var t = 0);
+/// exactly 0 when v·x is numerically constant (method §9.17).
 template <class = void>
 double projection_slope(moments const& m, Eigen::VectorXd const& v) {
-    if (m.n < 2 || !(m.m2_t > 0)) return nan;
+    if (positions_constant(m)) return nan;
+    if (projection_constant(m, v)) return 0.0;
     return v.dot(m.c_xt) / m.m2_t;
 }
 
@@ -58,6 +121,8 @@ bool orient_by_largest_entry(Eigen::VectorXd& v) {
 template <class = void>
 void check_head(std::string_view where, head_moments const& hm) {
     if (hm.d <= 0) fail_arg(where, "head_moments has no dimension (d)", hm.d);
+    if (hm.q.d != hm.d) fail_arg(where, "query moments: head dimension differs from the head's d = " + std::to_string(hm.d) + "; q.d", hm.q.d);
+    if (hm.k.d != hm.d) fail_arg(where, "key moments: head dimension differs from the head's d = " + std::to_string(hm.d) + "; k.d", hm.k.d);
     if (hm.q.count() == 0) fail_arg(where, "no query rows in the head's moments; query rows", 0);
     if (hm.k.count() == 0) fail_arg(where, "no key rows in the head's moments; key rows", 0);
 }

@@ -9,7 +9,8 @@
 // least `dense_min_keys` keys form the weighted Gram matrix G = K̃ V_b K̃ᵀ
 // tile by tile (GEMM) followed by an element-wise Φ ("dense"); both give the
 // same PP to rounding (tested to 1e-12). Sampled enumeration draws pairs per
-// cell with a seed of (seed, b, c).
+// cell with a seed of (head stream, b, c); the head stream mixes the options'
+// seed with the head's identity (`head_stream_seed`, pair_plan.hpp).
 // IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
 #pragma once
 
@@ -313,7 +314,9 @@ void evaluate_group_exact(Evaluator& ev, key_store const& k, bucket_eval const& 
 }
 
 /// Seeded sampling of one cell (method §6): a group with probability ∝ its pair
-/// count, then two distinct keys uniformly. Draws depend on (seed, b, c) only.
+/// count, then two distinct keys uniformly. Draws depend on (o.seed, b, c)
+/// only, where o.seed is the head's stream (`head_stream_seed`: the entry
+/// points replace the options' seed with it, so heads draw independently).
 template <class Evaluator>
 void evaluate_cell_sampled(Evaluator& ev, bucket_eval const& e, std::vector<std::vector<index_t> const*> const& groups,
                            cell_acc& acc, plasticity_options const& o, std::int64_t b, std::int64_t c) {

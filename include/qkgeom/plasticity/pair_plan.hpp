@@ -48,6 +48,20 @@ inline bool in_window(capture_facts const& f, std::int64_t b, std::int64_t c) {
     return bucket_last_position(s, c) >= bucket_first_position(s, b) - f.sliding_window;
 }
 
+/// The sampling stream of one head (method §6): the seed mixed with the head's
+/// identity, so that heads sharing key positions draw independent pairs:
+///     h = splitmix64(seed ^ 0x7061697273616D70)   // "pairsamp"
+///     h = splitmix64(h ^ layer); h = splitmix64(h ^ q_head); h = splitmix64(h ^ k_head)
+/// (fields as two's-complement 64-bit words). A cell (b, c) of the head then
+/// draws from mt19937_64 seeded with splitmix64(splitmix64(h ^ b) ^ c).
+/// The one implementation, for every path that samples.
+constexpr std::uint64_t head_stream_seed(std::uint64_t seed, head_id const& id) noexcept {
+    std::uint64_t h = splitmix64(seed ^ 0x7061697273616D70ULL);
+    h = hash_step(h, static_cast<std::uint64_t>(id.layer));
+    h = hash_step(h, static_cast<std::uint64_t>(id.q_head));
+    return hash_step(h, static_cast<std::uint64_t>(id.k_head));
+}
+
 /// The keys of one example in one key bucket (row indices, ascending).
 struct key_group {
     std::int64_t example = 0;

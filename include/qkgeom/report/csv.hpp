@@ -96,12 +96,13 @@ inline std::string csv_quote(std::string_view s) {
 // ---------------------------------------------------------------------------
 
 /// \brief Columns of head_metrics.csv: layer, q_head, k_head, every
-/// `head_metric_names` entry in order, taxonomy.
+/// `head_metric_names` entry in order, taxonomy, flags.
 /// \returns the column names, in file order (docs/outputs.md).
 inline std::vector<std::string> head_metrics_columns() {
     std::vector<std::string> c{"layer", "q_head", "k_head"};
     for (auto n : head_metric_names) c.emplace_back(n);
     c.emplace_back("taxonomy");
+    c.emplace_back("flags");
     return c;
 }
 
@@ -232,6 +233,7 @@ inline void write_head_metrics(std::ostream& os, std::span<head_analysis const> 
             else w.num(v[i]);
         }
         w.raw(to_string(h.pca.taxonomy));
+        w.raw(head_flags_text(h));  // names of [a-z0-9_] joined by ';': never needs quoting
         w.end();
     }
     detail::check_stream(os, "qkgeom::report::write_head_metrics");
