@@ -1013,7 +1013,7 @@ def _(ctx):
         m["sliding_window"] = [128] * m["n_layers"]
         m["capture"]["eligibility"] = "full_attention_only"
     edit_manifest(cap, fn)
-    expect_error(ctx.analyze(cap, out), ["manifest.json"], [("head",)])
+    expect_error(ctx.analyze(cap, out), ["manifest.json"], [("head",), ("sliding_window", "eligib", "window")])
     if os.path.exists(os.path.join(out, "head_metrics.csv")):
         raise Fail("zero heads: head_metrics.csv written anyway")
 
@@ -1022,7 +1022,7 @@ def _(ctx):
 def _(ctx):
     base, cap, out = setup_copy(ctx)
     edit_manifest(cap, lambda m: m["capture"].update(head_count=0))
-    expect_error(ctx.analyze(cap, out), ["manifest.json"], [("head",)])
+    expect_error(ctx.analyze(cap, out), ["manifest.json"], ["head_count"])
 
 
 def _stray_case(name_fn):
@@ -2265,6 +2265,61 @@ case("formats", "safetensors.data_offsets_2^62")(_fmt_case(
     ["vectors", ("data_offsets",)], raw=True))
 case("formats", "safetensors.header_is_an_array")(_fmt_case(
     "safetensors", lambda p: open(p, "r+b").write(struct.pack("<Q", 8) + b"[1,2,3] "), ["header"], raw=True))
+
+
+def _half_with(value, bf16=False):
+    """vectors as f16 (or bf16 bits stored as <V2) with one non-finite value."""
+    def fn(a):
+        v = a["vectors"].astype(np.float32)
+        v[4, 1] = value
+        if bf16:
+            bits = (v.view(np.uint32) >> 16).astype("<u2")
+            a["vectors"] = bits.view("V2")
+        else:
+            a["vectors"] = v.astype("<f2")
+    return fn
+
+
+@case("class1", "f16_query_inf")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    modify_entry(cap, base.q(0), _half_with(np.inf))
+    expect_partial(ctx.analyze(cap, out), out, base, [0], [(base.q(0), ["row 4", "col", "inf"])])
+
+
+@case("class1", "bf16_query_nan")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    modify_entry(cap, base.q(0), _half_with(np.nan, bf16=True))
+    expect_partial(ctx.analyze(cap, out), out, base, [0], [(base.q(0), ["row 4", "col", "nan"])])
+
+
+# 1e400 is a JSON syntax-level problem (no double holds it): the reason, as for the other syntax errors.
+case("manifest", "head_dim_1e400")(_manifest_case(None, [("range", "overflow", "too large", "head_dim")], text=lambda s: s.replace(
+    '"head_dim": 64', '"head_dim": 1e400')))
+case("manifest", "head_dim_2^63")(_manifest_case(None, ["head_dim"], text=lambda s: s.replace(
+    '"head_dim": 64', '"head_dim": 9223372036854775808')))
+case("manifest", "n_layers_zero")(_manifest_case(_set(n_layers=0), ["n_layers"]))
+
+
+@case("class4", "context_2^62_within_bounds")
+def _(ctx):
+    # A huge --context is a valid override (every position is below it): the
+    # run stays within the bounds (no allocation from L) whatever it reports.
+    base, cap, out = setup_copy(ctx)
+    r = ctx.analyze(cap, out, "--context", 1 << 62)
+    if r.rc not in (0, 2):
+        raise Fail("expected exit 0 (or a usage error), got " + r.brief())
+
+
+@case("class4", "jobs_100000_within_bounds")
+def _(ctx):
+    # -j far above the number of heads: no more threads than work, within bounds, same values.
+    base, cap, out = setup_copy(ctx)
+    r = ctx.run("analyze", cap, "-o", out, "-j", 100000, "--quiet")
+    if r.rc == 2:
+        return
+    expect_ok(r, out, base)
 
 
 # --------------------------------------------------------------------------
