@@ -27,6 +27,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -346,7 +347,7 @@ class Baseline:
 # --------------------------------------------------------------------------
 class Num:
     """A keyword matching any number in the text equal to `v` (however printed)."""
-    RE = __import__("re").compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+    RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
     def __init__(self, v):
         self.v = v
@@ -391,7 +392,7 @@ def missing_keywords(text, kws):
     return miss
 
 
-ENTRY_RE = __import__("re").compile(r"l\d{2,}h\d{2,}[qk]")
+ENTRY_RE = re.compile(r"l\d{2,}h\d{2,}[qk]")
 
 
 def expect_error(r, names, kws=(), one_line=True):
