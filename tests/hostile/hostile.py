@@ -2323,6 +2323,65 @@ def _(ctx):
     expect_ok(r, out, base)
 
 
+case("class1", "f64_query_exactly_2^128")(_overflow_case(2.0 ** 128, ["row 3", "col", Num(2.0 ** 128)]))
+
+
+@case("class1", "f64_query_just_below_2^128_is_analysed")
+def _(ctx):
+    base, cap, out = setup_copy(ctx, "npy", "f64")
+    set_value(cap, base.q(0), 3, 5, float(np.nextafter(2.0 ** 128, 0)))
+    r = ctx.analyze(cap, out)
+    if r.rc != 0:
+        raise Fail("expected exit 0 (the largest double below 2^128 is a valid value), got " + r.brief())
+    compare_heads(out, base, base.heads[1:])
+    row = metrics_row(out, *base.heads[0][:2])
+    bad = [k for k, v in row.items() if v.strip().lower() in ("inf", "-inf", "+inf")]
+    if bad:
+        raise Fail("head %s: infinite metrics %s" % (base.q(0), bad))
+
+
+@case("class5", "out_under_missing_parents_is_created")
+def _(ctx):
+    base, cap, _ = setup_copy(ctx)
+    out = os.path.join(ctx.case_dir, "a", "b", "out")
+    expect_ok(ctx.analyze(cap, out), out, base)
+
+
+@case("class5", "no_staging_folder_left_behind")
+def _(ctx):
+    # Reports are staged next to OUT and swapped in: after a good run, a rerun,
+    # a partial run and a refused run, OUT's parent holds OUT only.
+    base, cap, out = setup_copy(ctx)
+    parent = os.path.dirname(out)
+    _good_run(ctx, cap, out)
+    r = ctx.analyze(cap, out)
+    if r.rc != 0:
+        raise Fail("rerun: " + r.brief())
+    truncate_file(entry_path(cap, base.q(0)), 9)
+    if ctx.analyze(cap, out).rc != 3:
+        raise Fail("partial run: expected exit 3")
+    edit_manifest(cap, lambda m: m.update(head_dim=-4))
+    if ctx.analyze(cap, out).rc != 1:
+        raise Fail("refused run: expected exit 1")
+    left = sorted(set(os.listdir(parent)) - {"cap", "out"})
+    if left:
+        raise Fail("left next to OUT: %s" % left)
+
+
+@case("class8", "merge_output_written_atomically")
+def _(ctx):
+    shards = [("a.qkm", _good(1)), ("b.qkm", _good(2, (3, 4)))]
+    paths = [_shard_file(ctx, n, d) for n, d in shards]
+    out = _shard_file(ctx, "merged.qkm", b"previous result\n")
+    r = ctx.run("merge", *paths, "-o", out)
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    with open(out, "rb") as f:
+        parse_shard(f.read())
+    if sorted(os.listdir(ctx.case_dir)) != ["a.qkm", "b.qkm", "merged.qkm"]:
+        raise Fail("merge left files behind: %s" % sorted(os.listdir(ctx.case_dir)))
+
+
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
