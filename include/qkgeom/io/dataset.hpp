@@ -191,6 +191,30 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
     return out;
 }
 
+/// The JSON object of a manifest: no byte-order mark, an object, "format"
+/// and "version" (when present) "qkgeom-dataset" and 1.
+inline json::value parse_manifest_root(std::string_view text, std::string const& src) {
+    using qkgeom::detail::fail_input;
+    if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF")
+        fail_input(src, "json", "byte 0", "starts with a UTF-8 byte-order mark; save it without BOM");
+    json::value root = json::parse(text, src);
+    if (!root.is_object()) fail_input(src, "manifest", root.type_name(), "manifest must be a JSON object");
+    if (auto const* f = root.find("format"); f && !(f->is_string() && f->as_string() == "qkgeom-dataset"))
+        fail_input(src, "format", json::dump(*f), "not a qkgeom dataset manifest (expected \"qkgeom-dataset\")");
+    if (auto const* ver = root.find("version"); ver && !(ver->is_int() && ver->as_int() == 1))
+        fail_input(src, "version", json::dump(*ver), "unsupported manifest version (this build reads version 1)");
+    return root;
+}
+
+inline void check_total_query_heads(std::vector<std::int64_t> const& n_q_heads, std::string const& src) {
+    std::int64_t total = 0;
+    for (auto h : n_q_heads) total += h;  // <= 1e5 layers * 65536 heads: no overflow
+    if (total > manifest_max_query_heads)
+        qkgeom::detail::fail_input(src, "n_q_heads", total,
+                                   "more query heads over all layers than the limit of " +
+                                       std::to_string(manifest_max_query_heads) + "; total");
+}
+
 }  // namespace detail
 
 /// \brief Parses manifest.json text.
@@ -222,14 +246,7 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
 /// \sa dump_manifest, read_manifest
 [[nodiscard]] inline manifest parse_manifest(std::string_view text, std::string const& src = "manifest.json") {
     using qkgeom::detail::fail_input;
-    if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF")
-        fail_input(src, "json", "byte 0", "starts with a UTF-8 byte-order mark; save it without BOM");
-    json::value const root = json::parse(text, src);
-    if (!root.is_object()) fail_input(src, "manifest", root.type_name(), "manifest must be a JSON object");
-    if (auto const* f = root.find("format"); f && !(f->is_string() && f->as_string() == "qkgeom-dataset"))
-        fail_input(src, "format", json::dump(*f), "not a qkgeom dataset manifest (expected \"qkgeom-dataset\")");
-    if (auto const* ver = root.find("version"); ver && !(ver->is_int() && ver->as_int() == 1))
-        fail_input(src, "version", json::dump(*ver), "unsupported manifest version (this build reads version 1)");
+    json::value const root = detail::parse_manifest_root(text, src);
     manifest m;
     auto const* model = root.find("model");
     if (!model || !model->is_string())
@@ -241,12 +258,7 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
         fail_input(src, "n_layers", m.n_layers, "more layers than the limit of " + std::to_string(manifest_max_layers));
     m.n_q_heads = detail::json_per_layer(root, src, "n_q_heads", m.n_layers);
     m.n_kv_heads = detail::json_per_layer(root, src, "n_kv_heads", m.n_layers);
-    std::int64_t total_q = 0;
-    for (auto h : m.n_q_heads) total_q += h;  // <= 1e5 * 65536: no overflow
-    if (total_q > manifest_max_query_heads)
-        fail_input(src, "n_q_heads", total_q,
-                   "more query heads over all layers than the limit of " + std::to_string(manifest_max_query_heads) +
-                       "; total");
+    detail::check_total_query_heads(m.n_q_heads, src);
     for (std::size_t l = 0; l < m.n_q_heads.size(); ++l)
         if (m.n_q_heads[l] % m.n_kv_heads[l] != 0)
             fail_input(src, "n_kv_heads[" + std::to_string(l) + "]", m.n_kv_heads[l],
@@ -446,8 +458,9 @@ inline std::vector<std::int64_t> json_per_layer(json::value const& root, std::st
 /// \param[in] dir the dataset directory (created with its parents if needed).
 /// \param[in] m   the manifest.
 /// \throws std::invalid_argument when m.seed or heads->seed is ≥ 2^63, a rope
-///         or bucket-rate value is not finite, or the file cannot be opened
-///         or written (naming the path).
+///         or bucket-rate value is not finite.
+/// \throws qkgeom::io_error naming the path when the file cannot be written
+///         (written to a temporary file, then renamed: never a partial manifest).
 /// \throws qkgeom::input_error (source "qkgeom::io::write_manifest") for any
 ///         other invalid field, as parse_manifest reports it; nothing is
 ///         written then.
