@@ -2413,6 +2413,9 @@ def run_case(ctx, cls, name, fn):
         status, why = "FAIL", "%s: %s" % (type(e).__name__, e)
     finally:
         ctx.case_dir = None
+    if status != "FAIL" and not ctx.keep:  # a failing case's files stay for inspection
+        _make_writable(d)
+        shutil.rmtree(d, ignore_errors=True)
     return status, why, time.monotonic() - t0
 
 
@@ -2427,6 +2430,8 @@ def main():
     ap.add_argument("--bases", help="folder of the clean captures and their baselines, shared between runs "
                     "(default WORK/base); made when absent or made by another binary")
     ap.add_argument("--setup-only", action="store_true", help="make the clean captures and exit")
+    ap.add_argument("--keep", action="store_true", help="keep the folders of passing cases too "
+                    "(by default only failing cases' folders stay under WORK/cases)")
     ap.add_argument("--sanitized", action="store_true",
                     help="sanitizer build: no RSS bound, wall-time bound 30 s")
     a = ap.parse_args()
@@ -2450,6 +2455,7 @@ def main():
         return 1
     sanitized = a.sanitized or bool(os.environ.get("QKGEOM_SANITIZE"))
     ctx = Ctx(a.qkgeom, a.work, sanitized, a.bases)
+    ctx.keep = a.keep
     t0 = time.monotonic()
     if a.setup_only:
         try:
