@@ -1538,7 +1538,9 @@ def _manifest_claim_case(fn, accept=(1, 3), kws=()):
         if r.rc == 1:
             expect_error(r, ["manifest.json"], kws)
         elif r.rc == 3:
-            failures_text(out)
+            miss = missing_keywords(failures_text(out), kws)
+            if miss:
+                raise Fail("failures.txt lacks %s" % miss)
         elif r.rc == 0:
             compare_heads(out, base, base.heads)
     return case_fn
@@ -1557,9 +1559,13 @@ def _heads(nq, nkv, sample):
 case("class6", "manifest_2^40_query_heads")(_manifest_claim_case(_heads(1 << 40, 2, False), kws=["n_q_heads"]))
 case("class6", "manifest_2^40_query_heads_sampled")(_manifest_claim_case(_heads(1 << 40, 2, True)))
 case("class6", "manifest_10^6_query_heads")(_manifest_claim_case(_heads(10 ** 6, 2, False)))
-case("class6", "manifest_2^40_layers")(_manifest_claim_case(
-    lambda m: (m.update(n_layers=1 << 40, n_q_heads=m["n_q_heads"][0], n_kv_heads=m["n_kv_heads"][0]),
-               [m.pop(k, None) for k in ("gqa_group_size", "sliding_window", "capture")])))
+def _layers_2_40(m):
+    m.update(n_layers=1 << 40, n_q_heads=m["n_q_heads"][0], n_kv_heads=m["n_kv_heads"][0])
+    for k in ("gqa_group_size", "sliding_window", "capture"):
+        m.pop(k, None)
+
+
+case("class6", "manifest_2^40_layers")(_manifest_claim_case(_layers_2_40, kws=["n_layers"]))
 case("class6", "manifest_head_dim_2^40")(_manifest_claim_case(lambda m: m.update(head_dim=1 << 40), kws=["head_dim"]))
 
 
@@ -1961,9 +1967,12 @@ case("manifest", "missing_context_length")(_manifest_case(_drop("context_length"
 case("manifest", "n_layers_is_a_string")(_manifest_case(_set(n_layers="1"), ["n_layers"]))
 case("manifest", "negative_head_dim")(_manifest_case(_set(head_dim=-4), ["head_dim", "-4"]))
 case("manifest", "fractional_head_dim")(_manifest_case(_set(head_dim=64.5), ["head_dim", "64.5"]))
-case("manifest", "n_kv_heads_not_dividing_n_q_heads")(
-    _manifest_case(lambda m: (m.update(n_kv_heads=[3] * m["n_layers"]), m.pop("gqa_group_size", None)),
-                   ["n_kv_heads", "3"]))
+def _kv_3(m):
+    m.update(n_kv_heads=[3] * m["n_layers"])
+    m.pop("gqa_group_size", None)
+
+
+case("manifest", "n_kv_heads_not_dividing_n_q_heads")(_manifest_case(_kv_3, ["n_kv_heads", "3"]))
 case("manifest", "gqa_group_size_contradicts_head_counts")(
     _manifest_case(_set(gqa_group_size=[3]), ["gqa_group_size"]))
 case("manifest", "n_q_heads_length_differs_from_n_layers")(
