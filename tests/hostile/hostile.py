@@ -2391,6 +2391,31 @@ def _(ctx):
         raise Fail("merge left files behind: %s" % sorted(os.listdir(ctx.case_dir)))
 
 
+@case("class5", "markup_in_model_name_and_path_is_escaped")
+def _(ctx):
+    # A model name and an input path carrying HTML and CSV syntax: index.html
+    # holds no live markup from them (a page without scripts), model_report.csv
+    # reads back the exact name, the per-head values are the clean run's.
+    base = ctx.base("npy", "f32")
+    cap = os.path.join(ctx.case_dir, "cap<b>x&y")
+    shutil.copytree(base.cap, cap, symlinks=True)
+    out = os.path.join(ctx.case_dir, "out")
+    name = '<script>alert(1)</script> <img src=x onerror=alert(2)>, "quoted"'
+    edit_manifest(cap, lambda m: m.update(model=name))
+    r = ctx.analyze(cap, out)
+    expect_ok(r, out, base)
+    for f in sorted(os.listdir(out)):
+        if f.endswith((".html", ".svg")):
+            text = open(os.path.join(out, f), encoding="utf-8", errors="replace").read()
+            for bad in ("<script", "<img src=x", "<b>x"):
+                if bad in text:
+                    raise Fail("%s carries %r from the model name or path unescaped" % (f, bad))
+    header, rows = read_csv(os.path.join(out, "model_report.csv"))
+    if not rows or "model" not in header or rows[0][header.index("model")] != name:
+        raise Fail("model_report.csv does not read back the model name: %r" % (
+            rows[0][header.index("model")] if rows and "model" in header else rows[:1]))
+
+
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
