@@ -2416,6 +2416,42 @@ def _(ctx):
             rows[0][header.index("model")] if rows and "model" in header else rows[:1]))
 
 
+@case("class5", "two_concurrent_runs_never_mix")
+def _(ctx):
+    # Two runs into one OUT at once (--components 3 and 5), three rounds: each
+    # exits 0 or 1, and OUT always holds ONE run: its qk_pca.csv has the number
+    # of components that its summary.txt and index.html record.
+    base, cap, out = setup_copy(ctx)
+    for rnd in range(3):
+        procs = []
+        for k in (3, 5):
+            log = open(os.path.join(ctx.case_dir, "run%d_%d.log" % (rnd, k)), "wb")
+            procs.append((k, log, subprocess.Popen(
+                [ctx.qkgeom, "analyze", cap, "-o", out, "-j", "1", "--quiet", "--components", str(k)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
+        for k, log, p in procs:
+            try:
+                rc = p.wait(timeout=ctx.hard_timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                raise Fail("concurrent run --components %d hung" % k)
+            log.close()
+            if rc not in (0, 1):
+                raise Fail("concurrent run --components %d: exit %d" % (k, rc))
+        pca = head_rows(out, "qk_pca.csv")
+        counts = {len(v) for v in pca.values()} if pca else set()
+        if len(counts) != 1:
+            raise Fail("round %d: qk_pca.csv mixes runs (%s components per head)" % (rnd, sorted(counts)))
+        n = counts.pop()
+        for f in ("summary.txt", "index.html"):
+            text = open(os.path.join(out, f), encoding="utf-8", errors="replace").read()
+            if "--components %d" % n not in text:
+                raise Fail("round %d: qk_pca.csv has %d components per head but %s records another run" % (rnd, n, f))
+        snap = snapshot(out)
+        if any(p.endswith(".svg") for p in snap) != ("index.html" in snap):
+            raise Fail("round %d: pictures and index.html from different runs" % rnd)
+
+
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
