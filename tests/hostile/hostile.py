@@ -395,6 +395,13 @@ def missing_keywords(text, kws):
 ENTRY_RE = re.compile(r"l\d{2,}h\d{2,}[qk]")
 
 
+def raw_control(text, where):
+    """No raw control character (NUL, ESC, CR, ...) from the input reaches a message."""
+    bad = sorted({c for c in text if (ord(c) < 32 and c not in "\n\t") or ord(c) == 127})
+    if bad:
+        raise Fail("raw control characters %s in %s: %r" % ([hex(ord(c)) for c in bad], where, text[:300]))
+
+
 def expect_error(r, names, kws=(), one_line=True):
     """Exit 1 with one stderr line `qkgeom: error: ...` naming each of `names`
     (file or entry) and containing the keywords."""
@@ -402,6 +409,7 @@ def expect_error(r, names, kws=(), one_line=True):
         raise Fail("expected exit 1, got " + r.brief())
     if "\r" in r.err:
         raise Fail("raw CR in the message: %r" % r.err[:300])
+    raw_control(r.err.rstrip("\n"), "stderr")
     lines = [ln for ln in r.err.split("\n") if ln.strip()]
     if one_line and len(lines) != 1:
         raise Fail("expected one stderr line, got %d: %r" % (len(lines), r.err[:400]))
@@ -431,6 +439,7 @@ def failures_text(out):
     if b"\r" in raw:
         raise Fail("raw CR in failures.txt: %r" % raw[:300])
     text = raw.decode("utf-8", "replace")
+    raw_control(text.replace("\n", ""), "failures.txt")
     for ln in text.split("\n"):
         if ln.strip() and not ENTRY_RE.search(ln):
             raise Fail("failures.txt line names no entry (lLLhHHq/k) (a raw newline in a message?): %r" % ln[:300])
@@ -1760,6 +1769,26 @@ def _(ctx):
     truncate_file(entry_path(cap, base.q(0)), 9)
     r = ctx.analyze(cap, out)
     expect_partial(r, out, base, [0], [(base.q(0), ["vectors.npy"])])
+
+
+@case("class7", "escape_sequence_in_npy_descr_not_raw_in_message")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    p = entry_path(cap, base.q(0))
+    with open(p, "rb") as f:
+        orig = f.read()
+    hdr = npy_header_bytes(None, None, raw_dict="{'descr': '<f\x1b[2J4', 'fortran_order': False, 'shape': (3, 64), }")
+    with open(p, "wb") as f:
+        f.write(hdr + orig[128:128 + 3 * 64 * 4])
+    r = ctx.analyze(cap, out)
+    expect_partial(r, out, base, [0], [(base.q(0), ["vectors.npy"])])
+
+
+@case("class7", "nul_in_manifest_value_not_raw_in_message")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    edit_manifest(cap, lambda m: m["buckets"].update(scheme="uni\u0000\u001b[2Jform"))
+    expect_error(ctx.analyze(cap, out), ["manifest.json", "scheme"])
 
 
 @case("class7", "usage_error_exit_2")
