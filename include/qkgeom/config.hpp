@@ -24,6 +24,13 @@ enum class kind : std::uint8_t { query = 0, key = 1 };
 /// \returns `"q"` for kind::query, `"k"` for kind::key (a static string).
 constexpr const char* kind_name(kind k) noexcept { return k == kind::query ? "q" : "k"; }
 
+/// \brief The input limit of every analysis (method §9.18): each row value x
+/// must satisfy |x| < 2¹²⁸ (≈ 3.4e38, just above the float32 range, so every
+/// float32/bf16/f16 capture passes). Larger values are rejected where rows
+/// enter an analysis: the plasticity variances are quartic in the values and
+/// would overflow double (one value ≥ ~1e154 turned a head's AP into 0).
+inline constexpr double input_limit = 0x1p128;
+
 namespace detail {
 /// Quiet NaN: the value of an undefined statistic (documented per field).
 inline constexpr double nan = std::numeric_limits<double>::quiet_NaN();

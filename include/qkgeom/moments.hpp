@@ -39,13 +39,6 @@
 
 namespace qkgeom {
 
-/// \brief The input limit of every analysis (method §9.18): each row value x
-/// must satisfy |x| < 2¹²⁸ (≈ 3.4e38, just above the float32 range, so every
-/// float32/bf16/f16 capture passes). Larger values are rejected where rows
-/// enter an analysis: the plasticity variances are quartic in the values and
-/// would overflow double (one value ≥ ~1e154 turned a head's AP into 0).
-inline constexpr double input_limit = 0x1p128;
-
 /// \brief Centred sufficient statistics of one group of rows (method §1).
 ///
 /// Invariants: `c_xx` is symmetric (both triangles stored); when `n == 0` all

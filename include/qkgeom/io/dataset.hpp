@@ -665,9 +665,11 @@ void validate_head(head_entry const& e, manifest const& m, Src const& src) {
     len(e.example_id, "example_id");
     for (index_t i = 0; i < e.vectors.rows(); ++i)
         for (index_t j = 0; j < e.vectors.cols(); ++j)
-            if (!std::isfinite(e.vectors(i, j)))
+            if (!(std::abs(e.vectors(i, j)) < input_limit))  // NaN, ±inf and |x| >= 2^128 (method §9.18)
                 fail_input(src("vectors"), "vectors[row " + std::to_string(i) + ", col " + std::to_string(j) + "]",
-                           e.vectors(i, j), "non-finite value");
+                           e.vectors(i, j),
+                           std::isfinite(e.vectors(i, j)) ? "value outside the input limit |x| < 2^128 (method §9.18)"
+                                                          : "non-finite value");
     for (std::size_t i = 0; i < n; ++i) {
         std::int64_t const t = e.position[static_cast<index_t>(i)];
         if (t < 0) fail_input(src("position"), "position[" + std::to_string(i) + "]", t, "position must be >= 0");
