@@ -620,18 +620,18 @@ TEST_CASE("the thesis' reversal: PCA favours Q, the drift axis favours K", "[geo
 
 namespace {
 
-/// A synthetic head of realistic size (d = 32, a few thousand rows per kind).
-qkgeom::synthetic::head_capture degenerate_base(std::int64_t n_examples = 24) {
+/// A synthetic head (d = 32 by default; rows grow with n_examples and rate).
+qkgeom::synthetic::head_capture degenerate_base(std::int64_t n_examples = 24, double rate = 1.0, index_t d = 32) {
     qkgeom::synthetic::layer_spec L;
-    L.d = 32;
-    L.rotary_dims = 16;
+    L.d = d;
+    L.rotary_dims = d / 2;
     L.n_q_heads = 1;
     L.n_kv_heads = 1;
     L.mix = true;
     qkgeom::synthetic::capture_spec cap;
     cap.n_examples = n_examples;
     cap.context_length = 1024;
-    cap.buckets = {.scheme = qkgeom::bucket_scheme::uniform, .width = 128, .rate = 1.0};
+    cap.buckets = {.scheme = qkgeom::bucket_scheme::uniform, .width = 128, .rate = rate};
     return qkgeom::synthetic::generate_head(L, cap, 0);
 }
 
@@ -693,7 +693,7 @@ TEST_CASE("input limit: |x| >= 2^128 is rejected with row, column, value and lim
 
 TEST_CASE("values just under the input limit keep every output finite and scale-invariant ones unchanged",
           "[degenerate][limit]") {
-    auto const hc = degenerate_base();
+    auto const hc = degenerate_base(32, 16.0, 64);  // d = 64, about 4000 rows per kind
     double const m = std::max(hc.queries.vectors.cwiseAbs().maxCoeff(), hc.keys.vectors.cwiseAbs().maxCoeff());
     // a power of two: the scaled rows are exact, and the largest is in [2^126, 2^127)
     double const s = std::ldexp(1.0, 126 - std::ilogb(m));
@@ -703,6 +703,7 @@ TEST_CASE("values just under the input limit keep every output finite and scale-
     REQUIRE(big.queries.vectors.cwiseAbs().maxCoeff() < std::ldexp(1.0, 128));
     REQUIRE(big.queries.vectors.cwiseAbs().maxCoeff() >= std::ldexp(1.0, 126));
     INFO("rows " << hc.queries.vectors.rows() << " x " << hc.queries.vectors.cols());
+    REQUIRE(hc.queries.vectors.rows() >= 2000);
     auto const a = qkgeom::analyze_head(hc), b = qkgeom::analyze_head(big);
     auto const va = qkgeom::head_metric_values(a), vb = qkgeom::head_metric_values(b);
     for (std::size_t i = 0; i < va.size(); ++i) {

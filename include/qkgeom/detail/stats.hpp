@@ -121,8 +121,9 @@ bool orient_by_largest_entry(Eigen::VectorXd& v) {
 template <class = void>
 void check_head(std::string_view where, head_moments const& hm) {
     if (hm.d <= 0) fail_arg(where, "head_moments has no dimension (d)", hm.d);
-    if (hm.q.d != hm.d) fail_arg(where, "query moments: head dimension differs from the head's d = " + std::to_string(hm.d) + "; q.d", hm.q.d);
-    if (hm.k.d != hm.d) fail_arg(where, "key moments: head dimension differs from the head's d = " + std::to_string(hm.d) + "; k.d", hm.k.d);
+    std::string const of_d = " moments: head dimension differs from the head's d = " + std::to_string(hm.d);
+    if (hm.q.d != hm.d) fail_arg(where, "query" + of_d + "; q.d", hm.q.d);
+    if (hm.k.d != hm.d) fail_arg(where, "key" + of_d + "; k.d", hm.k.d);
     if (hm.q.count() == 0) fail_arg(where, "no query rows in the head's moments; query rows", 0);
     if (hm.k.count() == 0) fail_arg(where, "no key rows in the head's moments; key rows", 0);
 }

@@ -65,7 +65,8 @@ struct plasticity_options {
     enumeration_policy enumeration = enumeration_policy::automatic;
     std::int64_t max_exact_pairs = 4'000'000;  ///< automatic: exact up to this many (query bucket, pair) evaluations
     std::int64_t samples_per_cell = 2000;      ///< sampled: pairs drawn per cell
-    std::uint64_t seed = 0;                    ///< sampled: seed; a cell's draws depend on (seed, head id, b, c) only (method §6)
+    std::uint64_t seed = 0;                    ///< sampled: seed; a cell's draws depend on (seed, head id, b, c)
+                                               ///< only (method §6, `head_stream_seed`)
     /// Heatmap bin edges; empty = `model_heatmap_grid(facts, L, pairs)`, the
     /// same grid for every head of a capture whose facts carry L.
     heatmap_grid heatmap{};
