@@ -211,6 +211,13 @@ struct zip_out {
 
 #if QKGEOM_NPZ_DEFLATE
 inline constexpr std::size_t zlib_chunk = std::size_t{1} << 30;  // avail_in/out are 32-bit
+/// Deflate bombs: a deflated member that inflates to more than
+/// npz_bomb_floor bytes must do so at most npz_max_inflate_ratio-fold.
+/// Real activations compress about 1.1-fold and index arrays a few-fold, so
+/// only constant data or a bomb comes near deflate's maximum of 1032-fold;
+/// memory for a deflated member stays within max(64 MiB, 200 x its size).
+inline constexpr std::uint64_t npz_bomb_floor = std::uint64_t{64} << 20;
+inline constexpr std::uint64_t npz_max_inflate_ratio = 200;
 
 inline std::vector<unsigned char> deflate_raw(std::span<unsigned char const> in, int level) {
     constexpr std::string_view fn = "qkgeom::io::serialize_npz";
@@ -244,10 +251,19 @@ inline std::vector<unsigned char> deflate_raw(std::span<unsigned char const> in,
 }
 
 /// Inflates exactly `size` bytes from a raw deflate stream that must be
-/// consumed completely; problems are reported against `src`.
+/// consumed completely; problems are reported against `src`. A member that
+/// would inflate beyond npz_bomb_floor at a ratio above npz_max_inflate_ratio
+/// is refused before inflating (docs/dataset.md#limits).
 inline std::vector<unsigned char> inflate_raw(std::span<unsigned char const> in, std::uint64_t size,
                                               std::string const& src) {
     using qkgeom::detail::fail_input;
+    if (size > npz_bomb_floor && size / npz_max_inflate_ratio > in.size())
+        fail_input(src, "size", size,
+                   "deflated member of " + std::to_string(in.size()) + " bytes would inflate " +
+                       std::to_string(size / std::max<std::uint64_t>(1, in.size())) +
+                       "-fold, beyond the limit of " + std::to_string(npz_max_inflate_ratio) +
+                       "-fold for members over " + std::to_string(npz_bomb_floor >> 20) +
+                       " MiB (a deflate bomb, or constant data: re-save with np.savez)");
     z_stream zs{};
     if (inflateInit2(&zs, -15) != Z_OK) fail_input(src, "deflate", "inflateInit2", "zlib initialisation failed");
     // One spare byte detects data that inflates to more than the declared size.
