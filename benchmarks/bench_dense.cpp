@@ -72,7 +72,7 @@ void bm_dense_plasticity(benchmark::State& st) {
     auto const c = make_dense(m);
     auto const opt = dense_options();
     for (auto _ : st) {
-        // The head without query rows: attention_plasticity(model, keys, facts)
+        // The head without query rows: attention_plasticity(model, keys, facts, id)
         // without that overload's copy of the key rows.
         auto const r = qkgeom::attention_plasticity(c.model, c.head, opt);
         benchmark::DoNotOptimize(r.ap_overall);

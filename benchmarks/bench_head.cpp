@@ -73,7 +73,7 @@ void plasticity(benchmark::State& st, qkgeom::pair_policy pairs, bool with_queri
     std::int64_t pairs_evaluated = 0;
     for (auto _ : st) {
         auto const r = with_queries ? qkgeom::attention_plasticity(model, h, opt)
-                                    : qkgeom::attention_plasticity(model, h.keys, h.facts, opt);
+                                    : qkgeom::attention_plasticity(model, h.keys, h.facts, h.id, opt);
         pairs_evaluated = r.n_pairs;
         benchmark::DoNotOptimize(r.ap_overall);
     }

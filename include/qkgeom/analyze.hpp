@@ -246,7 +246,7 @@ head_analysis analyze_head(head_moments const& hm, token_rows<KM> const& keys, c
     auto const kr = as_matrix(keys.vectors);
     detail::check_moments_and_keys("qkgeom::analyze_head", hm, kr.cols(), kr.rows());
     head_analysis out = detail::closed_forms(hm, opt);
-    out.plasticity = attention_plasticity(out.householder, keys, facts, opt.plasticity, hm.id);
+    out.plasticity = attention_plasticity(out.householder, keys, facts, hm.id, opt.plasticity);
     out.flags = detail::flags_of(hm, out, false);
     return out;
 }

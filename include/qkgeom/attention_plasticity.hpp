@@ -156,17 +156,17 @@ plasticity_result attention_plasticity(householder_result const& model, head_cap
 /// \param[in] model  `householder(...)` of the head's queries
 /// \param[in] keys   the key rows with positions, buckets and example ids
 /// \param[in] facts  the capture facts (bucket scheme, window, context length)
-/// \param[in] opt    options as for the overload with queries
 /// \param[in] id     the head's identity: with the options' seed it selects
-///                   the head's sampling stream (method §6), so pass each
-///                   head's own id when heads share key positions (the
-///                   default, {-1, -1, -1}, gives every such head the same draws)
+///                   the head's sampling stream (method §6), so heads that
+///                   share key positions draw independent pairs (required:
+///                   a shared default would correlate their sampling errors)
+/// \param[in] opt    options as for the overload with queries
 /// \returns as for the overload with queries, without the empirical values
 /// \throws std::invalid_argument as the overload with queries, for the keys
 template <RowMatrix KM>
 plasticity_result attention_plasticity(householder_result const& model, token_rows<KM> const& keys,
-                                       capture_facts const& facts, plasticity_options const& opt = {},
-                                       head_id const& id = {}) {
+                                       capture_facts const& facts, head_id const& id,
+                                       plasticity_options const& opt = {}) {
     return detail::plasticity_of(model, static_cast<token_rows<row_matrix> const*>(nullptr), keys, facts, opt, false,
                                  id);
 }

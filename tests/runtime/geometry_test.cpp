@@ -673,7 +673,7 @@ TEST_CASE("input limit: |x| >= 2^128 is rejected with row, column, value and lim
     h.keys.vectors(7, 0) = -1e200;
     CHECK(qkgeom_test::invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, h); })
               .find("keys: rows: f64 value at row 7, column 0 is outside the input limit") != std::string::npos);
-    CHECK(qkgeom_test::invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, h.keys, h.facts); })
+    CHECK(qkgeom_test::invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, h.keys, h.facts, h.id); })
               .find("row 7, column 0") != std::string::npos);
     qkgeom::head_moments hm(hc.queries.vectors.cols(), hc.id);
     hm.add(qkgeom::kind::query, hc.queries);

@@ -58,7 +58,7 @@ static_assert(std::is_same_v<decltype(qkgeom::attention_plasticity(
 static_assert(std::is_same_v<decltype(qkgeom::attention_plasticity(
                                  std::declval<qkgeom::householder_result const&>(),
                                  std::declval<qkgeom::token_rows<Eigen::MatrixXd> const&>(),
-                                 std::declval<qkgeom::capture_facts const&>())),
+                                 std::declval<qkgeom::capture_facts const&>(), std::declval<qkgeom::head_id const&>())),
                              plasticity_result>);
 // A position array is never a bucket array (the mislabelling that still
 // compiles, positions wrapped as buckets, is caught at run time: see
@@ -126,7 +126,7 @@ qkgeom::householder_result model_of(syn::head_capture const& h, semantic_model m
 plasticity_result run(qkgeom::householder_result const& model, syn::head_capture const& h, plasticity_options const& o,
                       bool with_queries = true) {
     if (with_queries) return qkgeom::attention_plasticity(model, h, o);
-    return qkgeom::attention_plasticity(model, h.keys, h.facts, o);
+    return qkgeom::attention_plasticity(model, h.keys, h.facts, h.id, o);
 }
 
 /// The head with other capture facts (rows untouched).
@@ -1195,7 +1195,7 @@ TEST_CASE("bad input is a clear error", "[plasticity][errors]") {
     // q/k dimensions
     Eigen::MatrixXd const k5 = h.keys.vectors.leftCols(5);
     qkgeom::token_rows<Eigen::MatrixXd> const keys5{k5, h.keys.position, h.keys.bucket, h.keys.example_id};
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, keys5, h.facts),
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, keys5, h.facts, h.id),
                       Contains("head dimension") && Contains("d = 6") && Contains("value 5"));
     auto q5 = h;
     q5.queries.vectors = Eigen::MatrixXd(h.queries.vectors.leftCols(5));
@@ -1208,17 +1208,17 @@ TEST_CASE("bad input is a clear error", "[plasticity][errors]") {
     no_ids.example_id = qkgeom::example_ids{};
     auto short_ids = h.keys;
     short_ids.example_id.values().pop_back();
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, no_ids, h.facts),
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, no_ids, h.facts, h.id),
                       Contains("example ids") && Contains("length"));
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, short_ids, h.facts),
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, short_ids, h.facts, h.id),
                       Contains("example ids") && Contains(std::to_string(short_ids.example_id.size())));
     auto short_buckets = h.keys;
     short_buckets.bucket.values().pop_back();
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, short_buckets, h.facts),
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, short_buckets, h.facts, h.id),
                       Contains("buckets") && Contains("length"));
     auto short_pos = h.keys;
     short_pos.position.values().pop_back();
-    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, short_pos, h.facts),
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, short_pos, h.facts, h.id),
                       Contains("positions") && Contains("length"));
     // buckets that do not match positions under the capture's scheme
     CHECK_NOTHROW(run(model, h, none));
@@ -1520,7 +1520,7 @@ TEST_CASE("a mislabelled bucket array (positions wrapped as buckets) is caught n
               invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, bad); }));
         if (kind_name == "keys")
             names("qkgeom::attention_plasticity",
-                  invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, bad.keys, bad.facts); }));
+                  invalid_argument_of([&] { (void)qkgeom::attention_plasticity(model, bad.keys, bad.facts, bad.id); }));
     };
     SECTION("keys") {
         auto bad = h;
@@ -1529,7 +1529,7 @@ TEST_CASE("a mislabelled bucket array (positions wrapped as buckets) is caught n
         REQUIRE(row >= 0);
         caught(bad, "keys", row, h.keys.position[row]);
         // without a scheme the facts cannot tell: buckets are labels
-        CHECK_NOTHROW(qkgeom::attention_plasticity(model, bad.keys, qkgeom::capture_facts{}));
+        CHECK_NOTHROW(qkgeom::attention_plasticity(model, bad.keys, qkgeom::capture_facts{}, bad.id));
     }
     SECTION("queries") {
         auto bad = h;
@@ -2026,12 +2026,12 @@ TEST_CASE("sampled enumeration: heads sharing key positions draw independently (
         auto const sampled = qkgeom::attention_plasticity(model, hs[h], o);
         REQUIRE(sampled.sampled);
         // the keys-only overload with the head's id draws the same pairs
-        auto const keys_only = qkgeom::attention_plasticity(model, hs[h].keys, hs[h].facts, o, hs[h].id);
+        auto const keys_only = qkgeom::attention_plasticity(model, hs[h].keys, hs[h].facts, hs[h].id, o);
         for (std::size_t i = 0; i < sampled.cells.size(); ++i)
             CHECK(same_value(keys_only.cells[i].plasticity, sampled.cells[i].plasticity, 0));
         err[h] = sampling_errors(sampled, exact);
         // control: both heads given one id share their draws (the behaviour before issue 14)
-        err_same_id[h] = sampling_errors(qkgeom::attention_plasticity(model, hs[h].keys, hs[h].facts, o, hs[0].id),
+        err_same_id[h] = sampling_errors(qkgeom::attention_plasticity(model, hs[h].keys, hs[h].facts, hs[0].id, o),
                                          exact);
         for (std::size_t i = 0; i < sampled.cells.size(); ++i) {
             auto const& c = sampled.cells[i];

@@ -418,6 +418,11 @@ TEST_CASE("device plasticity errors", "[errors]") {
     bad[3][1] = std::nan("");
     CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, keys(bad), facts, o); }),
                Contains("not finite"));
+    // the input limit |x| < 2^128 (method §9.18): finite but beyond it, in a float64 tensor
+    at::Tensor big = at::zeros({40, 3}, at::TensorOptions().dtype(at::kDouble));
+    big[5][2] = 1e200;
+    CHECK_THAT(error_of([&] { (void)qkgeom::torch_attention_plasticity(model, keys(big), facts, o); }),
+               Contains("outside the input limit") && Contains("row 5, column 2"));
 
     // A mislabelled key bucket array: the positions wrapped as buckets. With
     // the capture's scheme in the facts, bucket_of(position) is checked per row
@@ -438,7 +443,7 @@ TEST_CASE("device plasticity errors", "[errors]") {
         for (std::int64_t j = 0; j < 3; ++j) k3e(i, j) = k3[i][j].item<double>();
     qkgeom::token_rows<Eigen::MatrixXd> const mislabelled_e{k3e, qkgeom::token_positions(t), qkgeom::token_buckets(t),
                                                             qkgeom::example_ids(e)};
-    CHECK_THAT(error_of([&] { (void)qkgeom::attention_plasticity(model, mislabelled_e, scheme, o); }),
+    CHECK_THAT(error_of([&] { (void)qkgeom::attention_plasticity(model, mislabelled_e, scheme, qkgeom::head_id{}, o); }),
                Contains("keys: bucket does not match position 1 at row 1") && Contains("positions and buckets"));
     // The correctly labelled rows pass under the same facts.
     qkgeom::token_rows<at::Tensor> const labelled{k3, qkgeom::token_positions(t), qkgeom::token_buckets(b),
@@ -743,7 +748,7 @@ void check_plasticity_on(at::Device dev) {
                 qkgeom::capture_facts facts;
                 facts.buckets = qkgeom::bucket_spec{qkgeom::bucket_scheme::uniform, 16, 1.0};
                 facts.sliding_window = window;
-                auto const ref = qkgeom::attention_plasticity(c.model, key_rows(c.keys_e, c), facts, o);
+                auto const ref = qkgeom::attention_plasticity(c.model, key_rows(c.keys_e, c), facts, qkgeom::head_id{}, o);
                 REQUIRE(ref.n_pairs_skipped > 0);  // the duplicates are exercised
                 qkgeom::torch_plasticity_options t64;
                 t64.tile_keys = 7;  // many tiles, ragged edges
@@ -754,7 +759,7 @@ void check_plasticity_on(at::Device dev) {
                 Eigen::MatrixXd k32e(k32.size(0), k32.size(1));
                 for (std::int64_t i = 0; i < k32.size(0); ++i)
                     for (std::int64_t j = 0; j < k32.size(1); ++j) k32e(i, j) = static_cast<double>(k32[i][j].item<float>());
-                auto const ref32 = qkgeom::attention_plasticity(c.model, key_rows(k32e, c), facts, o);
+                auto const ref32 = qkgeom::attention_plasticity(c.model, key_rows(k32e, c), facts, qkgeom::head_id{}, o);
                 auto const g32 = qkgeom::torch_attention_plasticity(c.model, key_rows(k32.to(dev), c), facts, o);
                 check_cells(g32, ref32, 1e-6);
             }
@@ -772,7 +777,7 @@ TEST_CASE("device Gram plasticity takes tensors for the annotations", "[plastici
     auto const c = make_plasticity_case(qkgeom::semantic_model::diag, 22);
     qkgeom::plasticity_options o;
     o.enumeration = qkgeom::enumeration_policy::exact;
-    auto const ref = qkgeom::attention_plasticity(c.model, key_rows(c.keys_e, c), qkgeom::capture_facts{}, o);
+    auto const ref = qkgeom::attention_plasticity(c.model, key_rows(c.keys_e, c), qkgeom::capture_facts{}, qkgeom::head_id{}, o);
     auto const lt = at::TensorOptions().dtype(at::kLong);
     // The per-row arrays copy LibTorch integer tensors (explicitly, by meaning).
     qkgeom::token_rows<at::Tensor> const keys{c.keys.to(at::kBFloat16).to(at::kDouble),
