@@ -1637,10 +1637,18 @@ TEST_CASE("issue 14: npz members claiming more than the archive holds", "[io][li
     }
     SECTION("deflate: a claimed size within 1032:1 is not allocated before inflating proves it") {
         auto z = zd;
-        std::uint64_t const claim = std::min<std::uint64_t>(csize * 1000, 0xF0000000u);  // ~1 GB, beyond the limit below
+        // ~150 MB: within 1032:1 and within the 200-fold bomb rule, beyond the 128 MB limit below
+        std::uint64_t const claim = std::min<std::uint64_t>(csize * 150, 0xF0000000u);
         put32(z, cd + 24, claim);
         put32(z, lh + 22, claim);
         CHECK(in_child([&] { return input_error_with([&] { (void)io::parse_npz(z, "x.npz"); }, {"x.npz[v.npy]: size: inflated size differs"}); }, 128) == 0);
+    }
+    SECTION("deflate: a claim over 64 MiB beyond 200-fold is refused before inflating, naming the ratio") {
+        auto z = zd;
+        std::uint64_t const claim = std::min<std::uint64_t>(csize * 1000, 0xF0000000u);  // ~1 GB
+        put32(z, cd + 24, claim);
+        put32(z, lh + 22, claim);
+        require_input_error([&] { (void)io::parse_npz(z, "x.npz"); }, "x.npz[v.npy]: size: deflated member of");
     }
 }
 
@@ -1988,4 +1996,48 @@ TEST_CASE("issue 14: a head entry's safetensors header is limited to 1 MiB", "[i
     CHECK(io::read_safetensors(p).tensors.size() == 4);  // the general reader accepts it
     require_input_error([&] { (void)io::read_head(tmp.path, 0, 1, qkgeom::kind::query); },
                         p.string() + ": header_size: header size above the limit of 1048576 bytes for this file (value 1048584)");
+}
+
+TEST_CASE("issue 14: duplicate object keys are found in large and nested objects, at the later occurrence",
+          "[io][json]") {
+    namespace json = qkgeom::json;
+    // 300,000 distinct keys parse (the check sorts once per object)
+    std::string big = "{";
+    for (int i = 0; i < 300000; ++i) big += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":" + std::to_string(i);
+    auto const ok = json::parse(big + "}");
+    REQUIRE(ok.as_object().size() == 300000);
+    CHECK(ok.find("k299999")->as_int() == 299999);
+    // the same key again at the end: named, at the byte offset of its second occurrence
+    std::size_t const at = big.size() + 1;
+    CHECK_THROWS_WITH(json::parse(big + ",\"k17\":0}", "m.json"),
+                      Contains("duplicate object key \"k17\"") && Contains("byte " + std::to_string(at)));
+    // keys are unique per object: the same key in two objects is fine, within one nested object it is not
+    CHECK(json::parse(R"({"a":{"x":1},"b":{"x":2},"x":3})").as_object().size() == 3);
+    CHECK_THROWS_WITH(json::parse(R"({"a":{"x":1,"y":2,"x":3}})"), Contains("duplicate object key \"x\"") &&
+                                                                        Contains("byte 18"));
+    CHECK_THROWS_WITH(json::parse(R"({"x":{"y":1,"z":{"x":1}},"x":2})"),
+                      Contains("duplicate object key \"x\"") && Contains("byte 25"));
+    // three copies: the first repeat (document order) is the one named
+    CHECK_THROWS_WITH(json::parse(R"({"b":1,"a":1,"b":2,"a":2})"), Contains("duplicate object key \"b\"") &&
+                                                                        Contains("byte 13"));
+}
+
+TEST_CASE("issue 14: a deflated npz member over 64 MiB that would inflate more than 200-fold is refused before "
+          "inflating",
+          "[io][npz]") {
+    if (!io::npz_deflate_available()) return;
+    io::npz_file f;
+    // 72 MiB of zeros: deflate packs them ~1000-fold, a bomb by the rule of docs/dataset.md#limits
+    f.add("vectors", arr(std::vector<float>(std::size_t{18} << 20, 0.0f), {std::int64_t{18} << 10, 1024}));
+    io::npz_write_options opt;
+    opt.compression = io::npz_compression::deflate;
+    auto const z = io::serialize_npz(f, opt);
+    REQUIRE(z.size() * 200 < (std::size_t{72} << 20));
+    CHECK_THROWS_WITH((void)io::parse_npz(z, "bomb.npz"),
+                      Contains("bomb.npz[vectors.npy]") && Contains("size") && Contains("200-fold"));
+    // below the floor the same ratio is fine: 1 MiB of zeros reads back
+    io::npz_file small;
+    small.add("vectors", arr(std::vector<float>(std::size_t{1} << 18, 0.0f), {std::int64_t{1} << 8, 1024}));
+    auto const zs = io::serialize_npz(small, opt);
+    CHECK(io::npy_to_matrix(io::parse_npz(zs, "small.npz").at("vectors")).cwiseAbs().maxCoeff() == 0.0);
 }

@@ -369,13 +369,31 @@ inline bool zip64_extra(std::span<unsigned char const> extra, std::string const&
     return found;
 }
 
-/// Parses the structure of a ZIP archive held in memory; see the file comment.
-inline std::vector<zip_entry> parse_zip(std::span<unsigned char const> z, std::string const& src) {
+/// Little-endian reads at byte offsets of an archive held in memory (the
+/// callers have checked the bounds).
+struct zip_bytes {
+    std::span<unsigned char const> z;
+    [[nodiscard]] std::uint16_t u16(std::size_t p) const { return static_cast<std::uint16_t>(load_le(z.data() + p, 2)); }
+    [[nodiscard]] std::uint32_t u32(std::size_t p) const { return static_cast<std::uint32_t>(load_le(z.data() + p, 4)); }
+    [[nodiscard]] std::uint64_t u64(std::size_t p) const { return load_le(z.data() + p, 8); }
+};
+
+/// Where the central directory lies: from the end record (ZIP64 when the
+/// end record says so).
+struct zip_directory {
+    std::uint64_t count = 0, cd_size = 0, cd_off = 0;
+    std::size_t cd_end = 0;  ///< where the (ZIP64) end record starts
+};
+
+/// The signature at offset 0 and the end of central directory record (and
+/// its ZIP64 form); see the file comment.
+inline zip_directory zip_end_record(std::span<unsigned char const> z, std::string const& src) {
     using qkgeom::detail::fail_input;
     std::size_t const n = z.size();
-    auto u16 = [&](std::size_t p) { return static_cast<std::uint16_t>(load_le(z.data() + p, 2)); };
-    auto u32 = [&](std::size_t p) { return static_cast<std::uint32_t>(load_le(z.data() + p, 4)); };
-    auto u64 = [&](std::size_t p) { return load_le(z.data() + p, 8); };
+    zip_bytes const rd{z};
+    auto u16 = [&](std::size_t p) { return rd.u16(p); };
+    auto u32 = [&](std::size_t p) { return rd.u32(p); };
+    auto u64 = [&](std::size_t p) { return rd.u64(p); };
     if (n < 4 || (u32(0) != zip_local_sig && u32(0) != zip_end_sig)) {
         std::string seen;
         for (std::size_t i = 0; i < std::min<std::size_t>(n, 4); ++i) {
@@ -438,8 +456,19 @@ inline std::vector<zip_entry> parse_zip(std::span<unsigned char const> z, std::s
                        "; truncated archive or prepended data)");
     if (count > cd_size / 46)
         fail_input(src, "entries", count, "more entries than fit in the central directory of " + std::to_string(cd_size) + " bytes");
+    return {count, cd_size, cd_off, cd_end};
+}
 
-    // --- central directory
+/// The central directory's entries (names, methods, sizes, offsets; ZIP64
+/// extra fields), each checked against the directory's bounds.
+inline std::vector<zip_entry> zip_central_directory(std::span<unsigned char const> z, std::string const& src,
+                                                    zip_directory const& dir) {
+    using qkgeom::detail::fail_input;
+    zip_bytes const rd{z};
+    auto u16 = [&](std::size_t p) { return rd.u16(p); };
+    auto u32 = [&](std::size_t p) { return rd.u32(p); };
+    auto const [count, cd_size, cd_off, cd_end] = dir;
+    (void)cd_size;
     std::vector<zip_entry> out;
     out.reserve(static_cast<std::size_t>(count));
     std::set<std::string> names;
@@ -489,8 +518,18 @@ inline std::vector<zip_entry> parse_zip(std::span<unsigned char const> z, std::s
     if (p != cd_end)
         fail_input(src, "central directory", cd_end - p,
                    "bytes left over after the " + std::to_string(count) + " entries the end record announces");
+    return out;
+}
 
-    // --- local headers, data, data descriptors; members must not overlap
+/// The local headers, data and data descriptors of the entries (each must
+/// agree with the central directory and lie before it); sets each entry's
+/// data, and checks that no two members overlap.
+inline void zip_local_headers(std::span<unsigned char const> z, std::string const& src, std::uint64_t cd_off,
+                              std::vector<zip_entry>& out) {
+    using qkgeom::detail::fail_input;
+    zip_bytes const rd{z};
+    auto u16 = [&](std::size_t p) { return rd.u16(p); };
+    auto u32 = [&](std::size_t p) { return rd.u32(p); };
     std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // [begin, end) of each member
     std::vector<std::string const*> span_names;
     for (auto& e : out) {
@@ -561,6 +600,13 @@ inline std::vector<zip_entry> parse_zip(std::span<unsigned char const> z, std::s
                        "overlaps member '" + *span_names[order[i - 1]] + "' (which ends at " +
                            std::to_string(prev.second) + ")");
     }
+}
+
+/// Parses the structure of a ZIP archive held in memory; see the file comment.
+inline std::vector<zip_entry> parse_zip(std::span<unsigned char const> z, std::string const& src) {
+    zip_directory const dir = zip_end_record(z, src);
+    std::vector<zip_entry> out = zip_central_directory(z, src, dir);
+    zip_local_headers(z, src, dir.cd_off, out);
     return out;
 }
 
