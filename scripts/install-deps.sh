@@ -18,6 +18,7 @@ PACKAGES=(
   libtorch-dev                  # LibTorch 1.13 CPU (adapters/torch, qkgeom::torch)
   chromium                      # headless render of the HTML report (one test)
   time                          # /usr/bin/time -v: peak memory in scripts/bench.sh
+  pmccabe                       # function lengths (scripts/function_lengths.sh, CTest lint.function_lengths)
 )
 
 missing=()

@@ -61,7 +61,9 @@ class Dom(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
         self.imgs, self.links, self.scripts, self.rows, self.svgs = [], [], 0, 0, 0
+        self.run_rows = 0  # rows of the "This run" table (command line, input, options)
         self._tbody = False
+        self._table = None  # class of the table being read
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -73,14 +75,20 @@ class Dom(html.parser.HTMLParser):
             self.scripts += 1
         elif tag == "svg":
             self.svgs += 1
+        elif tag == "table":
+            self._table = a.get("class")
         elif tag == "tbody":
             self._tbody = True
-        elif tag == "tr" and self._tbody:
+        elif tag == "tr" and self._tbody and self._table == "models":
             self.rows += 1
+        elif tag == "tr" and self._tbody and self._table == "run":
+            self.run_rows += 1
 
     def handle_endtag(self, tag):
         if tag == "tbody":
             self._tbody = False
+        elif tag == "table":
+            self._table = None
 
 
 def decode_png(data):
@@ -164,6 +172,8 @@ def main():
         fail("index.html has <script> elements")
     if dom.rows != len(MODELS):
         fail("model table has %d rows, expected %d" % (dom.rows, len(MODELS)))
+    if dom.run_rows != 4:
+        fail("the 'This run' table has %d rows, expected 4 (version, command line, input, options)" % dom.run_rows)
     expected = {"model_comparison.svg"} | {m + "/" + f for m in MODELS for f in PER_MODEL}
     srcs = [i.get("src", "") for i in dom.imgs]
     if set(srcs) != expected or len(srcs) != len(expected):

@@ -1035,6 +1035,26 @@ def _(ctx):
     expect_error(ctx.analyze(cap, out), ["manifest.json"], ["head_count"])
 
 
+@case("class4", "context_longer_than_the_sequences_says_why_ap_last_is_nan")
+def _(ctx):
+    # The manifest records a context length far beyond the captured positions
+    # (< 4096): no query lies in its last 20 %, so ap_last_20pct and ap_drop are
+    # NaN; the run says why (stdout and summary.txt), it does not leave a bare NaN.
+    base, cap, out = setup_copy(ctx)
+    edit_manifest(cap, lambda m: m.update(context_length=100000))
+    r = ctx.analyze(cap, out)
+    if r.rc != 0:
+        raise Fail("expected exit 0, got %s" % r.brief())
+    rows = head_rows(out, "head_metrics.csv")
+    if not rows or any(dict(row[0])["ap_last_20pct"] != "nan" for row in rows.values()):
+        raise Fail("ap_last_20pct should be nan for every head")
+    with open(os.path.join(out, "summary.txt")) as f:
+        summary = f.read()
+    for where, text in (("stdout", r.out), ("summary.txt", summary)):
+        if "ap_last_20pct" not in text or "context length" not in text:
+            raise Fail("%s does not say why ap_last_20pct is NaN: %r" % (where, text[-400:]))
+
+
 def _stray_case(name_fn):
     def fn(ctx):
         base, cap, out = setup_copy(ctx)
@@ -1568,6 +1588,28 @@ def _heads(nq, nkv, sample):
 case("class6", "manifest_2^40_query_heads")(_manifest_claim_case(_heads(1 << 40, 2, False), kws=["n_q_heads"]))
 case("class6", "manifest_2^40_query_heads_sampled")(_manifest_claim_case(_heads(1 << 40, 2, True)))
 case("class6", "manifest_10^6_query_heads")(_manifest_claim_case(_heads(10 ** 6, 2, False)))
+@case("class6", "manifest_10^6_query_heads_over_1000_layers_small_failures_txt")
+def _(ctx):
+    # 1000 layers x 1000 query heads (within every manifest limit) over a folder
+    # that holds four: the missing heads cost no I/O and collapse into a few
+    # lines, so failures.txt stays small (it was 141 MB) and the run fast.
+    base, cap, out = setup_copy(ctx)
+
+    def fn(m):
+        m.update(n_layers=1000, n_q_heads=[1000] * 1000, n_kv_heads=[2] * 1000)
+        for k in ("gqa_group_size", "sliding_window", "capture"):
+            m.pop(k, None)
+    edit_manifest(cap, fn)
+    r = ctx.analyze(cap, out, rss_limit_mb=SMALL_RSS_MB)
+    if r.rc != 3:
+        raise Fail("expected exit 3, got %s" % r.brief())
+    size = os.path.getsize(os.path.join(out, "failures.txt"))
+    if size > 64 * 1024:
+        raise Fail("failures.txt is %d bytes for a folder of four heads" % size)
+    if "planned query heads" not in failures_text(out):
+        raise Fail("failures.txt does not collapse the missing entries")
+
+
 def _layers_2_40(m):
     m.update(n_layers=1 << 40, n_q_heads=m["n_q_heads"][0], n_kv_heads=m["n_kv_heads"][0])
     for k in ("gqa_group_size", "sliding_window", "capture"):
