@@ -58,8 +58,9 @@ constexpr const char* layer_eligibility_name(layer_eligibility e) noexcept {
 /// \brief What one model's capture looks like (manifest.json).
 ///
 /// The first block is required in every manifest; `rope`, `sliding_window`
-/// and `heads` were added later (issue 6) and are optional on read, so older
-/// manifests still parse (they read as "not recorded").
+/// and `heads` were added later (issue 6), `rope_applied` and `token_sampler`
+/// by issue 15; all are optional on read, so older manifests still parse
+/// (they read as "not recorded", `token_sampler` as "qkgeom").
 struct manifest {
     std::string model;                     ///< model name
     std::int64_t n_layers = 0;             ///< number of layers (>= 1)
@@ -75,6 +76,14 @@ struct manifest {
     /// Empty = not recorded (then entries' own sliding_window are not cross-checked).
     std::vector<std::optional<std::int64_t>> sliding_window;
     std::optional<head_sampling> heads;  ///< head sampling of the capture; none = not recorded
+    /// Per layer (size n_layers; capture.rope_applied): true = the rows were
+    /// captured after RoPE, false = before it (a NoPE layer that never calls
+    /// RoPE, or a pre-RoPE capture). Empty = not recorded (older manifests).
+    std::vector<bool> rope_applied;
+    /// Who chose the kept tokens (capture.token_sampler): "qkgeom" (method
+    /// §0.1's sampler with `seed`), or another tool's name (e.g. "qk-sniffer"),
+    /// in which case `seed` is not a qkgeom sampler seed. Never empty.
+    std::string token_sampler = "qkgeom";
 };
 
 /// \brief Storage form of one head entry.
@@ -215,6 +224,31 @@ inline void check_total_query_heads(std::vector<std::int64_t> const& n_q_heads, 
                                        std::to_string(manifest_max_query_heads) + "; total");
 }
 
+/// capture.token_sampler and capture.rope_applied (issue 15) of the capture object `c`.
+inline void parse_capture_provenance(json::value const& c, std::string const& src, manifest& m) {
+    using qkgeom::detail::fail_input;
+    if (auto const* ts = c.find("token_sampler")) {
+        if (!ts->is_string() || ts->as_string().empty())
+            fail_input(src, "capture.token_sampler", json::dump(*ts),
+                       "must be a non-empty string (\"qkgeom\", or the tool that chose the tokens, e.g. \"qk-sniffer\")");
+        m.token_sampler = ts->as_string();
+    }
+    auto const* ra = c.find("rope_applied");
+    if (!ra) return;
+    if (!ra->is_array())
+        fail_input(src, "capture.rope_applied", json::dump(*ra), "must be an array of n_layers booleans");
+    if (static_cast<std::int64_t>(ra->as_array().size()) != m.n_layers)
+        fail_input(src, "capture.rope_applied", ra->as_array().size(),
+                   "per-layer array length differs from n_layers = " + std::to_string(m.n_layers));
+    for (std::size_t l = 0; l < ra->as_array().size(); ++l) {
+        auto const& e = ra->as_array()[l];
+        if (!e.is_bool())
+            fail_input(src, "capture.rope_applied[" + std::to_string(l) + "]", json::dump(e),
+                       "must be true (captured after RoPE) or false (before RoPE)");
+        m.rope_applied.push_back(e.as_bool());
+    }
+}
+
 }  // namespace detail
 
 /// \brief Parses manifest.json text.
@@ -224,7 +258,8 @@ inline void check_total_query_heads(std::vector<std::int64_t> const& n_q_heads, 
 /// with the head counts. A UTF-8 byte-order mark is rejected with its own
 /// message (RFC 8259 §8.1: JSON text must not begin with one). Missing
 /// optional parts (buckets.rate → 1, capture.seed → 0, capture head sampling,
-/// rope, sliding_window) read as their defaults / "not recorded".
+/// capture.rope_applied, capture.token_sampler → "qkgeom", rope,
+/// sliding_window) read as their defaults / "not recorded".
 /// \param[in] text the JSON text.
 /// \param[in] src  the source named in error messages (usually the path).
 /// \returns the manifest.
@@ -238,7 +273,9 @@ inline void check_total_query_heads(std::vector<std::int64_t> const& n_q_heads, 
 ///         a per-layer array of the wrong length, head_dim < 1 or > 2^40,
 ///         context_length < 1, an unknown bucket scheme, width < 1, rate not
 ///         finite and > 0, a negative capture.seed / head_seed / head_count,
-///         head_seed or eligibility without head_count, an invalid rope
+///         head_seed or eligibility without head_count, a
+///         capture.token_sampler that is not a non-empty string, a
+///         capture.rope_applied that is not an array of n_layers booleans, an invalid rope
 ///         block (pairing, rotary_dim odd or outside [0, head_dim], theta or
 ///         scaling_factor not finite and > 0, scaling_factor ≠ 1 with scaling
 ///         "none"), a sliding window < 1, or an inconsistent gqa_group_size.
@@ -290,6 +327,7 @@ inline void check_total_query_heads(std::vector<std::int64_t> const& n_q_heads, 
             if (!s->is_int() || s->as_int() < 0) fail_input(src, "capture.seed", json::dump(*s), "must be an integer >= 0");
             m.seed = static_cast<std::uint64_t>(s->as_int());
         }
+        detail::parse_capture_provenance(*c, src, m);
         auto const* hc = c->find("head_count");
         auto const* hs = c->find("head_seed");
         auto const* el = c->find("eligibility");
@@ -419,7 +457,13 @@ inline void check_total_query_heads(std::vector<std::int64_t> const& n_q_heads, 
     json::object b{{"scheme", json::value(bucket_scheme_name(m.buckets.scheme))},
                    {"width", json::value(m.buckets.width)},
                    {"rate", json::value(m.buckets.rate)}};
-    json::object cap{{"seed", json::value(static_cast<std::int64_t>(m.seed))}};
+    json::object cap{{"seed", json::value(static_cast<std::int64_t>(m.seed))},
+                     {"token_sampler", json::value(m.token_sampler)}};
+    if (!m.rope_applied.empty()) {
+        json::array ra;
+        for (bool x : m.rope_applied) ra.emplace_back(x);
+        cap.emplace_back("rope_applied", json::value(std::move(ra)));
+    }
     if (m.heads) {
         cap.emplace_back("head_count", m.heads->count ? json::value(*m.heads->count) : json::value(nullptr));
         cap.emplace_back("head_seed", json::value(static_cast<std::int64_t>(m.heads->seed)));
@@ -556,10 +600,11 @@ void compat_field(std::string_view field, T const& a, T const& b) {
 /// n_kv_heads[3]: 8 vs 4".
 ///
 /// Fields, in the order checked: model, n_layers, head_dim, n_q_heads[L],
-/// n_kv_heads[L], buckets.scheme, buckets.width, buckets.rate, capture.seed,
-/// context_length, rope (recorded or not), rope.pairing, rope.rotary_dim,
-/// rope.theta, rope.scaling, rope.scaling_factor, sliding_window (recorded or
-/// not), sliding_window[L], capture.head_sampling (recorded or not),
+/// n_kv_heads[L], buckets.scheme, buckets.width, buckets.rate,
+/// capture.token_sampler, capture.seed, context_length, rope (recorded or
+/// not), rope.pairing, rope.rotary_dim, rope.theta, rope.scaling,
+/// rope.scaling_factor, capture.rope_applied (recorded or not),
+/// capture.rope_applied[L], sliding_window (recorded or not), sliding_window[L], capture.head_sampling (recorded or not),
 /// capture.head_count, capture.head_seed, capture.eligibility. A field
 /// recorded in one manifest and not in the other is a difference: the merged
 /// capture could not say what it is. docs/dataset.md gives the reason for each.
@@ -584,6 +629,7 @@ inline void check_compatible(manifest const& a, manifest const& b) {
                  std::string(bucket_scheme_name(b.buckets.scheme)));
     compat_field("buckets.width", a.buckets.width, b.buckets.width);
     compat_field("buckets.rate", a.buckets.rate, b.buckets.rate);
+    compat_field("capture.token_sampler", a.token_sampler, b.token_sampler);
     compat_field("capture.seed", a.seed, b.seed);
     compat_field("context_length", a.context_length, b.context_length);
     auto recorded = [](bool x) { return std::string(x ? "recorded" : "not recorded"); };
@@ -595,6 +641,13 @@ inline void check_compatible(manifest const& a, manifest const& b) {
         compat_field("rope.theta", a.rope->theta, b.rope->theta);
         compat_field("rope.scaling", a.rope->scaling, b.rope->scaling);
         compat_field("rope.scaling_factor", a.rope->scaling_factor, b.rope->scaling_factor);
+    }
+    compat_field("capture.rope_applied", recorded(!a.rope_applied.empty()), recorded(!b.rope_applied.empty()));
+    if (!a.rope_applied.empty()) {
+        compat_field("capture.rope_applied.length", a.rope_applied.size(), b.rope_applied.size());
+        for (std::size_t l = 0; l < a.rope_applied.size(); ++l)
+            compat_field("capture.rope_applied[" + std::to_string(l) + "]", std::string(a.rope_applied[l] ? "true" : "false"),
+                         std::string(b.rope_applied[l] ? "true" : "false"));
     }
     compat_field("sliding_window", recorded(!a.sliding_window.empty()), recorded(!b.sliding_window.empty()));
     if (!a.sliding_window.empty()) {
