@@ -24,9 +24,9 @@
 //   instantiate_*.cpp         the analysis engines, once (qkgeom/extern_templates.hpp)
 #include "program.hpp"
 
-#include <qkgeom/pca.hpp>
 #include <qkgeom/config.hpp>
-#include <qkgeom/rotation.hpp>
+#include <qkgeom/io/dataset_analysis.hpp>
+#include <qkgeom/policy_names.hpp>
 
 #include <cctype>
 #include <cstdlib>
@@ -169,39 +169,17 @@ E parse_choice(std::string const& flag, std::string const& v, std::map<std::stri
     return it->second;
 }
 
-template <class E>
-std::map<std::string, E> const& choices_of();
-#define QKGEOM_CHOICES(E, ...)                                 \
-    template <>                                                \
-    std::map<std::string, E> const& choices_of<E>() {          \
-        static std::map<std::string, E> const m{__VA_ARGS__};  \
-        return m;                                              \
-    }
-QKGEOM_CHOICES(qkgeom::sign_policy, {"dominant", qkgeom::sign_policy::dominant},
-               {"query_anchor", qkgeom::sign_policy::query_anchor})
-QKGEOM_CHOICES(qkgeom::separation_policy, {"centroid", qkgeom::separation_policy::centroid},
-               {"max_separation", qkgeom::separation_policy::max_separation})
-QKGEOM_CHOICES(qkgeom::semantic_model, {"diag", qkgeom::semantic_model::diag}, {"full", qkgeom::semantic_model::full},
-               {"global_linear", qkgeom::semantic_model::global_linear})
-QKGEOM_CHOICES(qkgeom::pair_policy, {"same_bucket", qkgeom::pair_policy::same_bucket},
-               {"prefix", qkgeom::pair_policy::prefix})
-QKGEOM_CHOICES(qkgeom::ap_weighting, {"query_count", qkgeom::ap_weighting::query_count},
-               {"cell_mean", qkgeom::ap_weighting::cell_mean})
-QKGEOM_CHOICES(qkgeom::enumeration_policy, {"auto", qkgeom::enumeration_policy::automatic},
-               {"exact", qkgeom::enumeration_policy::exact}, {"sampled", qkgeom::enumeration_policy::sampled})
-#undef QKGEOM_CHOICES
-
+/// A policy option's value (the names: qkgeom/policy_names.hpp).
 template <class E>
 E parse_policy(std::string const& flag, std::string const& v) {
-    return parse_choice<E>(flag, v, choices_of<E>());
+    if (auto const e = qkgeom::policy_from_name<E>(v)) return *e;
+    usage_error(flag + ": '" + v + "' is not one of " + qkgeom::policy_choices_text<E>());
 }
 
 /// The command-line spelling of a policy value.
 template <class E>
 std::string name_of(E e) {
-    for (auto const& [k, v] : choices_of<E>())
-        if (v == e) return k;
-    return "?";
+    return std::string(qkgeom::policy_name(e));
 }
 
 }  // namespace
@@ -322,8 +300,7 @@ std::string run_record_text(std::vector<std::pair<std::string, std::string>> con
 }
 
 void apply_overrides(cli const& c, qkgeom::capture_facts& facts) {
-    if (c.context > 0) facts.context_length = c.context;
-    if (c.window >= 0 && facts.sliding_window == 0) facts.sliding_window = c.window;
+    qkgeom::io::apply_overrides(facts, c.context, c.window);
 }
 
 }  // namespace qkgeom_app
