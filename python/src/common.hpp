@@ -1,0 +1,130 @@
+// qkgeom Python extension (qkgeom._qkgeom) — declarations shared by its
+// translation units (docs/python.md). The heavy engines are instantiated once,
+// in instantiate_*.cpp (qkgeom/extern_templates.hpp); every other unit sees
+// them as extern.
+#pragma once
+
+#include <qkgeom/analyze.hpp>
+#include <qkgeom/buckets.hpp>
+#include <qkgeom/capture.hpp>
+#include <qkgeom/float16.hpp>
+#include <qkgeom/head.hpp>
+#include <qkgeom/moments.hpp>
+#include <qkgeom/tensor.hpp>
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace qkgeom_py {
+
+namespace py = pybind11;
+
+/// \brief A 2-D NumPy array of rows read in place (never copied): f64, f32,
+/// f16, or bf16 bits (int16/uint16 tagged "bf16"), any strides. One type for
+/// every dtype, so each analysis is instantiated once; the dtype is
+/// dispatched once per row (the row loop itself is matrix_view's).
+/// A plain view (copied freely while the GIL is released): the caller keeps
+/// the array alive (`held<array_rows>`).
+class array_rows {
+public:
+    using views = std::variant<qkgeom::matrix_view<double>, qkgeom::matrix_view<float>,
+                               qkgeom::matrix_view<qkgeom::float16>, qkgeom::matrix_view<qkgeom::bfloat16>>;
+    array_rows() = default;
+    explicit array_rows(views v) : v_(v) {}
+
+    [[nodiscard]] qkgeom::index_t rows() const noexcept {
+        return std::visit([](auto const& m) { return m.rows(); }, v_);
+    }
+    [[nodiscard]] qkgeom::index_t cols() const noexcept {
+        return std::visit([](auto const& m) { return m.cols(); }, v_);
+    }
+    [[nodiscard]] std::string_view dtype() const noexcept {
+        return std::visit([](auto const& m) { return m.dtype(); }, v_);
+    }
+    void read_row(qkgeom::index_t i, double* out) const noexcept {
+        std::visit([&](auto const& m) { m.read_row(i, out); }, v_);
+    }
+
+private:
+    views v_;
+};
+
+/// \brief A 1-D NumPy integer array (int64 or int32, any stride) read in
+/// place; a plain view like array_rows.
+class array_indices {
+public:
+    array_indices() = default;
+    array_indices(void const* data, qkgeom::index_t size, qkgeom::index_t stride, bool is64)
+        : data_(data), size_(size), stride_(stride), is64_(is64) {}
+    [[nodiscard]] qkgeom::index_t size() const noexcept { return size_; }
+    [[nodiscard]] std::int64_t operator[](qkgeom::index_t i) const noexcept {
+        return is64_ ? static_cast<std::int64_t const*>(data_)[i * stride_]
+                     : static_cast<std::int64_t>(static_cast<std::int32_t const*>(data_)[i * stride_]);
+    }
+
+private:
+    void const* data_ = nullptr;
+    qkgeom::index_t size_ = 0, stride_ = 1;
+    bool is64_ = true;
+};
+
+/// \brief A view with the array that owns its buffer (the owner is held, with
+/// the GIL, for as long as the view is used).
+template <class View>
+struct held {
+    py::object owner;
+    View view;
+};
+
+// --- conversions (arrays.cpp) ------------------------------------------------
+
+/// Rows from a NumPy array, a (array, dtype_tag) pair or anything
+/// qkgeom._arrays.as_rows accepts (torch CPU tensors). `name` is the
+/// argument's name in messages (TypeError / ValueError naming dtype and shape).
+held<array_rows> rows_of(py::handle x, std::string_view name);
+/// An integer vector (int64/int32 array in place; torch tensors and
+/// sequences through qkgeom._arrays.as_indices). `name` as above.
+held<array_indices> indices_of(py::handle x, std::string_view name);
+/// The values of an integer vector, copied (head_capture's owning arrays).
+std::vector<std::int64_t> index_values(py::handle x, std::string_view name);
+/// An owning 1-D int64 NumPy array holding `v` (moved, no copy).
+py::array_t<std::int64_t> to_numpy(std::vector<std::int64_t>&& v);
+/// An owning n x d float64 NumPy array holding `m` (moved, no copy).
+py::array_t<double> to_numpy(qkgeom::row_matrix&& m);
+
+/// "query"/"q" -> kind::query, "key"/"k" -> kind::key; ValueError naming `name` otherwise.
+qkgeom::kind kind_of(std::string_view s, std::string_view name = "kind");
+/// "uniform" | "log" | "all".
+qkgeom::bucket_scheme scheme_of(std::string_view s);
+/// "full_attention_only" | "all_layers".
+qkgeom::layer_eligibility eligibility_of(std::string_view s);
+
+// --- the analyses over zero-copy rows (analysis_rows.cpp; the caller
+// releases the GIL) -----------------------------------------------------------
+
+/// analyze_head(head_capture) over zero-copy rows.
+qkgeom::head_analysis analyze_rows(qkgeom::head_capture<array_rows, array_rows> const& head,
+                                   qkgeom::analysis_options const& opt);
+/// analyze_head(head_moments, keys, facts) over zero-copy key rows.
+qkgeom::head_analysis analyze_moment_rows(qkgeom::head_moments const& hm, qkgeom::token_rows<array_rows> const& keys,
+                                          qkgeom::capture_facts const& facts, qkgeom::analysis_options const& opt);
+
+// --- registration, one per translation unit --------------------------------
+void bind_errors(py::module_& m);
+void bind_moments(py::module_& m);
+void bind_sampler(py::module_& m);
+void bind_options(py::module_& m);
+void bind_analysis(py::module_& m);
+void bind_analyze(py::module_& m);
+void bind_io(py::module_& m);
+void bind_dataset(py::module_& m);
+
+}  // namespace qkgeom_py

@@ -1,0 +1,71 @@
+// qkgeom Python extension — the module qkgeom._qkgeom (re-exported by the
+// package qkgeom; docs/python.md) and the mapping of C++ errors to Python's,
+// messages unchanged:
+//   qkgeom::input_error (bad input data)   -> qkgeom.InputError, a ValueError
+//                                              with .source, .field, .value
+//   std::invalid_argument                  -> ValueError (pybind11)
+//   qkgeom::io_error, filesystem_error     -> OSError (.filename = the path)
+//   std::runtime_error / logic_error       -> RuntimeError (pybind11)
+#include "common.hpp"
+
+#include <qkgeom/errors.hpp>
+
+#include <filesystem>
+
+#ifndef QKGEOM_PY_VERSION
+#define QKGEOM_PY_VERSION "unknown"
+#endif
+
+namespace qkgeom_py {
+
+void bind_errors(py::module_& m) {
+    static py::handle input_error;  // the module keeps the class alive
+    py::object const cls = py::reinterpret_steal<py::object>(
+        PyErr_NewExceptionWithDoc("qkgeom._qkgeom.InputError",
+                                  "Bad input data (a file, array or field violating its contract): a ValueError "
+                                  "with .source (file or stream), .field and .value (as text).",
+                                  PyExc_ValueError, nullptr));
+    if (!cls) throw py::error_already_set();
+    m.attr("InputError") = cls;
+    input_error = cls;
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (qkgeom::input_error const& e) {
+            py::object const err = input_error(py::str(e.what()));
+            err.attr("source") = py::str(e.source());
+            err.attr("field") = py::str(e.field());
+            err.attr("value") = py::str(e.value());
+            PyErr_SetObject(input_error.ptr(), err.ptr());
+        } catch (qkgeom::io_error const& e) {
+            py::object const err =
+                py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_OSError, "s", e.what()));
+            if (err) err.attr("filename") = py::str(e.path());
+            PyErr_SetObject(PyExc_OSError, err.ptr());
+        } catch (std::filesystem::filesystem_error const& e) {
+            py::object const err =
+                py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_OSError, "s", e.what()));
+            if (err) err.attr("filename") = py::str(e.path1().string());
+            PyErr_SetObject(PyExc_OSError, err.ptr());
+        }
+    });
+}
+
+}  // namespace qkgeom_py
+
+PYBIND11_MODULE(_qkgeom, m) {
+    m.doc() = "qkgeom: position vs content geometry of transformer attention heads (C++ extension)";
+    m.attr("__version__") = QKGEOM_PY_VERSION;
+#if defined(QKGEOM_HAVE_ZLIB) && QKGEOM_HAVE_ZLIB
+    m.attr("zlib") = true;  // deflated .npz members readable and writable
+#else
+    m.attr("zlib") = false;
+#endif
+    qkgeom_py::bind_errors(m);
+    qkgeom_py::bind_moments(m);
+    qkgeom_py::bind_sampler(m);
+    qkgeom_py::bind_options(m);
+    qkgeom_py::bind_analysis(m);
+    qkgeom_py::bind_analyze(m);
+    qkgeom_py::bind_io(m);
+}
