@@ -37,7 +37,7 @@ torch is imported only when rows arrive; this module imports without it.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 

@@ -43,7 +43,7 @@ import inspect
 import json
 import sys
 from types import SimpleNamespace
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 ROPE_SCALINGS = {"default": "none", "none": "none"}
 
@@ -348,14 +348,17 @@ class HFCapture:
         self.handles.append(attn.q_proj.register_forward_hook(grab("q")))
         self.handles.append(attn.k_proj.register_forward_hook(grab("k")))
 
-    def run(self, input_ids, attention_mask, example_ids=None):
-        """One batch: explicit positions (cumulative mask - 1), padding masked, no full logits."""
+    def run(self, input_ids, attention_mask, device, example_ids=None):
+        """One batch (host tensors): explicit positions (cumulative mask - 1), padding masked, no full
+        logits. Positions and mask stay on the host for the sampler, so reading them never waits for
+        the device; the model gets device copies."""
         import torch  # noqa: PLC0415
 
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         self.rec.set_batch(positions, mask=attention_mask, example_ids=example_ids)
-        fn, kw = _forward_kwargs(self.model, {"input_ids": input_ids, "attention_mask": attention_mask,
-                                              "position_ids": positions})
+        fn, kw = _forward_kwargs(self.model, {"input_ids": input_ids.to(device),
+                                              "attention_mask": attention_mask.to(device),
+                                              "position_ids": positions.to(device)})
         with torch.no_grad():
             fn(**kw)
         missing = self.rec.missing_layers()
@@ -441,7 +444,7 @@ def main(argv=None) -> int:
         for start in range(0, len(prompts), a.batch_size):
             enc = tok(prompts[start:start + a.batch_size], return_tensors="pt", padding=True, truncation=True,
                       max_length=a.context)
-            cap.run(enc["input_ids"].to(device), enc["attention_mask"].to(device))
+            cap.run(enc["input_ids"], enc["attention_mask"], device)
             print(f"examples {start}..{start + enc['input_ids'].shape[0] - 1}: {enc['input_ids'].shape[1]} tokens",
                   file=sys.stderr)
     rec.close()

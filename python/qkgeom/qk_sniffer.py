@@ -43,7 +43,7 @@ import os
 import re
 import sys
 from types import SimpleNamespace
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
