@@ -68,4 +68,5 @@ PYBIND11_MODULE(_qkgeom, m) {
     qkgeom_py::bind_analysis(m);
     qkgeom_py::bind_analyze(m);
     qkgeom_py::bind_io(m);
+    qkgeom_py::bind_dataset(m);
 }

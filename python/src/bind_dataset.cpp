@@ -1,0 +1,101 @@
+// qkgeom Python extension — analyze_dataset: the loop of `qkgeom analyze`
+// (io/dataset_analysis.hpp), the same library function the program calls,
+// in parallel with the GIL released.
+#include "common.hpp"
+
+#include <qkgeom/extern_templates.hpp>
+#include <qkgeom/io/dataset_analysis.hpp>
+#include <qkgeom/plasticity.hpp>
+
+#include <pybind11/stl/filesystem.h>
+
+#include <filesystem>
+
+namespace qkgeom_py {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace io = qkgeom::io;
+
+/// The failures in the order failures.txt lists them: missing and failed
+/// heads in plan order, then the stray entries (no head: None).
+py::list failures_of(io::dataset_run const& run) {
+    py::list out;
+    std::size_t f = 0, k = 0;
+    while (f < run.failures.size() || k < run.missing.size()) {
+        bool const take_missing =
+            k < run.missing.size() && (f >= run.failures.size() || run.missing[k] < run.failures[f].index);
+        if (take_missing) {
+            out.append(py::make_tuple(run.planned[run.missing[k]], io::missing_entry_message(run, run.missing[k])));
+            ++k;
+        } else {
+            out.append(py::make_tuple(run.failures[f].id, run.failures[f].message));
+            ++f;
+        }
+    }
+    for (auto const& s : run.stray) out.append(py::make_tuple(py::none(), s.name + ": " + s.message));
+    return out;
+}
+
+void bind_run(py::module_& m) {
+    py::class_<io::dataset_run>(m, "DatasetRun", "The result of analyze_dataset: the analysed heads (plan order) "
+                                                 "and every planned head that was not analysed, with why.")
+        .def_property_readonly(
+            "heads",
+            [](py::object self) {
+                auto& run = self.cast<io::dataset_run&>();
+                py::list out;
+                for (auto& h : run.heads) out.append(py::cast(&h, py::return_value_policy::reference_internal, self));
+                return out;
+            },
+            "HeadAnalysis per analysed head, plan order (failed heads omitted).")
+        .def_property_readonly("failures", &failures_of,
+                               "[(HeadId or None, message)]: missing entries and failed heads in plan order, then "
+                               "stray entries (None): the content of failures.txt.")
+        .def_property_readonly("planned", [](io::dataset_run const& r) { return r.planned.size(); },
+                               "Number of planned heads.")
+        .def_readonly("planned_heads", &io::dataset_run::planned)
+        .def_property_readonly("missing",
+                               [](io::dataset_run const& r) {
+                                   py::list out;
+                                   for (auto i : r.missing) out.append(r.planned[i]);
+                                   return out;
+                               })
+        .def_readonly("manifest", &io::dataset_run::m)
+        .def_readonly("dir", &io::dataset_run::dir)
+        .def("__len__", [](io::dataset_run const& r) { return r.heads.size(); })
+        .def("__repr__", [](io::dataset_run const& r) {
+            return "DatasetRun(" + std::to_string(r.heads.size()) + " of " + std::to_string(r.planned.size()) +
+                   " heads analysed, " + std::to_string(r.failures.size() + r.missing.size() + r.stray.size()) +
+                   " failures)";
+        });
+}
+
+io::dataset_run analyze_dataset_py(fs::path const& dir, std::optional<qkgeom::analysis_options> const& options,
+                                   unsigned jobs, bool strict, std::int64_t context, std::optional<std::int64_t> window) {
+    if (context < 0) qkgeom::detail::fail_arg("qkgeom.analyze_dataset", "context must be >= 0 (0 = none)", context);
+    if (window && *window < 0)
+        qkgeom::detail::fail_arg("qkgeom.analyze_dataset", "window must be >= 0 (or None)", *window);
+    io::dataset_run_options o;
+    o.analysis = options.value_or(qkgeom::analysis_options{});
+    o.jobs = jobs;
+    o.strict = strict;
+    o.context = context;
+    o.window = window.value_or(-1);
+    o.context_name = "analyze_dataset(context=" + std::to_string(context) + ")";
+    py::gil_scoped_release nogil;
+    return io::analyze_dataset(dir, o);
+}
+
+}  // namespace
+
+void bind_dataset(py::module_& m) {
+    bind_run(m);
+    m.def("analyze_dataset", &analyze_dataset_py, py::arg("dir"), py::arg("options") = py::none(), py::kw_only(),
+          py::arg("jobs") = 0, py::arg("strict") = false, py::arg("context") = 0, py::arg("window") = py::none(),
+          "Analyse every planned head of a dataset folder: the library loop `qkgeom analyze` runs "
+          "(io::analyze_dataset), on `jobs` threads (0: every core), GIL released.");
+}
+
+}  // namespace qkgeom_py
