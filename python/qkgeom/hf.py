@@ -369,9 +369,11 @@ class HFCapture:
 
 
 # ---------------------------------------------------------------------------------- CLI
-def _args(argv):
-    ap = argparse.ArgumentParser(prog="python3 -m qkgeom.hf", description=__doc__.split("\n")[0])
+def _args(argv, prog="python3 -m qkgeom.hf"):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("model", help="model id or local path")
+    ap.add_argument("--legacy", action="store_true", help=argparse.SUPPRESS if prog.endswith(".hf") else
+                    "legacy HookedTransformer (default: TransformerBridge)")
     ap.add_argument("-o", "--out", required=True, help="output dataset directory (or .qkm moments folder)")
     ap.add_argument("--prompts", required=True, help="text file, one example per line (.jsonl: {'text': ...})")
     ap.add_argument("--revision", default=None, help="model revision (branch, tag or commit)")
@@ -406,39 +408,27 @@ def read_prompts(path: str, limit: int) -> List[str]:
     return out
 
 
-def main(argv=None) -> int:
-    a = _args(argv)
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-
+def capture_loaded(model, tok, config, a, model_name: str, device) -> int:
+    """Captures a loaded transformers model (also TransformerLens' bridge.original_model) with the
+    CLI options ``a`` into the dataset a.out."""
     import qkgeom  # noqa: PLC0415
+
     from .capture import Recorder, manifest_for  # noqa: PLC0415
 
-    config = transformers.AutoConfig.from_pretrained(a.model, revision=a.revision)
-    apply_overrides(config, a.config_override)
     plan = capture_plan_of(config)
     layout = qkgeom.ModelLayout(plan.head_dim, plan.n_q_heads, plan.n_kv_heads, plan.sliding_window)
     buckets = qkgeom.BucketSpec(a.scheme, a.width, a.rate)
     heads = qkgeom.sample_heads(layout, a.heads, a.head_seed, a.eligibility)
     check_plan(plan, heads)
-    m = manifest_for(layout, model=a.model if a.revision is None else f"{a.model}@{a.revision}", buckets=buckets,
-                     context_length=a.context, seed=a.seed, head_count=a.heads, head_seed=a.head_seed,
-                     eligibility=a.eligibility, rope=manifest_rope(plan, heads), rope_applied=plan.rope_applied)
-    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tok = transformers.AutoTokenizer.from_pretrained(a.model, revision=a.revision)
+    m = manifest_for(layout, model=model_name, buckets=buckets, context_length=a.context, seed=a.seed,
+                     head_count=a.heads, head_seed=a.head_seed, eligibility=a.eligibility,
+                     rope=manifest_rope(plan, heads), rope_applied=plan.rope_applied)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "right"
-    load = dict(config=config, revision=a.revision, torch_dtype=getattr(torch, a.torch_dtype))
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(a.model, **load)
-    except ValueError:  # multimodal wrappers (e.g. Llama-3.2-Vision) have no CausalLM auto class
-        model = transformers.AutoModelForImageTextToText.from_pretrained(a.model, **load)
-    model.to(device).eval()
-    writer = qkgeom.DatasetWriter(a.out, m, dtype=a.dtype)
     rec = Recorder(layout, buckets=buckets, seed=a.seed, head_count=a.heads, head_seed=a.head_seed,
-                   eligibility=a.eligibility, sink=writer, context_length=a.context,
-                   rope_applied=plan.rope_applied, model=m.model)
+                   eligibility=a.eligibility, sink=qkgeom.DatasetWriter(a.out, m, dtype=a.dtype),
+                   context_length=a.context, rope_applied=plan.rope_applied, model=model_name)
     prompts = read_prompts(a.prompts, a.max_examples)
     with HFCapture(model, rec, plan) as cap:
         for start in range(0, len(prompts), a.batch_size):
@@ -450,6 +440,26 @@ def main(argv=None) -> int:
     rec.close()
     print(f"{len(rec.heads)} planned heads, rows {rec.rows_recorded()} written to {a.out}")
     return 0
+
+
+def main(argv=None) -> int:
+    a = _args(argv)
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    config = transformers.AutoConfig.from_pretrained(a.model, revision=a.revision)
+    apply_overrides(config, a.config_override)
+    capture_plan_of(config)  # refuse a config the capture cannot record before loading any weights
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tok = transformers.AutoTokenizer.from_pretrained(a.model, revision=a.revision)
+    load = dict(config=config, revision=a.revision, torch_dtype=getattr(torch, a.torch_dtype))
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(a.model, **load)
+    except ValueError:  # multimodal wrappers (e.g. Llama-3.2-Vision) have no CausalLM auto class
+        model = transformers.AutoModelForImageTextToText.from_pretrained(a.model, **load)
+    model.to(device).eval()
+    name = a.model if a.revision is None else f"{a.model}@{a.revision}"
+    return capture_loaded(model, tok, model.config, a, name, device)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ Assumptions:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from types import SimpleNamespace
 
@@ -116,55 +115,38 @@ def capture_legacy(model, rec, tokens) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m qkgeom.transformerlens")
-    ap.add_argument("model")
-    ap.add_argument("-o", "--out", required=True)
-    ap.add_argument("--prompts", required=True)
-    ap.add_argument("--legacy", action="store_true", help="legacy HookedTransformer (default: TransformerBridge)")
-    for flag, kw in (("--context", dict(type=int, default=2048)), ("--max-examples", dict(type=int, default=64)),
-                     ("--heads", dict(type=int, default=None)), ("--head-seed", dict(type=int, default=0)),
-                     ("--scheme", dict(default="uniform")), ("--width", dict(type=int, default=128)),
-                     ("--rate", dict(type=float, default=1.0)), ("--seed", dict(type=int, default=0)),
-                     ("--eligibility", dict(default="full_attention_only")), ("--dtype", dict(default="f32")),
-                     ("--device", dict(default=None))):
-        ap.add_argument(flag, **kw)
-    a = ap.parse_args(argv)
+    from . import hf  # noqa: PLC0415
+
+    a = hf._args(argv, prog="python3 -m qkgeom.transformerlens")  # the same options as qkgeom.hf
     import torch  # noqa: PLC0415
 
     import qkgeom  # noqa: PLC0415
-    from . import hf  # noqa: PLC0415
     from .capture import Recorder, manifest_for  # noqa: PLC0415
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    buckets = qkgeom.BucketSpec(a.scheme, a.width, a.rate)
-    prompts = hf.read_prompts(a.prompts, a.max_examples)
-    if not a.legacy:
+    if not a.legacy:  # assumption T2: the wrapped HF model runs, with its own attention
         from transformer_lens.model_bridge import TransformerBridge  # noqa: PLC0415
 
-        bridge = TransformerBridge.boot_transformers(a.model, device=device)
+        bridge = TransformerBridge.boot_transformers(a.model, device=device, dtype=getattr(torch, a.torch_dtype))
         check_context(getattr(bridge.cfg, "n_ctx", None), a.context)
-        argv2 = [a.model, "-o", a.out, "--prompts", a.prompts, "--context", str(a.context)]
-        del bridge  # the HF path loads the same weights itself (assumption T2)
-        return hf.main(argv2 + [f"--{k}={v}" for k, v in (("scheme", a.scheme), ("width", a.width),
-                                                          ("rate", a.rate), ("seed", a.seed),
-                                                          ("eligibility", a.eligibility), ("dtype", a.dtype),
-                                                          ("max-examples", a.max_examples),
-                                                          ("head-seed", a.head_seed))]
-                       + ([f"--heads={a.heads}"] if a.heads is not None else []))
+        model = bridge.original_model.eval()
+        return hf.capture_loaded(model, bridge.tokenizer, model.config, a, a.model, device)
     from transformer_lens import HookedTransformer  # noqa: PLC0415
 
-    model = HookedTransformer.from_pretrained_no_processing(a.model, device=device)
+    model = HookedTransformer.from_pretrained_no_processing(a.model, device=device,
+                                                            dtype=getattr(torch, a.torch_dtype))
     check_context(model.cfg.n_ctx, a.context)
     check_grouping(model.cfg)
     plan = plan_of_cfg(model.cfg)
     layout = qkgeom.ModelLayout(plan.head_dim, plan.n_q_heads, plan.n_kv_heads, plan.sliding_window)
+    buckets = qkgeom.BucketSpec(a.scheme, a.width, a.rate)
     m = manifest_for(layout, model=a.model, buckets=buckets, context_length=a.context, seed=a.seed,
                      head_count=a.heads, head_seed=a.head_seed, eligibility=a.eligibility, rope=plan.rope,
                      rope_applied=plan.rope_applied)
     rec = Recorder(layout, buckets=buckets, seed=a.seed, head_count=a.heads, head_seed=a.head_seed,
                    eligibility=a.eligibility, sink=qkgeom.DatasetWriter(a.out, m, dtype=a.dtype),
                    context_length=a.context, model=a.model)
-    for text in prompts:
+    for text in hf.read_prompts(a.prompts, a.max_examples):
         tokens = model.to_tokens(text, truncate=False)[:, : a.context]
         capture_legacy(model, rec, tokens.to(device))
     rec.close()
