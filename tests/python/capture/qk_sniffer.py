@@ -146,9 +146,48 @@ def test_state_files():
           "old-layout state (metadata nested under the model name)")
 
 
+def test_cli():
+    """python3 -m qkgeom.qk_sniffer's main on a folder of entries (read_batches, the one pyarrow function,
+    replaced by the in-memory batches), _saver_state.json in the parent and an HF config.json."""
+    entries = make_entries(9)
+    root = os.path.join(WORK, "sniffed")
+    shutil.rmtree(root, ignore_errors=True)
+    split = os.path.join(root, "HuggingFaceTB_SmolLM2-135M")  # the older split-folder layout
+    by_path = {}
+    for (layer, head, kind), batches in entries.items():
+        d = os.path.join(split, f"l{layer:02d}h{head:02d}{kind}")
+        os.makedirs(d)
+        path = os.path.join(d, "data.parquet")
+        open(path, "wb").close()
+        by_path[path] = batches
+    with open(os.path.join(root, "_saver_state.json"), "w") as f:
+        json.dump({"model_name": "HuggingFaceTB/SmolLM2-135M", "model_metadata": STATE["metadata"]}, f)
+    cfg = os.path.join(WORK, "config.json")
+    with open(cfg, "w") as f:
+        json.dump({"num_hidden_layers": L, "num_attention_heads": NQ, "num_key_value_heads": NKV, "head_dim": D,
+                   "hidden_size": NQ * D, "rope_theta": 100000.0, "layer_types": ["full_attention",
+                   "sliding_attention", "full_attention"], "sliding_window": 2048}, f)
+    out = os.path.join(WORK, "cli")
+    shutil.rmtree(out, ignore_errors=True)
+    real = qs.read_batches
+    qs.read_batches = lambda path, batch_rows=65536: iter(by_path[path])
+    try:
+        rc = qs.main([split, "-o", out, "--rope-applied", "post", "--context", str(CTX), "--rate", "1",
+                      "--hf-config", cfg])
+    finally:
+        qs.read_batches = real
+    m = qkgeom.read_manifest(out)
+    check(rc == 0 and m.model == "HuggingFaceTB/SmolLM2-135M", f"cli: rc {rc}, model {m.model}")
+    check(m.sliding_window == [None, 2048, None] and m.rope.theta == 100000.0, "cli: windows and rope from config.json")
+    e = qkgeom.read_entry(out, m, 2, 1, "k")
+    check(np.array_equal(e["vectors"], np.concatenate([b["vector"] for b in entries[(2, 1, "k")]]).astype(np.float64)),
+          "cli: l02h01k rows")
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
     test_import()
+    test_cli()
     test_refusals()
     test_state_files()
     print("FAILED" if FAILS else "all checks passed", len(FAILS))
