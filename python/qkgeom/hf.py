@@ -419,6 +419,9 @@ def capture_loaded(model, tok, config, a, model_name: str, device) -> int:
     layout = qkgeom.ModelLayout(plan.head_dim, plan.n_q_heads, plan.n_kv_heads, plan.sliding_window)
     buckets = qkgeom.BucketSpec(a.scheme, a.width, a.rate)
     heads = qkgeom.sample_heads(layout, a.heads, a.head_seed, a.eligibility)
+    if not heads:
+        raise CaptureConfigError(f"no head to capture: every layer has a sliding window ({plan.sliding_window[:4]}...) "
+                                 f"and --eligibility is {a.eligibility}; use --eligibility all_layers")
     check_plan(plan, heads)
     m = manifest_for(layout, model=model_name, buckets=buckets, context_length=a.context, seed=a.seed,
                      head_count=a.heads, head_seed=a.head_seed, eligibility=a.eligibility,
