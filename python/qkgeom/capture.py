@@ -23,7 +23,8 @@ This module only moves rows:
 
 Steps: a step is one forward pass (one batch). It ends at ``step()`` /
 ``flush()``, at ``set_batch()``, at the end of a ``patch`` context, or when a
-layer is recorded a second time (a new forward). Example ids default to a
+layer is recorded a second time (a new forward; an error when the ending step's
+tokens came from ``set_batch``, which applies to one forward only). Example ids default to a
 running counter: the B sequences of a step get ids n, n+1, ..., n+B-1.
 
 Padding: ``mask`` ([B, T], nonzero = real token; an HF ``attention_mask``)
@@ -216,7 +217,11 @@ class Recorder:
         if layout not in TENSOR_LAYOUTS:
             raise ValueError(f"record: layout must be one of {TENSOR_LAYOUTS} (value {layout!r})")
         if layer in self._step_layers:  # a layer seen twice: a new forward began
+            declared = self._batch is not None
             self.step()
+            if declared:
+                raise ValueError(f"record(layer {layer}): a new forward began without set_batch(); the previous "
+                                 "batch's positions and mask do not apply to it (call set_batch before each forward)")
         self._step_layers.add(layer)
         self._note_rope(layer, bool(rope_applied))
         if layer not in self._q:  # no planned head here: only the step's batch size is noted

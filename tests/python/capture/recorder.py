@@ -185,7 +185,7 @@ def test_patch():
 
 
 def test_refusals():
-    qs, ks = planted(1)
+    qs, ks = planted()
     rec = Recorder(LAYOUT, buckets=BUCKETS, seed=SEED, sink="moments", context_length=CTX,
                    rope_applied=[True, True, True])
     raises(lambda: rec.record(0, qs[0], ks[0], rope_applied=False), "rope_applied", "contradicting rope_applied")
@@ -195,6 +195,11 @@ def test_refusals():
     raises(lambda: rec3.record(0, ks[0], ks[0]), "n_q_heads = 4", "wrong head count")
     raises(lambda: Recorder(LAYOUT, buckets=BUCKETS, heads=[(0, 9)], context_length=CTX), "9",
            "explicit head outside the layer")
+    rec4 = Recorder(LAYOUT, buckets=BUCKETS, seed=SEED, sink="moments", context_length=CTX)
+    mask, pos = batch_tokens()
+    rec4.set_batch(pos, mask=mask)
+    rec4.record(0, qs[0], ks[0])
+    raises(lambda: rec4.record(0, qs[0], ks[0]), "without set_batch", "a second forward reusing one set_batch")
 
 
 def main():
