@@ -15,6 +15,10 @@ PACKAGES=(
   libbenchmark-dev              # Google Benchmark (benchmarks)
   zlib1g-dev                    # zlib: deflate-compressed .npz entries (io/npz.hpp)
   python3-numpy                 # cross-checks of .npy/.npz against NumPy itself (tests)
+  python3-dev pybind11-dev python3-pybind11  # the Python package's extension (python/, issue 15)
+  python3-pandas                # qkgeom.frames: results as DataFrames (tests)
+  python3-torch                 # the Python capture and the trained tiny model (tests)
+  python3-matplotlib python3-nbclient python3-nbformat python3-ipykernel  # the example notebook, run by the tests
   libtorch-dev                  # LibTorch 1.13 CPU (adapters/torch, qkgeom::torch)
   chromium                      # headless render of the HTML report (one test)
   time                          # /usr/bin/time -v: peak memory in scripts/bench.sh

@@ -4,7 +4,7 @@
 //   qkgeom::input_error (bad input data)   -> qkgeom.InputError, a ValueError
 //                                              with .source, .field, .value
 //   std::invalid_argument                  -> ValueError (pybind11)
-//   qkgeom::io_error, filesystem_error     -> OSError (.filename = the path)
+//   qkgeom::io_error, filesystem_error     -> OSError (the message names the path)
 //   std::runtime_error / logic_error       -> RuntimeError (pybind11)
 #include "common.hpp"
 
@@ -38,15 +38,9 @@ void bind_errors(py::module_& m) {
             err.attr("value") = py::str(e.value());
             PyErr_SetObject(input_error.ptr(), err.ptr());
         } catch (qkgeom::io_error const& e) {
-            py::object const err =
-                py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_OSError, "s", e.what()));
-            if (err) err.attr("filename") = py::str(e.path());
-            PyErr_SetObject(PyExc_OSError, err.ptr());
+            PyErr_SetString(PyExc_OSError, e.what());  // (no .filename: OSError's str() would then drop the message)
         } catch (std::filesystem::filesystem_error const& e) {
-            py::object const err =
-                py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_OSError, "s", e.what()));
-            if (err) err.attr("filename") = py::str(e.path1().string());
-            PyErr_SetObject(PyExc_OSError, err.ptr());
+            PyErr_SetString(PyExc_OSError, e.what());
         }
     });
 }
