@@ -1218,6 +1218,58 @@ TEST_CASE("dataset: manifest round trip with and without the issue 6 fields", "[
                         "differs from the manifest's sliding_window[0] = null (full attention) (value 16)");
 }
 
+TEST_CASE("dataset: capture.rope_applied and capture.token_sampler (issue 15)", "[io][dataset]") {
+    std::string const head = R"({"model":"m","n_layers":2,"n_q_heads":8,"n_kv_heads":2,"head_dim":64,)"
+                             R"("context_length":4096,"buckets":{"scheme":"uniform","width":16},"capture":{"seed":3)";
+    auto parse = [&](std::string const& capture_tail) { return io::parse_manifest(head + capture_tail + "}}"); };
+    // absent: not recorded, and the tokens were qkgeom's
+    auto const old = parse("");
+    CHECK(old.rope_applied.empty());
+    CHECK(old.token_sampler == "qkgeom");
+    auto const old_text = io::dump_manifest(old);
+    CHECK_THAT(old_text, Contains("\"token_sampler\": \"qkgeom\"") && !Contains("rope_applied"));
+    // present: read, written, read back
+    auto const m = parse(R"(,"rope_applied":[false,true],"token_sampler":"qk-sniffer")");
+    CHECK(m.rope_applied == std::vector<bool>{false, true});
+    CHECK(m.token_sampler == "qk-sniffer");
+    auto const back = io::parse_manifest(io::dump_manifest(m));
+    CHECK(back.rope_applied == m.rope_applied);
+    CHECK(back.token_sampler == m.token_sampler);
+    CHECK_NOTHROW(io::check_compatible(back, m));
+    // bad values name the field and the value
+    auto bad = [&](std::string const& tail, std::string const& what) {
+        INFO(tail);
+        CHECK_THROWS_AS(parse(tail), qkgeom::input_error);
+        CHECK_THROWS_WITH(parse(tail), Contains(what));
+    };
+    bad(R"(,"rope_applied":true)", "capture.rope_applied: must be an array of n_layers booleans (value true)");
+    bad(R"(,"rope_applied":[true])", "capture.rope_applied: per-layer array length differs from n_layers = 2 (value 1)");
+    bad(R"(,"rope_applied":[true,1])", "capture.rope_applied[1]: must be true (captured after RoPE) or false (before RoPE) (value 1)");
+    bad(R"(,"rope_applied":[null,true])", "capture.rope_applied[0]");
+    bad(R"(,"token_sampler":5)", "capture.token_sampler: must be a non-empty string");
+    bad(R"(,"token_sampler":"")", "capture.token_sampler: must be a non-empty string");
+    // writing refuses what reading would refuse
+    temp_dir tmp;
+    auto w = m;
+    w.rope_applied = {true, true, true};
+    CHECK_THROWS_WITH(io::write_manifest(tmp.path, w), Contains("capture.rope_applied"));
+    w = m;
+    w.token_sampler.clear();
+    CHECK_THROWS_WITH(io::write_manifest(tmp.path, w), Contains("capture.token_sampler"));
+    CHECK(!fs::exists(tmp.path / "manifest.json"));
+    // merging refuses captures that differ in either
+    CHECK_THROWS_WITH(io::check_compatible(old, m),
+                      Contains("manifests differ in capture.token_sampler: \"qkgeom\" vs \"qk-sniffer\""));
+    auto same_sampler = old;
+    same_sampler.token_sampler = "qk-sniffer";
+    CHECK_THROWS_WITH(io::check_compatible(same_sampler, m),
+                      Contains("manifests differ in capture.rope_applied: \"not recorded\" vs \"recorded\""));
+    auto flipped = m;
+    flipped.rope_applied = {false, false};
+    CHECK_THROWS_WITH(io::check_compatible(m, flipped),
+                      Contains("manifests differ in capture.rope_applied[1]: \"true\" vs \"false\""));
+}
+
 TEST_CASE("dataset: layout_of and sampled_heads follow the manifest", "[io][dataset]") {
     auto m = full_manifest();
     auto const layout = io::layout_of(m);

@@ -1,0 +1,495 @@
+// Runtime tests of the streaming dataset writer (io::dataset_writer) and of
+// the dataset analysis loop (io::analyze_dataset): the writer's files equal
+// write_head's of the concatenated rows byte for byte however the rows are
+// batched and flushed; bad batches throw naming the field and change nothing;
+// an unclosed writer leaves no dataset; the loop accounts for every planned head.
+#include <qkgeom/io/dataset.hpp>
+#include <qkgeom/io/dataset_analysis.hpp>
+#include <qkgeom/io/dataset_writer.hpp>
+#include <qkgeom/policy_names.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace io = qkgeom::io;
+using Catch::Matchers::Contains;
+using qkgeom::kind;
+
+struct temp_dir {
+    fs::path path;
+    temp_dir() {
+        static std::atomic<int> counter{0};
+        auto const stamp = std::chrono::steady_clock::now().time_since_epoch().count();
+        path = fs::temp_directory_path() /
+               ("qkgeom_writer_test_" + std::to_string(stamp) + "_" + std::to_string(counter++));
+        fs::create_directories(path);
+    }
+    ~temp_dir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+    temp_dir(temp_dir const&) = delete;
+    temp_dir& operator=(temp_dir const&) = delete;
+};
+
+std::vector<unsigned char> file_bytes(fs::path const& p) {
+    std::ifstream in(p, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// 2 layers (4 and 2 query heads, 2 and 1 key heads), d = 5, L = 500,
+/// uniform buckets of 32, layer 1 windowed.
+io::manifest writer_manifest() {
+    io::manifest m;
+    m.model = "writer-test";
+    m.n_layers = 2;
+    m.n_q_heads = {4, 2};
+    m.n_kv_heads = {2, 1};
+    m.head_dim = 5;
+    m.buckets = {qkgeom::bucket_scheme::uniform, 32, 1.0};
+    m.context_length = 500;
+    m.seed = 11;
+    m.sliding_window = {std::nullopt, 64};
+    m.rope_applied = {true, false};
+    m.token_sampler = "qk-sniffer";
+    return m;
+}
+
+/// The rows of one entry: values, positions, example ids.
+struct entry_rows {
+    qkgeom::row_matrix v;
+    std::vector<std::int64_t> pos, ex;
+};
+
+using key_t = std::tuple<std::int64_t, kind, std::int64_t>;
+
+std::map<key_t, entry_rows> make_rows(std::uint64_t seed, std::int64_t d, double scale) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> g(0.0, scale);
+    std::uniform_int_distribution<std::int64_t> n_of(30, 140), pos_of(0, 499), ex_of(0, 9);
+    std::map<key_t, entry_rows> out;
+    // every entry of the manifest but l00h03q (never appended: not written)
+    std::vector<key_t> const keys{{0, kind::query, 0}, {0, kind::query, 1}, {0, kind::query, 2}, {0, kind::key, 0},
+                                  {0, kind::key, 1},   {1, kind::query, 0}, {1, kind::query, 1}, {1, kind::key, 0}};
+    for (auto const& k : keys) {
+        entry_rows e;
+        auto const n = n_of(rng);
+        e.v.resize(n, d);
+        for (std::int64_t i = 0; i < n; ++i) {
+            for (std::int64_t j = 0; j < d; ++j) e.v(i, j) = g(rng);
+            e.pos.push_back(pos_of(rng));
+            e.ex.push_back(ex_of(rng));
+        }
+        out[k] = std::move(e);
+    }
+    return out;
+}
+
+/// Appends every entry's rows in batches of 0..12 rows (and one batch of 60
+/// rows, larger than a tiny budget), entries interleaved at random.
+void stream_rows(io::dataset_writer& w, std::map<key_t, entry_rows> const& rows, std::uint64_t seed,
+                 std::size_t budget) {
+    std::mt19937_64 rng(seed);
+    std::map<key_t, std::int64_t> done;
+    std::vector<key_t> open;
+    for (auto const& [k, e] : rows) open.push_back(k);
+    bool big_done = false;
+    while (!open.empty()) {
+        std::size_t const pick = std::uniform_int_distribution<std::size_t>(0, open.size() - 1)(rng);
+        auto const k = open[pick];
+        auto const& e = rows.at(k);
+        std::int64_t const at = done[k];
+        std::int64_t want = std::uniform_int_distribution<std::int64_t>(0, 12)(rng);
+        if (!big_done && e.v.rows() - at >= 60) {
+            want = 60;
+            big_done = true;
+        }
+        std::int64_t const n = std::min(want, e.v.rows() - at);
+        // rows as float64 Eigen (column-major: a strided read) of the batch
+        Eigen::MatrixXd batch = e.v.middleRows(at, n);
+        w.append(std::get<0>(k), std::get<1>(k), std::get<2>(k), batch,
+                 std::span<std::int64_t const>(e.pos.data() + at, static_cast<std::size_t>(n)),
+                 std::span<std::int64_t const>(e.ex.data() + at, static_cast<std::size_t>(n)));
+        CHECK(w.buffered_bytes() <= budget);
+        done[k] = at + n;
+        if (done[k] == e.v.rows()) open.erase(open.begin() + static_cast<std::ptrdiff_t>(pick));
+    }
+}
+
+/// The reference: write_head of each entry's whole rows.
+void write_reference(fs::path const& dir, io::manifest const& m, std::map<key_t, entry_rows> const& rows,
+                     std::string_view dtype) {
+    io::write_manifest(dir, m);
+    for (auto const& [k, e] : rows) {
+        io::head_entry h;
+        h.layer = std::get<0>(k);
+        h.k = std::get<1>(k);
+        h.head = std::get<2>(k);
+        h.vectors = e.v;
+        h.position = qkgeom::token_positions(e.pos);
+        std::vector<std::int64_t> b;
+        for (auto t : e.pos) b.push_back(qkgeom::bucket_of(m.buckets, t));
+        h.bucket = qkgeom::token_buckets(b);
+        h.example_id = qkgeom::example_ids(e.ex);
+        auto const L = static_cast<std::size_t>(h.layer);
+        h.sliding_window = m.sliding_window[L];
+        io::write_head(dir, m, h, io::storage_format::npy, dtype);
+    }
+}
+
+/// Every file of every entry of `a` equals, byte for byte, the same file in `b`.
+void require_same_entries(fs::path const& a, fs::path const& b, std::size_t n_entries) {
+    std::size_t entries = 0, files = 0;
+    for (auto const& de : fs::directory_iterator(b)) {
+        if (!de.is_directory()) continue;
+        ++entries;
+        for (auto const& f : fs::directory_iterator(de.path())) {
+            auto const other = a / de.path().filename() / f.path().filename();
+            INFO(other.string());
+            REQUIRE(fs::exists(other));
+            CHECK(file_bytes(other) == file_bytes(f.path()));
+            ++files;
+        }
+        std::size_t mine = 0;
+        for (auto const& f : fs::directory_iterator(a / de.path().filename())) mine += f.is_regular_file() ? 1 : 0;
+        CHECK(mine == static_cast<std::size_t>(std::distance(fs::directory_iterator(de.path()), fs::directory_iterator())));
+    }
+    CHECK(entries == n_entries);
+    CHECK(files >= 4 * n_entries);
+}
+
+}  // namespace
+
+TEST_CASE("dataset_writer: many small batches and flushes give write_head's files byte for byte",
+          "[dataset_writer][io]") {
+    auto const m = writer_manifest();
+    for (std::string_view dtype : {"f32", "f16", "bf16", "f64"}) {
+        INFO("dtype " << dtype);
+        temp_dir tmp;
+        auto const rows = make_rows(7, m.head_dim, 1.5);
+        std::size_t const budget = 300;  // a few rows: flushes after nearly every batch
+        {
+            io::dataset_writer w(tmp.path / "streamed", m, dtype, budget);
+            stream_rows(w, rows, 3, budget);
+            // rows are on disk before close (flushed), the folder is not a dataset yet
+            CHECK(fs::file_size(tmp.path / "streamed" / "l00h00q" / "vectors.npy") > 128);
+            CHECK(!fs::exists(tmp.path / "streamed" / "manifest.json"));
+            for (auto const& [k, e] : rows) CHECK(w.rows(std::get<0>(k), std::get<1>(k), std::get<2>(k)) == e.v.rows());
+            w.close();
+            CHECK(w.closed());
+            CHECK_NOTHROW(w.close());  // again: nothing
+        }
+        write_reference(tmp.path / "reference", m, rows, dtype);
+        require_same_entries(tmp.path / "streamed", tmp.path / "reference", rows.size());
+        CHECK(!fs::exists(tmp.path / "streamed" / "l00h03q"));  // never appended: not written
+        auto const back = io::read_manifest(tmp.path / "streamed");
+        CHECK_NOTHROW(io::check_compatible(back, m));
+        CHECK(back.rope_applied == m.rope_applied);
+        CHECK(back.token_sampler == "qk-sniffer");
+        for (auto const& [k, e] : rows) {
+            auto const h = io::read_head(tmp.path / "streamed", back, std::get<0>(k), std::get<2>(k), std::get<1>(k));
+            CHECK(h.dtype == dtype);
+            CHECK(h.position.values() == e.pos);
+            CHECK(h.example_id.values() == e.ex);
+            CHECK(h.sliding_window == m.sliding_window[static_cast<std::size_t>(std::get<0>(k))]);
+            if (dtype == "f64") CHECK(h.vectors == e.v);  // f64: the values themselves
+        }
+    }
+}
+
+TEST_CASE("dataset_writer: one big budget (no flush before close) gives the same files", "[dataset_writer][io]") {
+    auto const m = writer_manifest();
+    temp_dir tmp;
+    auto const rows = make_rows(19, m.head_dim, 0.7);
+    {
+        io::dataset_writer w(tmp.path / "streamed", m, io::dtype::bf16);
+        stream_rows(w, rows, 5, io::dataset_writer::default_buffer_bytes);
+        CHECK(!fs::exists(tmp.path / "streamed" / "l00h00q"));  // nothing flushed yet
+        w.close();
+    }
+    write_reference(tmp.path / "reference", m, rows, "bf16");
+    require_same_entries(tmp.path / "streamed", tmp.path / "reference", rows.size());
+}
+
+TEST_CASE("dataset_writer: rows of any RowMatrix type, f16 views included, are stored exactly", "[dataset_writer][io]") {
+    auto m = writer_manifest();
+    temp_dir tmp;
+    // f16 source rows stored as f16: the values survive bit for bit
+    std::vector<qkgeom::float16> src;
+    for (int i = 0; i < 3 * 5; ++i) src.push_back(qkgeom::float16::from_float(0.1f * static_cast<float>(i) - 0.7f));
+    auto const view = qkgeom::make_matrix_view(std::span<qkgeom::float16 const>(src), 3, 5);
+    std::vector<std::int64_t> const pos{3, 40, 499}, ex{0, 1, 2};
+    io::dataset_writer w(tmp.path / "d", m, io::dtype::f16, 64);
+    w.append(0, kind::key, 1, view, pos, ex);
+    w.close();
+    auto const h = io::read_head(tmp.path / "d", 0, 1, kind::key);
+    REQUIRE(h.vectors.rows() == 3);
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 5; ++j) CHECK(h.vectors(i, j) == static_cast<double>(src[static_cast<std::size_t>(i * 5 + j)].to_float()));
+    CHECK(h.bucket.values() == std::vector<std::int64_t>{0, 1, 15});
+}
+
+TEST_CASE("dataset_writer: bad batches throw naming the field and change nothing", "[dataset_writer][io]") {
+    auto const m = writer_manifest();
+    temp_dir tmp;
+    io::dataset_writer w(tmp.path / "d", m, io::dtype::f16, 100);
+    Eigen::MatrixXd good = Eigen::MatrixXd::Constant(4, 5, 0.25);
+    std::vector<std::int64_t> pos{0, 1, 2, 3}, ex{0, 0, 0, 0};
+    w.append(0, kind::query, 0, good, pos, ex);
+    auto const before = w.rows(0, kind::query, 0);
+    auto bad = [&](auto const& rows, std::vector<std::int64_t> const& p, std::vector<std::int64_t> const& e, std::int64_t layer,
+                   kind k, std::int64_t head, std::string const& what) {
+        INFO(what);
+        CHECK_THROWS_WITH(w.append(layer, k, head, rows, p, e), Contains(what));
+        CHECK(w.rows(0, kind::query, 0) == before);
+    };
+    bad(good, pos, ex, 2, kind::query, 0, "layer outside [0, n_layers = 2); layer (value 2)");
+    bad(good, pos, ex, -1, kind::query, 0, "(value -1)");
+    bad(good, pos, ex, 0, kind::key, 2, "head outside [0, n_kv_heads[0] = 2); head (value 2)");
+    bad(good, pos, ex, 1, kind::query, 2, "head outside [0, n_q_heads[1] = 2); head (value 2)");
+    Eigen::MatrixXd wide = Eigen::MatrixXd::Zero(4, 6);
+    bad(wide, pos, ex, 0, kind::query, 0, "(l00h00q): rows: width differs from the manifest's head_dim = 5; width (value 6)");
+    bad(good, {0, 1, 2}, ex, 0, kind::query, 0, "positions: length differs from the 4 rows; length (value 3)");
+    bad(good, pos, {0, 0}, 0, kind::query, 0, "example_ids: length differs from the 4 rows; length (value 2)");
+    bad(good, {0, 1, 500, 3}, ex, 0, kind::query, 0, "positions[2]: position outside [0, context_length = 500) (value 500)");
+    bad(good, {0, -4, 2, 3}, ex, 0, kind::query, 0, "positions[1]: position outside [0, context_length = 500) (value -4)");
+    Eigen::MatrixXd nan = good;
+    nan(2, 3) = std::numeric_limits<double>::quiet_NaN();
+    bad(nan, pos, ex, 0, kind::query, 0, "rows[row 2, col 3]: non-finite value");
+    Eigen::MatrixXd huge = good;
+    huge(3, 1) = 1e6;  // finite, but f16 overflows at 65520
+    bad(huge, pos, ex, 0, kind::query, 0, "rows[row 3, col 1]: value overflows the storage dtype f16 (value 1000000)");
+    huge(3, 1) = 1e39;
+    bad(huge, pos, ex, 0, kind::query, 0, "rows[row 3, col 1]: value outside the input limit");
+    CHECK(w.rows(0, kind::key, 1) == 0);
+    w.close();
+    auto const h = io::read_head(tmp.path / "d", 0, 0, kind::query);
+    CHECK(h.vectors.rows() == 4);
+    CHECK(h.vectors == good);
+    CHECK_THROWS_WITH(w.append(0, kind::query, 0, good, pos, ex), Contains("the writer is closed"));
+    // a batch of no rows writes nothing
+    temp_dir t2;
+    io::dataset_writer w2(t2.path / "d", m);
+    w2.append(0, kind::query, 1, Eigen::MatrixXd(0, 5), std::span<std::int64_t const>{}, std::span<std::int64_t const>{});
+    w2.close();
+    CHECK(!fs::exists(t2.path / "d" / "l00h01q"));
+}
+
+TEST_CASE("dataset_writer: refuses a folder holding a dataset, a bad manifest or dtype", "[dataset_writer][io]") {
+    auto const m = writer_manifest();
+    temp_dir tmp;
+    io::write_manifest(tmp.path / "has_manifest", m);
+    CHECK_THROWS_AS(io::dataset_writer(tmp.path / "has_manifest", m), qkgeom::io_error);
+    CHECK_THROWS_WITH(io::dataset_writer(tmp.path / "has_manifest", m), Contains("already holds a manifest.json"));
+    fs::create_directories(tmp.path / "has_entry");
+    std::ofstream(tmp.path / "has_entry" / "l01h00k.npz") << "x";
+    CHECK_THROWS_WITH(io::dataset_writer(tmp.path / "has_entry", m), Contains("already holds an entry ('l01h00k.npz')"));
+    std::ofstream(tmp.path / "a_file") << "x";
+    CHECK_THROWS_WITH(io::dataset_writer(tmp.path / "a_file", m), Contains("is not a directory"));
+    fs::create_directories(tmp.path / "other_files");
+    std::ofstream(tmp.path / "other_files" / "README") << "x";
+    CHECK_NOTHROW(io::dataset_writer(tmp.path / "other_files", m));  // unrelated files are fine
+    auto bad = m;
+    bad.n_kv_heads = {3, 1};
+    CHECK_THROWS_WITH(io::dataset_writer(tmp.path / "new1", bad), Contains("n_kv_heads[0]"));
+    bad = m;
+    bad.rope_applied = {true};
+    CHECK_THROWS_WITH(io::dataset_writer(tmp.path / "new2", bad), Contains("capture.rope_applied"));
+    bad = m;
+    bad.token_sampler = "";
+    CHECK_THROWS_WITH(io::dataset_writer(tmp.path / "new3", bad), Contains("capture.token_sampler"));
+    CHECK_THROWS_WITH(io::dataset_writer(tmp.path / "new4", m, "f8"), Contains("vector dtype must be"));
+    CHECK_THROWS_WITH(io::dataset_writer(tmp.path / "new5", m, io::dtype::i64), Contains("vector dtype must be"));
+    CHECK_THROWS_WITH(io::dataset_writer(tmp.path / "new6", m, io::dtype::f32, 0), Contains("buffer_bytes must be >= 1"));
+}
+
+TEST_CASE("dataset_writer: a writer destroyed without close leaves no dataset", "[dataset_writer][io]") {
+    auto const m = writer_manifest();
+    temp_dir tmp;
+    auto const rows = make_rows(23, m.head_dim, 1.0);
+    {
+        io::dataset_writer w(tmp.path / "d", m, io::dtype::f32, 200);
+        stream_rows(w, rows, 9, 200);
+    }  // no close
+    CHECK(!fs::exists(tmp.path / "d" / "manifest.json"));
+    CHECK_THROWS_AS(io::read_manifest(tmp.path / "d"), qkgeom::input_error);
+    REQUIRE(fs::exists(tmp.path / "d" / "l00h00q" / "vectors.npy"));  // flushed rows stay...
+    CHECK_THROWS_AS(io::read_npy(tmp.path / "d" / "l00h00q" / "vectors.npy"), qkgeom::input_error);  // ...unreadable
+    CHECK_THROWS_AS(io::read_head(tmp.path / "d", m, 0, 0, kind::query), qkgeom::input_error);
+}
+
+// ---------------------------------------------------------------------------
+// analyze_dataset: the loop of `qkgeom analyze`
+// ---------------------------------------------------------------------------
+
+namespace {
+
+/// 1 layer, 6 query heads, 2 key heads, d = 5, L = 500; every key entry and
+/// the query entries `q_heads`, 20 rows each.
+io::manifest loop_dataset(fs::path const& dir, std::vector<std::int64_t> const& q_heads) {
+    io::manifest m;
+    m.model = "loop-test";
+    m.n_layers = 1;
+    m.n_q_heads = {6};
+    m.n_kv_heads = {2};
+    m.head_dim = 5;
+    m.buckets = {qkgeom::bucket_scheme::uniform, 50, 1.0};
+    m.context_length = 500;
+    std::mt19937_64 rng(5);
+    std::normal_distribution<double> g;
+    io::dataset_writer w(dir, m);
+    auto put = [&](kind k, std::int64_t h) {
+        Eigen::MatrixXd v(20, 5);
+        for (Eigen::Index i = 0; i < v.size(); ++i) v.data()[i] = g(rng);
+        std::vector<std::int64_t> pos, ex;
+        for (std::int64_t i = 0; i < 20; ++i) {
+            pos.push_back(i * 24 + h);
+            ex.push_back(i % 3);
+        }
+        w.append(0, k, h, v, pos, ex);
+    };
+    for (std::int64_t h = 0; h < 2; ++h) put(kind::key, h);
+    for (auto h : q_heads) put(kind::query, h);
+    w.close();
+    return m;
+}
+
+}  // namespace
+
+TEST_CASE("analyze_dataset: every planned head is analysed, missing or failed; strays listed", "[dataset_writer][io]") {
+    temp_dir tmp;
+    loop_dataset(tmp.path, {0, 1, 2, 4});
+    fs::create_directories(tmp.path / "l00h07q");  // outside n_q_heads = 6
+    std::atomic<int> done{0};
+    io::dataset_run_options o;
+    o.jobs = 3;
+    o.context = 480;
+    o.window = 7;
+    o.on_head_done = [&](std::string const&) { ++done; };
+    std::vector<std::int64_t> seen_context(6, -1), seen_window(6, -1);
+    auto stub = [&](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const&) {
+        if (h.id.q_head == 2) throw std::runtime_error("boom");
+        seen_context[static_cast<std::size_t>(h.id.q_head)] = h.facts.context_length;
+        seen_window[static_cast<std::size_t>(h.id.q_head)] = h.facts.sliding_window;
+        qkgeom::head_analysis a;
+        a.id = h.id;
+        a.n_q_tokens = h.queries.vectors.rows();
+        return a;
+    };
+    auto const run = io::analyze_dataset(io::plan_dataset(tmp.path), o, stub);
+    CHECK(done == 6);
+    REQUIRE(run.planned.size() == 6);
+    REQUIRE(run.heads.size() == 3);
+    CHECK(run.heads[0].id.q_head == 0);
+    CHECK(run.heads[1].id.q_head == 1);
+    CHECK(run.heads[2].id.q_head == 4);
+    CHECK(run.heads[2].id.k_head == 1);
+    CHECK(run.heads[2].n_q_tokens == 20);
+    CHECK(seen_context[4] == 480);  // the override
+    CHECK(seen_window[4] == 7);     // no recorded window: the override applies
+    CHECK(run.missing == std::vector<std::size_t>{3, 5});
+    CHECK(io::missing_entry_message(run, 3) ==
+          (tmp.path / "l00h03q").string() + ": no entry (neither a folder nor a .npz / .safetensors file)");
+    REQUIRE(run.failures.size() == 1);
+    CHECK(run.failures[0].index == 2);
+    CHECK(run.failures[0].message == "boom");
+    REQUIRE(run.stray.size() == 1);
+    CHECK(run.stray[0].name == "l00h07q");
+    CHECK_THAT(run.stray[0].message, Contains("entry outside the manifest's head counts (n_layers 1, n_q_heads [6], n_kv_heads [2] in "));
+
+    // strict: the stray entry first, before any analysis
+    o.strict = true;
+    o.jobs = 1;
+    done = 0;
+    CHECK_THROWS_WITH(io::analyze_dataset(io::plan_dataset(tmp.path), o, stub), Contains("l00h07q: entry outside"));
+    CHECK(done == 0);
+    fs::remove_all(tmp.path / "l00h07q");
+    CHECK_THROWS_WITH(io::analyze_dataset(io::plan_dataset(tmp.path), o, stub),
+                      Catch::Matchers::Equals("l00h02q (layer 0, query head 2): boom"));
+
+    // a context below the positions: every present head fails, saying why
+    o.strict = false;
+    o.context = 100;
+    o.context_name = "--context";
+    auto const low = io::analyze_dataset(io::plan_dataset(tmp.path), o, stub);
+    CHECK(low.heads.empty());
+    REQUIRE(low.failures.size() == 4);
+    CHECK_THAT(low.failures[0].message, Contains("query entry l00h00q: position 456 is not below the context length 100 given by --context"));
+}
+
+TEST_CASE("analyze_dataset: a manifest planning no head is refused", "[dataset_writer][io]") {
+    temp_dir tmp;
+    auto m = loop_dataset(tmp.path, {0});
+    m.heads = io::head_sampling{0, 0, qkgeom::layer_eligibility::all_layers};
+    fs::remove(tmp.path / "manifest.json");
+    io::write_manifest(tmp.path, m);
+    CHECK_THROWS_WITH(io::plan_dataset(tmp.path), Contains("no head to analyse: capture.head_count is 0"));
+}
+
+TEST_CASE("analyze_dataset: the default analysis is analyze_head of read_capture", "[dataset_writer][io]") {
+    temp_dir tmp;
+    auto const m = loop_dataset(tmp.path, {1, 3});
+    qkgeom::analysis_options a;
+    a.diagnostics = false;
+    io::dataset_run_options o;
+    o.analysis = a;
+    o.jobs = 2;
+    auto const run = io::analyze_dataset(tmp.path, o);
+    REQUIRE(run.heads.size() == 2);
+    CHECK(run.missing.size() == 4);
+    auto const direct = qkgeom::analyze_head(io::read_capture(tmp.path, m, run.planned[3]), a);
+    auto const x = qkgeom::head_metric_values(run.heads[1]), y = qkgeom::head_metric_values(direct);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        INFO(qkgeom::head_metric_names[i]);
+        CHECK((x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i]))));
+    }
+}
+
+TEST_CASE("policy names: tables, round trips and messages", "[dataset_writer][policy]") {
+    auto round = [](auto tag) {
+        using E = decltype(tag);
+        std::set<std::string_view> names;
+        std::string_view prev;
+        for (auto const& [n, e] : qkgeom::policy_choices<E>()) {
+            CHECK(qkgeom::policy_from_name<E>(n) == e);
+            CHECK(qkgeom::policy_name(e) == n);
+            CHECK(prev < n);  // sorted, no duplicates
+            prev = n;
+            names.insert(n);
+        }
+        CHECK(!qkgeom::policy_from_name<E>("Dominant"));
+        return names.size();
+    };
+    CHECK(round(qkgeom::sign_policy{}) == 2);
+    CHECK(round(qkgeom::separation_policy{}) == 2);
+    CHECK(round(qkgeom::semantic_model{}) == 3);
+    CHECK(round(qkgeom::pair_policy{}) == 2);
+    CHECK(round(qkgeom::ap_weighting{}) == 2);
+    CHECK(round(qkgeom::enumeration_policy{}) == 3);
+    CHECK(qkgeom::policy_name(qkgeom::enumeration_policy::automatic) == "auto");
+    CHECK(qkgeom::policy_choices_text<qkgeom::pair_policy>() == "prefix | same_bucket");
+    CHECK_THROWS_WITH(qkgeom::parse_policy<qkgeom::semantic_model>("diagonal", "Options.semantic"),
+                      Catch::Matchers::Equals("Options.semantic: 'diagonal' is not one of diag | full | global_linear"));
+    CHECK(qkgeom::parse_policy<qkgeom::sign_policy>("query_anchor", "--sign") == qkgeom::sign_policy::query_anchor);
+}
