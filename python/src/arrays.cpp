@@ -124,7 +124,7 @@ std::vector<std::int64_t> index_values(py::handle x, std::string_view name) {
 py::array_t<std::int64_t> to_numpy(std::vector<std::int64_t>&& v) {
     auto* p = new std::vector<std::int64_t>(std::move(v));
     py::capsule owner(p, [](void* q) { delete static_cast<std::vector<std::int64_t>*>(q); });
-    return py::array_t<std::int64_t>({static_cast<py::ssize_t>(p->size())}, p->data(), owner);
+    return py::array_t<std::int64_t>(static_cast<py::ssize_t>(p->size()), p->data(), owner);
 }
 
 py::array_t<double> to_numpy(qkgeom::row_matrix&& m) {
