@@ -82,15 +82,15 @@ struct entry_rows {
     std::vector<std::int64_t> pos, ex;
 };
 
-using key_t = std::tuple<std::int64_t, kind, std::int64_t>;
+using entry_key = std::tuple<std::int64_t, kind, std::int64_t>;
 
-std::map<key_t, entry_rows> make_rows(std::uint64_t seed, std::int64_t d, double scale) {
+std::map<entry_key, entry_rows> make_rows(std::uint64_t seed, std::int64_t d, double scale) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<double> g(0.0, scale);
     std::uniform_int_distribution<std::int64_t> n_of(30, 140), pos_of(0, 499), ex_of(0, 9);
-    std::map<key_t, entry_rows> out;
+    std::map<entry_key, entry_rows> out;
     // every entry of the manifest but l00h03q (never appended: not written)
-    std::vector<key_t> const keys{{0, kind::query, 0}, {0, kind::query, 1}, {0, kind::query, 2}, {0, kind::key, 0},
+    std::vector<entry_key> const keys{{0, kind::query, 0}, {0, kind::query, 1}, {0, kind::query, 2}, {0, kind::key, 0},
                                   {0, kind::key, 1},   {1, kind::query, 0}, {1, kind::query, 1}, {1, kind::key, 0}};
     for (auto const& k : keys) {
         entry_rows e;
@@ -108,11 +108,11 @@ std::map<key_t, entry_rows> make_rows(std::uint64_t seed, std::int64_t d, double
 
 /// Appends every entry's rows in batches of 0..12 rows (and one batch of 60
 /// rows, larger than a tiny budget), entries interleaved at random.
-void stream_rows(io::dataset_writer& w, std::map<key_t, entry_rows> const& rows, std::uint64_t seed,
+void stream_rows(io::dataset_writer& w, std::map<entry_key, entry_rows> const& rows, std::uint64_t seed,
                  std::size_t budget) {
     std::mt19937_64 rng(seed);
-    std::map<key_t, std::int64_t> done;
-    std::vector<key_t> open;
+    std::map<entry_key, std::int64_t> done;
+    std::vector<entry_key> open;
     for (auto const& [k, e] : rows) open.push_back(k);
     bool big_done = false;
     while (!open.empty()) {
@@ -138,7 +138,7 @@ void stream_rows(io::dataset_writer& w, std::map<key_t, entry_rows> const& rows,
 }
 
 /// The reference: write_head of each entry's whole rows.
-void write_reference(fs::path const& dir, io::manifest const& m, std::map<key_t, entry_rows> const& rows,
+void write_reference(fs::path const& dir, io::manifest const& m, std::map<entry_key, entry_rows> const& rows,
                      std::string_view dtype) {
     io::write_manifest(dir, m);
     for (auto const& [k, e] : rows) {
@@ -230,6 +230,34 @@ TEST_CASE("dataset_writer: one big budget (no flush before close) gives the same
     }
     write_reference(tmp.path / "reference", m, rows, "bf16");
     require_same_entries(tmp.path / "streamed", tmp.path / "reference", rows.size());
+}
+
+TEST_CASE("dataset_writer: a batch of more rows than one encoding chunk (and than the budget)", "[dataset_writer][io]") {
+    auto m = writer_manifest();
+    m.context_length = 100000;
+    std::map<entry_key, entry_rows> rows;
+    std::mt19937_64 rng(29);
+    std::normal_distribution<double> g(0.0, 2.0);
+    entry_rows e;
+    std::int64_t const n = 60000;  // the writer encodes 2^17 / d = 26214 rows at a time: three chunks
+    e.v.resize(n, m.head_dim);
+    for (Eigen::Index i = 0; i < e.v.size(); ++i) e.v.data()[i] = g(rng);
+    for (std::int64_t i = 0; i < n; ++i) {
+        e.pos.push_back((i * 7919) % m.context_length);
+        e.ex.push_back(i / 1000);
+    }
+    rows[{0, kind::query, 2}] = e;
+    for (std::string_view dtype : {"f32", "bf16"}) {
+        temp_dir tmp;
+        {
+            io::dataset_writer w(tmp.path / "streamed", m, dtype, 4096);
+            w.append(0, kind::query, 2, e.v, e.pos, e.ex);
+            CHECK(w.buffered_bytes() == 0);  // over the budget: written at once
+            w.close();
+        }
+        write_reference(tmp.path / "reference", m, rows, dtype);
+        require_same_entries(tmp.path / "streamed", tmp.path / "reference", 1);
+    }
 }
 
 TEST_CASE("dataset_writer: rows of any RowMatrix type, f16 views included, are stored exactly", "[dataset_writer][io]") {

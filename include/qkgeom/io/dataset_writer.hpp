@@ -216,7 +216,7 @@ private:
         batch buf;
         std::int64_t on_disk = 0;  // rows in the files
     };
-    using key_t = std::tuple<std::int64_t, int, std::int64_t>;
+    using entry_key = std::tuple<std::int64_t, int, std::int64_t>;
     static constexpr std::size_t header_bytes = 128;  // every rank-1 / rank-2 header (npy_header_of)
     static constexpr std::string_view files_[4] = {"vectors.npy", "position.npy", "bucket.npy", "example_id.npy"};
 
@@ -319,7 +319,7 @@ private:
 
     /// Buffers a checked batch (or writes it at once when it alone exceeds
     /// the budget), flushing the fullest entries first to make room.
-    void add(key_t const& key, std::string const& name, batch b) {
+    void add(entry_key const& key, std::string const& name, batch b) {
         std::size_t const need = b.bytes();
         if (buffered_ + need > budget_) make_room(need);
         auto it = entries_.find(key);
@@ -425,7 +425,7 @@ private:
     dtype t_;
     std::size_t budget_;
     std::size_t buffered_ = 0;
-    std::map<key_t, entry> entries_;
+    std::map<entry_key, entry> entries_;
     bool closed_ = false, broken_ = false;
 };
 
