@@ -67,7 +67,7 @@ def main():
                 same[f] += ok
                 if not ok:
                     diffs.append(f"l{h.layer} {kind} head {head}: {f} differ")
-    chk(rows > 0, f"{entries} entries, {rows} rows (Python side)")
+    chk(rows > 0, f"{entries} entry reads (a GQA key entry once per query head reading it), {rows} rows")
     for f, n in same.items():
         chk(n == entries, f"{f}: {n}/{entries} entries bit-identical")
     if diffs:
