@@ -6,6 +6,8 @@
 
 #include <Eigen/Core>
 
+#include <array>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -57,6 +59,26 @@ std::string implied_tag(py::dtype const& t) {
 bool is_int16(py::dtype const& t) { return (t.kind() == 'i' || t.kind() == 'u') && t.itemsize() == 2; }
 
 }  // namespace
+
+std::mutex& object_lock(void const* object) noexcept {
+    static std::array<std::mutex, 64> stripes;
+    auto const h = std::hash<void const*>{}(object);
+    return stripes[(h ^ (h >> 6)) % stripes.size()];
+}
+
+pair_lock::pair_lock(void const* a, void const* b) : first_(&object_lock(a)), second_(&object_lock(b)) {
+    if (first_ == second_) {
+        first_->lock();
+        second_ = nullptr;
+    } else {
+        std::lock(*first_, *second_);
+    }
+}
+
+pair_lock::~pair_lock() {
+    first_->unlock();
+    if (second_) second_->unlock();
+}
 
 held<array_rows> rows_of(py::handle x, std::string_view name) {
     py::object obj;

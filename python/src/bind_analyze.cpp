@@ -77,6 +77,7 @@ qkgeom::head_analysis analyze_moments_py(qkgeom::head_moments const& hm, py::han
     capture_args const a{buckets, sliding_window, context_length};
     qkgeom::analysis_options const opt = options.value_or(qkgeom::analysis_options{});
     py::gil_scoped_release nogil;
+    std::lock_guard lock(object_lock(&hm));
     return analyze_moment_rows(hm, rows, facts_of(a), opt);
 }
 

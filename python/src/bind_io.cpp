@@ -226,14 +226,24 @@ void bind_writer(py::module_& m) {
                 std::lock_guard lock(pw.mu);
                 pw.w.close();
             })
-        .def_property_readonly("closed", [](py_writer& pw) { return pw.w.closed(); })
-        .def_property_readonly("buffered_bytes", [](py_writer& pw) { return pw.w.buffered_bytes(); })
+        .def_property_readonly("closed",
+                               [](py_writer& pw) {
+                                   std::lock_guard lock(pw.mu);
+                                   return pw.w.closed();
+                               })
+        .def_property_readonly("buffered_bytes",
+                               [](py_writer& pw) {
+                                   std::lock_guard lock(pw.mu);
+                                   return pw.w.buffered_bytes();
+                               })
         .def_property_readonly("dir", [](py_writer& pw) { return pw.w.dir(); })
         .def_property_readonly("manifest", [](py_writer& pw) { return pw.w.manifest_of(); })
         .def(
             "rows",
             [](py_writer& pw, std::int64_t layer, std::string const& kind, std::int64_t head) {
-                return pw.w.rows(layer, kind_of(kind), head);
+                auto const k = kind_of(kind);
+                std::lock_guard lock(pw.mu);
+                return pw.w.rows(layer, k, head);
             },
             py::arg("layer"), py::arg("kind"), py::arg("head"))
         .def("__enter__", [](py_writer& pw) -> py_writer& { return pw; }, py::return_value_policy::reference)

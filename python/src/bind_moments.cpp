@@ -103,18 +103,26 @@ void bind_head_moments(py::module_& m) {
                 auto const p = indices_of(positions, "positions");
                 auto const b = indices_of(buckets, "buckets");
                 py::gil_scoped_release nogil;
+                std::lock_guard lock(object_lock(&hm));
                 hm.add(k, r.view, p.view, b.view);
             },
             py::arg("kind"), py::arg("rows"), py::arg("positions"), py::arg("buckets"),
             "Add rows of one kind (read in place; the GIL is released while reducing).")
         .def(
-            "rows", [](head_moments const& hm, std::string const& kind) { return hm[kind_of(kind)].count(); },
+            "rows",
+            [](head_moments const& hm, std::string const& kind) {
+                auto const k = kind_of(kind);
+                std::lock_guard lock(object_lock(&hm));
+                return hm[k].count();
+            },
             py::arg("kind"))
         .def(
             "buckets",
             [](head_moments const& hm, std::string const& kind) {
+                auto const k = kind_of(kind);
+                std::lock_guard lock(object_lock(&hm));
                 py::dict out;
-                for (auto const& [b, s] : hm[kind_of(kind)].buckets) out[py::int_(b)] = moments_dict(s);
+                for (auto const& [b, s] : hm[k].buckets) out[py::int_(b)] = moments_dict(s);
                 return out;
             },
             py::arg("kind"),
@@ -123,6 +131,7 @@ void bind_head_moments(py::module_& m) {
             "merge",
             [](head_moments& hm, head_moments const& o) {
                 py::gil_scoped_release nogil;
+                pair_lock lock(&hm, &o);
                 hm += o;
             },
             py::arg("other"))
@@ -130,6 +139,7 @@ void bind_head_moments(py::module_& m) {
             "__iadd__",
             [](head_moments& hm, head_moments const& o) -> head_moments& {
                 py::gil_scoped_release nogil;
+                pair_lock lock(&hm, &o);
                 return hm += o;
             },
             py::return_value_policy::reference_internal)
@@ -137,6 +147,7 @@ void bind_head_moments(py::module_& m) {
             "save",
             [](head_moments const& hm, fs::path const& path) {
                 py::gil_scoped_release nogil;
+                std::lock_guard lock(object_lock(&hm));
                 qkgeom::save_moments(path, hm);
             },
             py::arg("path"), "Write a shard file (qkgeom merge reads it).")

@@ -17,6 +17,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -82,6 +83,25 @@ template <class View>
 struct held {
     py::object owner;
     View view;
+};
+
+// --- locks (arrays.cpp) --------------------------------------------------------
+
+/// \brief The lock of a C++ object that bound methods modify or read with the
+/// GIL released (HeadMoments): two Python threads using one object are
+/// serialised, different objects run in parallel (a table of striped mutexes).
+std::mutex& object_lock(void const* object) noexcept;
+/// \brief Locks of two objects at once, without deadlock (one lock when they share a stripe).
+class pair_lock {
+public:
+    pair_lock(void const* a, void const* b);
+    pair_lock(pair_lock const&) = delete;
+    pair_lock& operator=(pair_lock const&) = delete;
+    ~pair_lock();
+
+private:
+    std::mutex* first_;
+    std::mutex* second_;
 };
 
 // --- conversions (arrays.cpp) ------------------------------------------------

@@ -2,6 +2,7 @@
 
 - add in batches (any split, f32 and f64, strided) == add at once == the centred statistics NumPy
   computes from the rows (planted truth), bucket by bucket; n, t_min, t_max exact
+- four threads adding batches into one HeadMoments == at once (adds are serialised per object)
 - save / load_moments: every statistic bit for bit; merge_moment_files([a, b]) == a.merge(b) bit
   for bit; a.merge(b) == the rows added at once (to rounding); a shard of another head is refused
   naming the field
@@ -63,6 +64,26 @@ for a, b in zip(cuts[:-1], cuts[1:]):
     rows = X[a:b] if a % 2 else np.asfortranarray(X[a:b].astype(np.float64))  # f32 C / f64 Fortran
     batched.add("q", rows, pos[a:b], bkt[a:b].astype(np.int32))
 stats_equal(batched, once, False, "batches vs once")
+
+# --- threads adding into one HeadMoments (the GIL is released while reducing; one lock per object) ---
+import threading  # noqa: E402
+
+shared = q.HeadMoments(d, q.HeadId(3, 5, 1))
+chunks = np.array_split(np.arange(n), 24)
+
+
+def feed(part):
+    for idx in part:
+        shared.add("q", X[idx], pos[idx], bkt[idx])
+
+
+threads = [threading.Thread(target=feed, args=(chunks[i::4],)) for i in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+check(shared.rows("q") == n, f"4 threads: {shared.rows('q')} rows, expected {n}")
+stats_equal(shared, once, False, "4 threads vs once")
 
 # --- save / load / merge -------------------------------------------------------------------
 first, second = q.HeadMoments(d, q.HeadId(3, 5, 1)), q.HeadMoments(d, q.HeadId(3, 5, 1))
