@@ -3,9 +3,7 @@
 // in parallel with the GIL released.
 #include "common.hpp"
 
-#include <qkgeom/extern_templates.hpp>
 #include <qkgeom/io/dataset_analysis.hpp>
-#include <qkgeom/plasticity.hpp>
 
 #include <pybind11/stl/filesystem.h>
 
@@ -72,6 +70,21 @@ void bind_run(py::module_& m) {
         });
 }
 
+/// The analysis of one head read from the dataset: analyze_rows over views of
+/// its row-major double rows (the one analyze_head instantiation of the
+/// module; reading a row is the same memcpy as from the row_matrix itself).
+qkgeom::head_analysis analyze_read_head(qkgeom::head_capture<qkgeom::row_matrix> const& h,
+                                        qkgeom::analysis_options const& opt) {
+    auto view = [](qkgeom::row_matrix const& m) {
+        return array_rows(qkgeom::matrix_view<double>(m.data(), m.rows(), m.cols(), m.cols(), 1));
+    };
+    auto rows = [&](qkgeom::token_rows<qkgeom::row_matrix> const& r) {
+        return qkgeom::token_rows<array_rows>{view(r.vectors), r.position, r.bucket, r.example_id};
+    };
+    qkgeom::head_capture<array_rows, array_rows> const v{h.id, h.facts, rows(h.queries), rows(h.keys)};
+    return analyze_rows(v, opt);
+}
+
 io::dataset_run analyze_dataset_py(fs::path const& dir, std::optional<qkgeom::analysis_options> const& options,
                                    unsigned jobs, bool strict, std::int64_t context, std::optional<std::int64_t> window) {
     if (context < 0) qkgeom::detail::fail_arg("qkgeom.analyze_dataset", "context must be >= 0 (0 = none)", context);
@@ -85,7 +98,7 @@ io::dataset_run analyze_dataset_py(fs::path const& dir, std::optional<qkgeom::an
     o.window = window.value_or(-1);
     o.context_name = "analyze_dataset(context=" + std::to_string(context) + ")";
     py::gil_scoped_release nogil;
-    return io::analyze_dataset(dir, o);
+    return io::analyze_dataset(io::plan_dataset(dir), o, analyze_read_head);
 }
 
 }  // namespace
