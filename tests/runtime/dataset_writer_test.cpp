@@ -324,6 +324,46 @@ TEST_CASE("dataset_writer: bad batches throw naming the field and change nothing
     CHECK(!fs::exists(t2.path / "d" / "l00h01q"));
 }
 
+TEST_CASE("dataset_writer: a flush that fails leaves the writer as before the append", "[dataset_writer][io]") {
+    auto const m = writer_manifest();
+    temp_dir tmp;
+    auto const rows = make_rows(31, m.head_dim, 1.0);
+    auto const& a = rows.at({0, kind::query, 0});
+    auto const& b = rows.at({0, kind::key, 1});
+    REQUIRE(a.v.rows() >= 60);
+    REQUIRE(b.v.rows() >= 40);
+    std::size_t const budget = 2000;  // about 45 rows of f32
+    io::dataset_writer w(tmp.path / "d", m, io::dtype::f32, budget);
+    auto put = [&](entry_rows const& e, kind k, std::int64_t head, std::int64_t from, std::int64_t n) {
+        w.append(0, k, head, qkgeom::row_matrix(e.v.middleRows(from, n)),
+                 std::span<std::int64_t const>(e.pos.data() + from, static_cast<std::size_t>(n)),
+                 std::span<std::int64_t const>(e.ex.data() + from, static_cast<std::size_t>(n)));
+    };
+    put(a, kind::query, 0, 0, 50);   // 50 rows: over the budget, written at once
+    put(a, kind::query, 0, 50, 10);  // buffered
+    // an obstacle: example_id.npy of l00h00q becomes a directory (the file set
+    // aside), so the next flush of that entry appends to three files and fails
+    // at the fourth
+    auto const dir = tmp.path / "d" / "l00h00q";
+    fs::rename(dir / "example_id.npy", tmp.path / "aside.npy");
+    fs::create_directories(dir / "example_id.npy");
+    CHECK_THROWS_AS(put(b, kind::key, 1, 0, 40), qkgeom::io_error);  // needs room: flushes l00h00q, which fails
+    CHECK(w.rows(0, kind::query, 0) == 60);  // the 10 rows still buffered
+    CHECK(w.rows(0, kind::key, 1) == 0);     // the failed batch was not taken
+    CHECK(fs::file_size(dir / "vectors.npy") == 128 + 50 * 5 * 4);  // the appended rows truncated away
+    CHECK(fs::file_size(dir / "position.npy") == 128 + 50 * 8);
+    CHECK(fs::file_size(dir / "bucket.npy") == 128 + 50 * 8);
+    fs::remove(dir / "example_id.npy");
+    fs::rename(tmp.path / "aside.npy", dir / "example_id.npy");
+    put(b, kind::key, 1, 0, 40);  // again: now it works
+    put(a, kind::query, 0, 60, a.v.rows() - 60);
+    put(b, kind::key, 1, 40, b.v.rows() - 40);
+    w.close();
+    std::map<entry_key, entry_rows> both{{{0, kind::query, 0}, a}, {{0, kind::key, 1}, b}};
+    write_reference(tmp.path / "reference", m, both, "f32");
+    require_same_entries(tmp.path / "d", tmp.path / "reference", 2);
+}
+
 TEST_CASE("dataset_writer: refuses a folder holding a dataset, a bad manifest or dtype", "[dataset_writer][io]") {
     auto const m = writer_manifest();
     temp_dir tmp;

@@ -386,11 +386,11 @@ private:
             detail::write_at(file(e, files_[2]), "ab", ints(e.buf.bucket));
             detail::write_at(file(e, files_[3]), "ab", ints(e.buf.ex));
         } catch (...) {
-            std::error_code ec;
             for (std::size_t f = 0; f < 4; ++f) {
+                std::error_code ec;
                 auto const p = file(e, files_[f]);
-                if (std::filesystem::exists(p, ec))
-                    std::filesystem::resize_file(p, header_bytes + static_cast<std::uintmax_t>(e.on_disk) * widths[f], ec);
+                if (!std::filesystem::is_regular_file(p, ec)) continue;  // not created (or not a file: nothing appended)
+                std::filesystem::resize_file(p, header_bytes + static_cast<std::uintmax_t>(e.on_disk) * widths[f], ec);
                 if (ec) broken_ = true;
             }
             throw;
