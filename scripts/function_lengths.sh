@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Function lengths of the library and the program, measured with pmccabe
+# Function lengths of the library, the program and the Python extension, measured with pmccabe
 # (Debian package pmccabe): lists the longest functions and fails when one is
 # longer than LIMIT lines (default 150, the project's standard).
 #   scripts/function_lengths.sh [LIMIT]
@@ -12,7 +12,8 @@ limit="${1:-150}"
 command -v pmccabe >/dev/null || { echo "function_lengths: pmccabe not installed (apt-get install pmccabe)"; exit 77; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for f in include/qkgeom/*.hpp include/qkgeom/*/*.hpp app/*.cpp app/*.hpp; do
+for f in include/qkgeom/*.hpp include/qkgeom/*/*.hpp app/*.cpp app/*.hpp python/src/*.cpp python/src/*.hpp \
+         tests/python/model/*.cpp; do
   [ -f "$f" ] || continue
   sed -E ':a; s/^(namespace [A-Za-z_0-9]*)::([A-Za-z_0-9:]*) \{/\1_\2 {/; ta' "$f" > "$tmp/$(echo "$f" | tr / _)"
 done
