@@ -452,15 +452,21 @@ def manifest_for(layout, *, model: str, buckets, context_length: int, seed: int 
                  rope=None, rope_applied: Optional[Sequence[bool]] = None, token_sampler: str = "qkgeom"):
     """The Manifest of a capture with this layout and sampler (for a DatasetWriter sink).
 
-    rope: dict(pairing, rotary_dim, theta, scaling, scaling_factor) or None. The head sampling is
-    recorded (capture.head_count/head_seed/eligibility) when heads is None: the dataset's
-    planned_heads then equal the Recorder's plan."""
+    rope: dict(pairing, rotary_dim, theta, scaling, scaling_factor) or None. The plan is recorded
+    so that the dataset's planned_heads equal the Recorder's plan: the head sampling
+    (capture.head_count/head_seed/eligibility) when heads is None, else the explicit list
+    (capture.heads: the (layer, q_head) pairs, checked as plan_heads checks them, ascending)."""
     rope_spec = None if rope is None else _ext.RopeSpec(**rope)
     sampling = _ext.HeadSampling(head_count, int(head_seed), eligibility) if heads is None else None
+    head_list = None
+    if heads is not None:
+        head_list = [(h.layer, h.q_head) for h in plan_heads(layout, heads)]
+        if not head_list:
+            raise ValueError("heads: an empty list plans no head (pass None to record a head sampling)")
     return _ext.Manifest(model=str(model), n_layers=len(layout.n_q_heads),
                          n_q_heads=[int(x) for x in layout.n_q_heads], n_kv_heads=[int(x) for x in layout.n_kv_heads],
                          head_dim=int(layout.head_dim), buckets=buckets, context_length=int(context_length),
                          seed=int(seed), rope=rope_spec,
                          sliding_window=[None if w is None else int(w) for w in layout.sliding_window],
                          heads=sampling, rope_applied=None if rope_applied is None else [bool(x) for x in rope_applied],
-                         token_sampler=token_sampler)
+                         token_sampler=token_sampler, head_list=head_list)

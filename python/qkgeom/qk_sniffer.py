@@ -25,6 +25,9 @@ What the import decides, and from what (every value named in an error when it is
     attention_scope full_only) is refused -- never written as full attention.
   * who sampled the tokens: token_sampler = "qk-sniffer" (its torch RNG did; capture.seed is
     written as 0 and means nothing for such a dataset).
+  * which heads: qk-sniffer chose them with Python's random; the manifest records the query
+    entries present as the explicit plan (capture.heads), so ``qkgeom analyze`` plans exactly
+    those heads (and reports a query head whose key entry is missing). No query entry: refused.
   * pre/post-RoPE: qk-sniffer does not record capture_pre_rope, so --rope-applied post|pre is
     required; with post, --hf-config's no_rope_layers marks NoPE layers rope_applied=false.
   * rows: streamed one parquet record batch at a time (row groups) into the C++ DatasetWriter
@@ -273,7 +276,11 @@ def import_capture(entries, open_batches: Callable, out: str, *, model: str, con
         from .hf import manifest_rope  # noqa: PLC0415
 
         rope = manifest_rope(hf_plan, [SimpleNamespace(layer=k[0]) for k, _ in entries if k[2] == "q"])
-    m = manifest_for(layout, model=model, buckets=spec, context_length=context_length, heads=[], rope=rope,
+    # qk-sniffer chose its heads with Python's random: the plan is the query entries present (capture.heads)
+    q_heads = [(layer, head) for (layer, head, kind), _ in entries if kind == "q"]
+    if not q_heads:
+        raise ImportError_("no query entry (lLLhHHq) in the capture: no head to import")
+    m = manifest_for(layout, model=model, buckets=spec, context_length=context_length, heads=q_heads, rope=rope,
                      rope_applied=applied, token_sampler="qk-sniffer")
     rows = 0
     writer = qkgeom.DatasetWriter(out, m, dtype=dtype)

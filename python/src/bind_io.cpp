@@ -56,6 +56,29 @@ void bind_rope(py::module_& m) {
         .def("__eq__", [](head_sampling const& a, head_sampling const& b) { return a == b; });
 }
 
+/// Manifest.head_list from Python: None, or a sequence of (layer, q_head) pairs or HeadIds
+/// (k_head kept: write_manifest / planned_heads refuse one off the GQA mapping).
+std::vector<qkgeom::head_id> head_list_of(std::optional<py::sequence> const& v) {
+    std::vector<qkgeom::head_id> out;
+    if (!v) return out;
+    if (v->size() == 0)
+        throw py::value_error("head_list: an empty list plans no head; pass None when no explicit plan is recorded");
+    out.reserve(v->size());
+    for (std::size_t i = 0; i < v->size(); ++i) {
+        py::handle e = (*v)[i];
+        if (py::isinstance<qkgeom::head_id>(e)) {
+            out.push_back(e.cast<qkgeom::head_id>());
+            continue;
+        }
+        auto const t = py::reinterpret_borrow<py::object>(e);
+        if (!py::isinstance<py::sequence>(t) || py::isinstance<py::str>(t) || py::len(t) != 2)
+            throw py::value_error("head_list[" + std::to_string(i) + "]: expected a (layer, q_head) pair or a HeadId, got " +
+                                  std::string(py::repr(t)));
+        out.push_back({t[py::int_(0)].cast<std::int64_t>(), t[py::int_(1)].cast<std::int64_t>(), -1});
+    }
+    return out;
+}
+
 void bind_manifest(py::module_& m) {
     using io::manifest;
     py::class_<manifest>(m, "Manifest", "A dataset's manifest.json (docs/dataset.md): every field as an attribute.")
@@ -64,7 +87,7 @@ void bind_manifest(py::module_& m) {
                          std::int64_t context_length, std::uint64_t seed, std::optional<qkgeom::rope_spec> rope,
                          std::vector<std::optional<std::int64_t>> sliding_window,
                          std::optional<io::head_sampling> heads, std::optional<std::vector<bool>> rope_applied,
-                         std::string token_sampler) {
+                         std::string token_sampler, std::optional<py::sequence> head_list) {
                  manifest x;
                  x.model = std::move(model);
                  x.n_layers = n_layers;
@@ -79,6 +102,7 @@ void bind_manifest(py::module_& m) {
                  x.heads = heads;
                  x.rope_applied = rope_applied.value_or(std::vector<bool>{});
                  x.token_sampler = std::move(token_sampler);
+                 x.head_list = head_list_of(head_list);
                  return x;
              }),
              py::kw_only(), py::arg("model") = "", py::arg("n_layers") = 0,
@@ -86,7 +110,7 @@ void bind_manifest(py::module_& m) {
              py::arg("head_dim") = 0, py::arg("buckets") = qkgeom::bucket_spec{}, py::arg("context_length") = 0,
              py::arg("seed") = 0, py::arg("rope") = py::none(),
              py::arg("sliding_window") = std::vector<std::optional<std::int64_t>>{}, py::arg("heads") = py::none(),
-             py::arg("rope_applied") = py::none(), py::arg("token_sampler") = "qkgeom")
+             py::arg("rope_applied") = py::none(), py::arg("token_sampler") = "qkgeom", py::arg("head_list") = py::none())
         .def_readwrite("model", &manifest::model)
         .def_readwrite("n_layers", &manifest::n_layers)
         .def_readwrite("n_q_heads", &manifest::n_q_heads)
@@ -106,6 +130,18 @@ void bind_manifest(py::module_& m) {
             },
             [](manifest& x, std::optional<std::vector<bool>> v) { x.rope_applied = v.value_or(std::vector<bool>{}); },
             "Per layer: True = rows captured after RoPE, False = before (NoPE layers); None = not recorded.")
+        .def_property(
+            "head_list",
+            [](manifest const& x) -> py::object {
+                if (x.head_list.empty()) return py::none();
+                py::list l;
+                for (auto const& h : x.head_list) l.append(py::make_tuple(h.layer, h.q_head));
+                py::object r = std::move(l);
+                return r;
+            },
+            [](manifest& x, std::optional<py::sequence> v) { x.head_list = head_list_of(v); },
+            "Explicit planned query heads (capture.heads) as [(layer, q_head)] in the listed order; None = not "
+            "recorded. Exclusive with heads (a head sampling).")
         .def_readwrite("token_sampler", &manifest::token_sampler,
                        "Who chose the kept tokens: 'qkgeom' (method §0.1 sampler with seed) or another tool.")
         .def("to_json", &io::dump_manifest, "The manifest.json text.")
@@ -117,7 +153,7 @@ void bind_manifest(py::module_& m) {
     m.def("write_manifest", &io::write_manifest, py::arg("dir"), py::arg("manifest"),
           py::call_guard<py::gil_scoped_release>());
     m.def("planned_heads", &io::planned_heads, py::arg("manifest"),
-          "The head pairs a capture holds (its head sample, or every query head).");
+          "The head pairs a capture holds (its explicit head list, its head sample, or every query head), ascending.");
     m.def("layout_of", &io::layout_of, py::arg("manifest"));
 }
 

@@ -1270,6 +1270,92 @@ TEST_CASE("dataset: capture.rope_applied and capture.token_sampler (issue 15)", 
                       Contains("manifests differ in capture.rope_applied[1]: \"true\" vs \"false\""));
 }
 
+TEST_CASE("dataset: capture.heads records an explicit head plan (issue 15)", "[io][dataset]") {
+    // 3 layers: 8 q heads over 2 kv heads, 4 over 4, 2 over 1.
+    std::string const head = R"({"model":"m","n_layers":3,"n_q_heads":[8,4,2],"n_kv_heads":[2,4,1],"head_dim":8,)"
+                             R"("context_length":256,"buckets":{"scheme":"uniform","width":16},"capture":{"seed":3)";
+    auto parse = [&](std::string const& capture_tail) { return io::parse_manifest(head + capture_tail + "}}", "cap.json"); };
+    // Not recorded: no list, every head planned.
+    auto const none = parse("");
+    CHECK(none.head_list.empty());
+    CHECK_THAT(io::dump_manifest(none), !Contains("\"heads\""));
+    CHECK(io::planned_heads(none).size() == 14u);
+    // Listed out of order, skipping layer 1: read in the listed order with the derived key heads;
+    // planned_heads is exactly that set, ascending.
+    auto const m = parse(R"(,"heads":[[2,1],[0,7],[0,2]])");
+    std::vector<qkgeom::head_id> const listed{{2, 1, 0}, {0, 7, 1}, {0, 2, 0}};
+    CHECK(m.head_list == listed);
+    std::vector<qkgeom::head_id> const plan{{0, 2, 0}, {0, 7, 1}, {2, 1, 0}};
+    CHECK(io::planned_heads(m) == plan);
+    // Round trip through the file: same list, same order, same plan.
+    temp_dir tmp;
+    io::write_manifest(tmp.path, m);
+    auto const back = io::read_manifest(tmp.path);
+    CHECK(back.head_list == listed);
+    CHECK(io::planned_heads(back) == plan);
+    CHECK_NOTHROW(io::check_compatible(back, m));
+    // A list built in code with k_head unset (-1) is written with the derived key heads read back.
+    auto code = none;
+    code.head_list = {{1, 3, -1}, {0, 5, -1}};
+    io::write_manifest(tmp.path, code);
+    CHECK(io::read_manifest(tmp.path).head_list == std::vector<qkgeom::head_id>{{1, 3, 3}, {0, 5, 1}});
+    CHECK(io::planned_heads(code) == std::vector<qkgeom::head_id>{{0, 5, 1}, {1, 3, 3}});
+    // Refusals at parse, naming the file, the field and the value.
+    auto bad = [&](std::string const& tail, std::string const& what) {
+        INFO(tail);
+        CHECK_THROWS_AS(parse(tail), qkgeom::input_error);
+        CHECK_THROWS_WITH(parse(tail), Contains("cap.json: " + what));
+    };
+    bad(R"(,"heads":[[0,1],[1,0],[2,0],[3,0]])", "capture.heads[3]: layer outside [0, n_layers = 3) (value [3,0])");
+    bad(R"(,"heads":[[-1,0]])", "capture.heads[0]: layer outside [0, n_layers = 3) (value [-1,0])");
+    bad(R"(,"heads":[[0,1],[1,4]])", "capture.heads[1]: q_head outside [0, n_q_heads[1] = 4) (value [1,4])");
+    bad(R"(,"heads":[[2,-1]])", "capture.heads[0]: q_head outside [0, n_q_heads[2] = 2) (value [2,-1])");
+    bad(R"(,"heads":[[0,1],[1,2],[0,1]])", "capture.heads[2]: head listed twice (value [0,1])");
+    bad(R"(,"heads":[[0,1,2]])", "capture.heads[0]: must be a pair of integers [layer, q_head] (value [0,1,2])");
+    bad(R"(,"heads":[[0,1.5]])", "capture.heads[0]: must be a pair of integers");
+    bad(R"(,"heads":[0,1])", "capture.heads[0]: must be a pair of integers");
+    bad(R"(,"heads":{"0":1})", "capture.heads: must be an array of [layer, q_head] pairs");
+    bad(R"(,"heads":[])", "capture.heads: lists no head");
+    bad(R"(,"head_count":2,"heads":[[0,1]])", "capture.heads: an explicit head list and a head sampling");
+    bad(R"(,"heads":[[0,1]],"head_seed":2)", "capture.heads: an explicit head list and a head sampling");
+    CHECK_THROWS_WITH(parse(R"(,"heads":[[0,1]],"head_seed":2)"), Contains("(value capture.head_seed)"));
+    CHECK_THROWS_WITH(parse(R"(,"eligibility":"all_layers","heads":[[0,1]])"), Contains("(value capture.eligibility)"));
+    // Size bound: more entries than the 14 query heads is refused on the count, before any entry is read.
+    std::string many = R"(,"heads":[)";
+    for (int i = 0; i < 15; ++i) many += std::string(i ? "," : "") + "[0,0]";
+    bad(many + "]", "capture.heads: more heads listed than the manifest's 14 query heads; length (value 15)");
+    // Every head listed once is accepted (the bound is reachable).
+    std::string all = R"(,"heads":[)";
+    for (auto const& h : io::planned_heads(none))
+        all += (all.back() == '[' ? "" : ",") + std::string("[") + std::to_string(h.layer) + "," + std::to_string(h.q_head) + "]";
+    CHECK(io::planned_heads(parse(all + "]")) == io::planned_heads(none));
+    // Writing refuses what reading refuses, and a k_head off the GQA mapping; nothing is written.
+    temp_dir w;
+    auto bad_write = [&](std::vector<qkgeom::head_id> list, bool sampling, std::string const& what) {
+        auto x = none;
+        x.head_list = std::move(list);
+        if (sampling) x.heads = io::head_sampling{2, 0, qkgeom::layer_eligibility::all_layers};
+        CHECK_THROWS_WITH(io::write_manifest(w.path, x), Contains(what));
+        CHECK_THROWS_AS(io::planned_heads(x), std::invalid_argument);
+        CHECK(!fs::exists(w.path / "manifest.json"));
+    };
+    bad_write({{0, 8, -1}}, false, "capture.heads[0]: q_head outside [0, n_q_heads[0] = 8)");
+    bad_write({{0, 1, -1}, {0, 1, -1}}, false, "capture.heads[1]: head listed twice");
+    bad_write({{0, 1, -1}}, true, "capture.heads: an explicit head list and a head sampling");
+    bad_write({{0, 5, 0}}, false, "head_list[0].k_head must be -1 (derived) or key_head_of = 1 (value 0)");
+    // Merging: a list against none, lists of different length or content, refused; the same set in another order is the same plan.
+    CHECK_THROWS_WITH(io::check_compatible(none, m), Contains("manifests differ in capture.heads: \"not recorded\" vs \"recorded\""));
+    auto shorter = m;
+    shorter.head_list.pop_back();
+    CHECK_THROWS_WITH(io::check_compatible(m, shorter), Contains("manifests differ in capture.heads.length: 3 vs 2"));
+    auto other = m;
+    other.head_list[1] = {0, 6, 1};
+    CHECK_THROWS_WITH(io::check_compatible(m, other), Contains("manifests differ in capture.heads (ascending)[1]: [0, 7] vs [0, 6]"));
+    auto reordered = m;
+    std::reverse(reordered.head_list.begin(), reordered.head_list.end());
+    CHECK_NOTHROW(io::check_compatible(m, reordered));
+}
+
 TEST_CASE("dataset: layout_of and sampled_heads follow the manifest", "[io][dataset]") {
     auto m = full_manifest();
     auto const layout = io::layout_of(m);

@@ -76,6 +76,14 @@ struct manifest {
     /// Empty = not recorded (then entries' own sliding_window are not cross-checked).
     std::vector<std::optional<std::int64_t>> sliding_window;
     std::optional<head_sampling> heads;  ///< head sampling of the capture; none = not recorded
+    /// The query heads the capture chose explicitly (capture.heads: [layer,
+    /// q_head] pairs, in the order listed; a Recorder given `heads`, an
+    /// import of another tool's captures, a plan skipping layers). Empty =
+    /// not recorded; exclusive with `heads` (a manifest records one plan).
+    /// k_head is derived (key_head_of): parse_manifest fills it, dump_manifest
+    /// does not write it, and write_manifest / planned_heads refuse a k_head
+    /// other than -1 (unset) or the derived one.
+    std::vector<head_id> head_list;
     /// Per layer (size n_layers; capture.rope_applied): true = the rows were
     /// captured after RoPE, false = before it (a NoPE layer that never calls
     /// RoPE, or a pre-RoPE capture). Empty = not recorded (older manifests).
@@ -249,6 +257,56 @@ inline void parse_capture_provenance(json::value const& c, std::string const& sr
     }
 }
 
+/// The offset of each layer's first query head in a flat index over all
+/// query heads (size n_layers + 1; the last is the total).
+inline std::vector<std::int64_t> query_head_offsets(std::vector<std::int64_t> const& n_q_heads) {
+    std::vector<std::int64_t> off(n_q_heads.size() + 1, 0);
+    for (std::size_t l = 0; l < n_q_heads.size(); ++l) off[l + 1] = off[l] + n_q_heads[l];
+    return off;
+}
+
+/// capture.heads (an explicit head plan) of the capture object `c`: a
+/// non-empty array of at most sum(n_q_heads) distinct [layer, q_head] pairs
+/// in range. Call after the head counts are validated.
+inline void parse_capture_head_list(json::value const& c, std::string const& src, manifest& m) {
+    using qkgeom::detail::fail_input;
+    auto const* hl = c.find("heads");
+    if (!hl) return;
+    for (char const* other : {"head_count", "head_seed", "eligibility"})
+        if (c.find(other))
+            fail_input(src, "capture.heads", std::string("capture.") + other,
+                       "an explicit head list and a head sampling (capture.head_count, head_seed, eligibility) "
+                       "exclude each other; record one plan");
+    if (!hl->is_array())
+        fail_input(src, "capture.heads", json::dump(*hl), "must be an array of [layer, q_head] pairs");
+    auto const off = query_head_offsets(m.n_q_heads);
+    auto const& a = hl->as_array();
+    if (a.empty())
+        fail_input(src, "capture.heads", "[]", "lists no head (omit the field when no explicit plan is recorded)");
+    if (static_cast<std::int64_t>(a.size()) > off.back())
+        fail_input(src, "capture.heads", a.size(),
+                   "more heads listed than the manifest's " + std::to_string(off.back()) + " query heads; length");
+    std::vector<bool> seen(static_cast<std::size_t>(off.back()), false);
+    m.head_list.reserve(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        std::string const f = "capture.heads[" + std::to_string(i) + "]";
+        auto const& e = a[i];
+        if (!e.is_array() || e.as_array().size() != 2 || !e.as_array()[0].is_int() || !e.as_array()[1].is_int())
+            fail_input(src, f, json::dump(e), "must be a pair of integers [layer, q_head]");
+        std::int64_t const layer = e.as_array()[0].as_int(), q = e.as_array()[1].as_int();
+        if (layer < 0 || layer >= m.n_layers)
+            fail_input(src, f, json::dump(e), "layer outside [0, n_layers = " + std::to_string(m.n_layers) + ")");
+        auto const lu = static_cast<std::size_t>(layer);
+        if (q < 0 || q >= m.n_q_heads[lu])
+            fail_input(src, f, json::dump(e),
+                       "q_head outside [0, n_q_heads[" + std::to_string(layer) + "] = " + std::to_string(m.n_q_heads[lu]) + ")");
+        auto const flat = static_cast<std::size_t>(off[lu] + q);
+        if (seen[flat]) fail_input(src, f, json::dump(e), "head listed twice");
+        seen[flat] = true;
+        m.head_list.push_back({layer, q, key_head_of(q, m.n_q_heads[lu], m.n_kv_heads[lu])});
+    }
+}
+
 }  // namespace detail
 
 /// \brief Parses manifest.json text.
@@ -258,7 +316,7 @@ inline void parse_capture_provenance(json::value const& c, std::string const& sr
 /// with the head counts. A UTF-8 byte-order mark is rejected with its own
 /// message (RFC 8259 §8.1: JSON text must not begin with one). Missing
 /// optional parts (buckets.rate → 1, capture.seed → 0, capture head sampling,
-/// capture.rope_applied, capture.token_sampler → "qkgeom", rope,
+/// capture.heads, capture.rope_applied, capture.token_sampler → "qkgeom", rope,
 /// sliding_window) read as their defaults / "not recorded".
 /// \param[in] text the JSON text.
 /// \param[in] src  the source named in error messages (usually the path).
@@ -273,7 +331,10 @@ inline void parse_capture_provenance(json::value const& c, std::string const& sr
 ///         a per-layer array of the wrong length, head_dim < 1 or > 2^40,
 ///         context_length < 1, an unknown bucket scheme, width < 1, rate not
 ///         finite and > 0, a negative capture.seed / head_seed / head_count,
-///         head_seed or eligibility without head_count, a
+///         head_seed or eligibility without head_count, a capture.heads
+///         that is not a non-empty array of at most manifest-total distinct
+///         [layer, q_head] pairs in range or that comes with
+///         capture.head_count / head_seed / eligibility, a
 ///         capture.token_sampler that is not a non-empty string, a
 ///         capture.rope_applied that is not an array of n_layers booleans, an invalid rope
 ///         block (pairing, rotary_dim odd or outside [0, head_dim], theta or
@@ -328,6 +389,7 @@ inline void parse_capture_provenance(json::value const& c, std::string const& sr
             m.seed = static_cast<std::uint64_t>(s->as_int());
         }
         detail::parse_capture_provenance(*c, src, m);
+        detail::parse_capture_head_list(*c, src, m);
         auto const* hc = c->find("head_count");
         auto const* hs = c->find("head_seed");
         auto const* el = c->find("eligibility");
@@ -469,6 +531,12 @@ inline void parse_capture_provenance(json::value const& c, std::string const& sr
         cap.emplace_back("head_seed", json::value(static_cast<std::int64_t>(m.heads->seed)));
         cap.emplace_back("eligibility", json::value(layer_eligibility_name(m.heads->eligibility)));
     }
+    if (!m.head_list.empty()) {
+        json::array hl;
+        hl.reserve(m.head_list.size());
+        for (head_id const& h : m.head_list) hl.emplace_back(json::array{json::value(h.layer), json::value(h.q_head)});
+        cap.emplace_back("heads", json::value(std::move(hl)));
+    }
     std::vector<std::int64_t> groups;
     for (std::size_t l = 0; l < m.n_q_heads.size() && l < m.n_kv_heads.size(); ++l)
         groups.push_back(m.n_kv_heads[l] > 0 ? m.n_q_heads[l] / m.n_kv_heads[l] : 0);
@@ -506,8 +574,10 @@ inline void parse_capture_provenance(json::value const& c, std::string const& sr
 /// \throws qkgeom::io_error naming the path when the file cannot be written
 ///         (written to a temporary file, then renamed: never a partial manifest).
 /// \throws qkgeom::input_error (source "qkgeom::io::write_manifest") for any
-///         other invalid field, as parse_manifest reports it; nothing is
-///         written then.
+///         other invalid field, as parse_manifest reports it (head_list as
+///         capture.heads); nothing is written then.
+/// \throws std::invalid_argument for a head_list k_head other than -1 or the
+///         derived key head (nothing written).
 /// \throws std::filesystem::filesystem_error when DIR cannot be created.
 /// \throws std::bad_alloc if the text cannot be allocated.
 inline void write_manifest(std::filesystem::path const& dir, manifest const& m) {
@@ -517,7 +587,13 @@ inline void write_manifest(std::filesystem::path const& dir, manifest const& m) 
     if (m.rope && !(std::isfinite(m.rope->theta) && std::isfinite(m.rope->scaling_factor)))
         qkgeom::detail::fail_arg("qkgeom::io::write_manifest", "rope theta and scaling_factor must be finite; theta", m.rope->theta);
     std::string const text = dump_manifest(m);
-    (void)parse_manifest(text, "qkgeom::io::write_manifest");
+    manifest const back = parse_manifest(text, "qkgeom::io::write_manifest");
+    for (std::size_t i = 0; i < m.head_list.size(); ++i)  // back.head_list holds the derived key heads
+        if (m.head_list[i].k_head != -1 && m.head_list[i].k_head != back.head_list[i].k_head)
+            qkgeom::detail::fail_arg("qkgeom::io::write_manifest",
+                                     "head_list[" + std::to_string(i) + "].k_head must be -1 (derived) or key_head_of = " +
+                                         std::to_string(back.head_list[i].k_head),
+                                     m.head_list[i].k_head);
     std::filesystem::create_directories(dir);
     detail::write_file_bytes(dir / "manifest.json",
                              std::span<unsigned char const>(reinterpret_cast<unsigned char const*>(text.data()), text.size()));
@@ -584,6 +660,18 @@ std::string compat_text(T const& v) {
 inline std::string compat_text(std::optional<std::int64_t> const& v) {
     return v ? std::to_string(*v) : std::string("null");
 }
+inline std::string compat_text(head_id const& h) {
+    return "[" + std::to_string(h.layer) + ", " + std::to_string(h.q_head) + "]";
+}
+
+/// (layer, q_head) of a head list, ascending (k_head dropped: it is derived).
+inline std::vector<head_id> sorted_pairs(std::vector<head_id> const& v) {
+    std::vector<head_id> out;
+    out.reserve(v.size());
+    for (head_id const& h : v) out.push_back({h.layer, h.q_head, -1});
+    std::sort(out.begin(), out.end());
+    return out;
+}
 
 template <class T>
 void compat_field(std::string_view field, T const& a, T const& b) {
@@ -605,7 +693,9 @@ void compat_field(std::string_view field, T const& a, T const& b) {
 /// not), rope.pairing, rope.rotary_dim, rope.theta, rope.scaling,
 /// rope.scaling_factor, capture.rope_applied (recorded or not),
 /// capture.rope_applied[L], sliding_window (recorded or not), sliding_window[L], capture.head_sampling (recorded or not),
-/// capture.head_count, capture.head_seed, capture.eligibility. A field
+/// capture.head_count, capture.head_seed, capture.eligibility, capture.heads
+/// (recorded or not), capture.heads.length, capture.heads (ascending)[i]
+/// (the lists compared as sets: sorted by (layer, q_head)). A field
 /// recorded in one manifest and not in the other is a difference: the merged
 /// capture could not say what it is. docs/dataset.md gives the reason for each.
 /// \param[in] a one manifest.
@@ -661,6 +751,13 @@ inline void check_compatible(manifest const& a, manifest const& b) {
         compat_field("capture.head_seed", a.heads->seed, b.heads->seed);
         compat_field("capture.eligibility", std::string(layer_eligibility_name(a.heads->eligibility)),
                      std::string(layer_eligibility_name(b.heads->eligibility)));
+    }
+    compat_field("capture.heads", recorded(!a.head_list.empty()), recorded(!b.head_list.empty()));
+    if (!a.head_list.empty()) {
+        compat_field("capture.heads.length", a.head_list.size(), b.head_list.size());
+        auto const x = detail::sorted_pairs(a.head_list), y = detail::sorted_pairs(b.head_list);
+        for (std::size_t i = 0; i < x.size(); ++i)
+            compat_field("capture.heads (ascending)[" + std::to_string(i) + "]", x[i], y[i]);
     }
 }
 
@@ -1113,15 +1210,64 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
     return read_head(dir, read_manifest(dir), layer, head, k);
 }
 
-/// \brief The heads a capture holds: the manifest's head sample when it
-/// records one (method §0.1, capture.head_count), else every query head of
-/// every layer, each with the key head it reads (GQA, method §0).
+namespace detail {
+
+/// m.head_list checked against the layout (layer and q_head in range, no
+/// duplicate, k_head -1 or the derived one), with the key heads filled in,
+/// ascending by (layer, q_head).
+inline std::vector<head_id> resolved_head_list(manifest const& m, model_layout const& layout) {
+    constexpr std::string_view fn = "qkgeom::io::planned_heads";
+    std::vector<head_id> out;
+    out.reserve(m.head_list.size());
+    for (std::size_t i = 0; i < m.head_list.size(); ++i) {
+        head_id h = m.head_list[i];
+        std::string const f = "head_list[" + std::to_string(i) + "]";
+        if (h.layer < 0 || h.layer >= static_cast<std::int64_t>(layout.layers.size()))
+            qkgeom::detail::fail_arg(fn, f + ".layer outside [0, n_layers = " + std::to_string(layout.layers.size()) + ")",
+                                     h.layer);
+        auto const& ll = layout.layers[static_cast<std::size_t>(h.layer)];
+        if (h.q_head < 0 || h.q_head >= ll.n_q_heads)
+            qkgeom::detail::fail_arg(fn, f + ".q_head outside [0, n_q_heads = " + std::to_string(ll.n_q_heads) + ")",
+                                     h.q_head);
+        std::int64_t const k = key_head_of(h.q_head, ll.n_q_heads, ll.n_kv_heads);
+        if (h.k_head != -1 && h.k_head != k)
+            qkgeom::detail::fail_arg(fn, f + ".k_head must be -1 (derived) or key_head_of = " + std::to_string(k),
+                                     h.k_head);
+        h.k_head = k;
+        out.push_back(h);
+    }
+    std::sort(out.begin(), out.end());
+    for (std::size_t i = 1; i < out.size(); ++i)
+        if (out[i] == out[i - 1])
+            qkgeom::detail::fail_arg(fn, "head_list lists a head twice; (layer, q_head) = (" + std::to_string(out[i].layer) +
+                                             ", " + std::to_string(out[i].q_head) + "); q_head",
+                                     out[i].q_head);
+    return out;
+}
+
+}  // namespace detail
+
+/// \brief The heads a capture holds: the manifest's explicit head list when
+/// it records one (capture.heads), its head sample when it records one
+/// (method §0.1, capture.head_count), else every query head of every layer;
+/// each with the key head it reads (GQA, method §0).
 /// \param[in] m the manifest.
-/// \returns the head pairs, ascending by (layer, q_head).
-/// \throws std::invalid_argument for an inconsistent manifest (as layout_of)
-///         or a negative recorded head count (as sample_heads).
+/// \returns the head pairs, ascending by (layer, q_head) (an explicit list
+///          is sorted: the plan is a set, its order in the file carries no
+///          meaning).
+/// \throws std::invalid_argument for an inconsistent manifest (as layout_of),
+///         a negative recorded head count (as sample_heads), both a head list
+///         and a head sampling, or a head_list entry out of range, listed
+///         twice or with a k_head other than -1 or the derived one.
 /// \throws std::bad_alloc if the list cannot be allocated.
 [[nodiscard]] inline std::vector<head_id> planned_heads(manifest const& m) {
+    if (!m.head_list.empty()) {
+        if (m.heads)
+            qkgeom::detail::fail_arg("qkgeom::io::planned_heads",
+                                     "the manifest records both a head list and a head sampling; head_list size",
+                                     m.head_list.size());
+        return detail::resolved_head_list(m, layout_of(m));
+    }
     return m.heads ? sampled_heads(m) : eligible_heads(layout_of(m), layer_eligibility::all_layers);
 }
 

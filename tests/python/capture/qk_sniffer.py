@@ -90,6 +90,10 @@ def test_import():
     check(m.rope_applied == [True, True, False], f"rope_applied {m.rope_applied}")
     check(m.n_q_heads == [NQ] * L and m.n_kv_heads == [NKV] * L, "head counts from the state")
     check(m.heads is None, "no qkgeom head sampling claimed")
+    q_entries = sorted((layer, head) for (layer, head, kind) in entries if kind == "q")
+    check(m.head_list == q_entries, f"capture.heads {m.head_list} != the query entries {q_entries}")
+    run = qkgeom.analyze_dataset(out, jobs=1)  # layer 1 skipped: planned = the 8 imported heads, none absent
+    check(run.planned == len(q_entries) and not run.failures, f"analyze: planned {run.planned}, failures {run.failures}")
     total = 0
     for (layer, head, kind), batches in entries.items():
         e = qkgeom.read_entry(out, m, layer, head, kind)
@@ -123,6 +127,8 @@ def test_refusals():
     sw = make_entries()
     sw[(0, 0, "k")][0]["sliding_window"] = [None] * (len(sw[(0, 0, "k")][0]["position"]) - 1) + [512]
     raises(lambda: run(out, sw, hf_plan=HF_PLAN), "l00h00k: sliding_window differs", "mixed windows in an entry")
+    keys_only = {k: v for k, v in make_entries().items() if k[2] == "k"}
+    raises(lambda: run(out, keys_only, hf_plan=HF_PLAN), "no query entry", "a capture without query entries")
     stray = make_entries()
     stray[(0, 5, "q")] = stray[(0, 0, "q")]
     raises(lambda: run(out, stray, hf_plan=HF_PLAN), "l00h05q: outside", "stray head")

@@ -149,6 +149,51 @@ def test_dataset_sink_and_layouts():
         valid = {(b + B * i, int(pos[b, t])) for i in range(2) for b in range(B) for t in range(T) if mask[b, t]}
         check(all((int(x), int(p)) in valid for x, p in zip(e["example_id"], e["position"])),
               f"l{layer}h{h}{kind}: a padded token was recorded")
+    check_explicit_plan(out, man)
+
+
+def check_explicit_plan(out, man):
+    """The explicit heads are the manifest's plan (capture.heads): analyze_dataset plans exactly those
+    and reports no failure; the same folder without the list plans every head and reports the absent ones."""
+    check(man.head_list == [(0, 1), (1, 3)] and man.heads is None, f"head_list {man.head_list}, heads {man.heads}")
+    plan = [tuple(h) for h in qkgeom.planned_heads(man)]
+    check(plan == [(0, 1, 0), (1, 3, 1)], f"planned_heads {plan}")
+    run = qkgeom.analyze_dataset(out, jobs=1)
+    check(run.planned == 2 and not run.failures, f"planned {run.planned}, failures {run.failures}")
+    check([(h.layer, h.q_head, h.k_head) for h in run.heads] == plan, f"analysed {[h.id for h in run.heads]}")
+    unplanned = os.path.join(WORK, "ds-unplanned")
+    shutil.rmtree(unplanned, ignore_errors=True)
+    shutil.copytree(out, unplanned)
+    man.head_list = None
+    qkgeom.write_manifest(unplanned, man)
+    run = qkgeom.analyze_dataset(unplanned, jobs=1)
+    check(run.planned == L * NQ and len(run.failures) == L * NQ - 2,
+          f"without capture.heads: planned {run.planned}, failures {len(run.failures)} (expected {L * NQ - 2})")
+
+
+def test_head_list_attribute():
+    """Manifest.head_list: keyword and attribute, (layer, q_head) pairs or HeadIds, listed order kept;
+    manifest_for records a Recorder's explicit heads ascending; refusals name the field."""
+    m = manifest_for(LAYOUT, model="toy", buckets=BUCKETS, context_length=CTX, heads=[(2, 3), (0, 0)])
+    check(m.head_list == [(0, 0), (2, 3)] and m.heads is None, f"manifest_for head_list {m.head_list}")
+    check('"heads"' in m.to_json() and '"head_count"' not in m.to_json(), "capture.heads written, no head_count")
+    m.head_list = [qkgeom.HeadId(1, 2, 1), (0, 3)]
+    check(m.head_list == [(1, 2), (0, 3)], f"set head_list {m.head_list}")
+    check([tuple(h) for h in qkgeom.planned_heads(m)] == [(0, 3, 1), (1, 2, 1)], "planned_heads ascending")
+    out = os.path.join(WORK, "head_list")
+    qkgeom.write_manifest(out, m)
+    check(qkgeom.read_manifest(out).head_list == [(1, 2), (0, 3)], "head_list round trip (listed order)")
+    m.head_list = None
+    check(m.head_list is None, "head_list None = not recorded")
+    raises(lambda: manifest_for(LAYOUT, model="toy", buckets=BUCKETS, context_length=CTX, heads=[]),
+           "plans no head", "an empty explicit plan")
+    raises(lambda: setattr(m, "head_list", [(0, 1, 2, 3)]), "head_list[0]", "a triple that is no HeadId")
+    m.head_list = [(0, 9)]
+    raises(lambda: qkgeom.write_manifest(out, m), "capture.heads[0]: q_head outside [0, n_q_heads[0] = 4)",
+           "out-of-range head refused at write")
+    m.head_list = [(0, 1)]
+    m.heads = qkgeom.HeadSampling(2)
+    raises(lambda: qkgeom.write_manifest(out, m), "capture.heads", "list and sampling refused at write")
 
 
 def test_patch():
@@ -206,6 +251,7 @@ def main():
     os.makedirs(WORK, exist_ok=True)
     test_moments_sink()
     test_dataset_sink_and_layouts()
+    test_head_list_attribute()
     test_patch()
     test_refusals()
     print("FAILED" if FAILS else "all checks passed", len(FAILS))
