@@ -92,8 +92,8 @@ def test_import():
     check(m.heads is None, "no qkgeom head sampling claimed")
     q_entries = sorted((layer, head) for (layer, head, kind) in entries if kind == "q")
     check(m.head_list == q_entries, f"capture.heads {m.head_list} != the query entries {q_entries}")
-    run = qkgeom.analyze_dataset(out, jobs=1)  # layer 1 skipped: planned = the 8 imported heads, none absent
-    check(run.planned == len(q_entries) and not run.failures, f"analyze: planned {run.planned}, failures {run.failures}")
+    res = qkgeom.analyze_dataset(out, jobs=1)  # layer 1 skipped: planned = the 8 imported heads, none absent
+    check(res.planned == len(q_entries) and not res.failures, f"analyze: planned {res.planned}, failures {res.failures}")
     total = 0
     for (layer, head, kind), batches in entries.items():
         e = qkgeom.read_entry(out, m, layer, head, kind)
