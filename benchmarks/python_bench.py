@@ -37,7 +37,7 @@ def cpp_model_files(bench: str, data_dir: Path, repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
         env = dict(os.environ, QKGEOM_BENCH_DIR=str(data_dir))
-        out = subprocess.run([bench, "--benchmark_filter=^bm_model_files/threads:1$", "--benchmark_format=json"],
+        out = subprocess.run([bench, "--benchmark_filter=^bm_model_files/threads:1/", "--benchmark_format=json"],
                              env=env, check=True, capture_output=True, text=True).stdout
         runs = json.loads(out)["benchmarks"]
         t = [r["real_time"] * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[r["time_unit"]] for r in runs]
