@@ -10,7 +10,8 @@ installed. Two measurements, each reported as a ratio within one run:
    files, one thread: qkgeom_bench's bm_model_files/threads:1 (the C++ API: read_capture +
    analyze_head per head + summarise_model) against qkgeom.analyze_dataset(dir, jobs=1) plus the
    head_metrics DataFrame, on the same files (the benchmark writes them to QKGEOM_BENCH_DIR).
-   Target: the Python path within 5 % of the C++ API. The best of --repeat runs of each.
+   Target: the Python path within 5 % of the C++ API. --repeat rounds, C++ and Python
+   interleaved (a change of load hits both); the best of each, and each round's ratio.
 2. The capture overhead per forward pass of the trained tiny Llama (examples/python/tiny_llama.py):
    backbone forward alone, with a Recorder into moments, and with a Recorder into a DatasetWriter
    (every head, every token kept), per forward pass (median of --repeat x 10 passes).
@@ -33,31 +34,34 @@ def load_line():
         return "?"
 
 
-def cpp_model_files(bench: str, data_dir: Path, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        env = dict(os.environ, QKGEOM_BENCH_DIR=str(data_dir))
-        out = subprocess.run([bench, "--benchmark_filter=^bm_model_files/threads:1/", "--benchmark_format=json"],
-                             env=env, check=True, capture_output=True, text=True).stdout
-        runs = json.loads(out)["benchmarks"]
-        t = [r["real_time"] * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[r["time_unit"]] for r in runs]
-        best = min(best, t[0])
-    return best
+def cpp_model_files_once(bench: str, data_dir: Path) -> float:
+    env = dict(os.environ, QKGEOM_BENCH_DIR=str(data_dir))
+    out = subprocess.run([bench, "--benchmark_filter=^bm_model_files/threads:1/", "--benchmark_format=json"],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    r = json.loads(out)["benchmarks"][0]
+    return r["real_time"] * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[r["time_unit"]]
 
 
-def python_model_files(qkgeom, data_dir: Path, repeat: int):
+def python_model_files_once(qkgeom, data_dir: Path):
     import qkgeom.frames as qf
 
-    best, n = float("inf"), 0
+    t0 = time.perf_counter()
+    run = qkgeom.analyze_dataset(data_dir, qkgeom.Options(), jobs=1)
+    df = qf.head_metrics_frame(run.heads)
+    t = time.perf_counter() - t0
+    if run.failures:
+        raise SystemExit(f"python_bench: {len(run.failures)} heads failed: {run.failures[:3]}")
+    return t, len(df)
+
+
+def model_files(qkgeom, bench: str, data_dir: Path, repeat: int):
+    """C++ and Python interleaved (C++, Python, C++, Python, ...): a load change hits both; best of each."""
+    cpp, py, n = [], [], 0
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        run = qkgeom.analyze_dataset(data_dir, qkgeom.Options(), jobs=1)
-        df = qf.head_metrics_frame(run.heads)
-        best = min(best, time.perf_counter() - t0)
-        n = len(df)
-        if run.failures:
-            raise SystemExit(f"python_bench: {len(run.failures)} heads failed: {run.failures[:3]}")
-    return best, n
+        cpp.append(cpp_model_files_once(bench, data_dir))
+        t, n = python_model_files_once(qkgeom, data_dir)
+        py.append(t)
+    return min(cpp), min(py), n, [p / c for c, p in zip(cpp, py)]
 
 
 def capture_overhead(qkgeom, model_dir: Path, repeat: int):
@@ -134,10 +138,10 @@ def main() -> int:
             raise SystemExit("python_bench: --bench BUILD/benchmarks/qkgeom_bench is needed (or --skip-model)")
         with tempfile.TemporaryDirectory(prefix="qkgeom-pybench-") as d:
             data = Path(d) / "dataset"
-            cpp = cpp_model_files(a.bench, data, a.repeat)
-            py, n = python_model_files(qkgeom, data, a.repeat)
-        print(f"  model from files, 1 thread ({n} heads): C++ API {cpp:.3f} s, Python {py:.3f} s, "
-              f"Python / C++ = {py / cpp:.3f}  (target <= 1.05)")
+            cpp, py, n, rounds = model_files(qkgeom, a.bench, data, a.repeat)
+        print(f"  model from files, 1 thread ({n} heads): C++ API {cpp:.3f} s, Python {py:.3f} s (best of "
+              f"{a.repeat}, interleaved), Python / C++ = {py / cpp:.3f}  (target <= 1.05); per round: "
+              + ", ".join(f"{r:.3f}" for r in rounds))
     if not a.skip_capture:
         B, T, base, m, dset = capture_overhead(qkgeom, Path(a.model), a.repeat)
         print(f"  tiny Llama forward, batch {B} x {T} tokens, 1 thread: {base * 1e3:.1f} ms; "

@@ -20,7 +20,7 @@ done
 # pmccabe columns: modified CCN, CCN, statements, first line, lines, file(line): function
 report=$(pmccabe "$tmp"/* 2>/dev/null | sort -k5 -n -r | sed "s|$tmp/||")
 echo "longest functions (lines, file(line): function):"
-echo "$report" | head -5 | awk '{ $1 = $2 = $3 = $4 = ""; print }'
+echo "$report" | awk 'NR <= 5 { $1 = $2 = $3 = $4 = ""; print }'  # awk reads it all: no SIGPIPE under pipefail
 over=$(echo "$report" | awk -v l="$limit" '$5 > l')
 if [ -n "$over" ]; then
   echo "function_lengths: functions longer than $limit lines:" >&2
