@@ -13,6 +13,7 @@
 #include "workload.hpp"
 
 #include <qkgeom/io/dataset.hpp>
+#include <qkgeom/io/dataset_analysis.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -225,6 +226,27 @@ void bm_model_files(benchmark::State& st) {
     model_counters(st, m, m.pass_bytes());
 }
 BENCHMARK(bm_model_files)->ArgName("threads")->Arg(1)->Arg(2)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+// The same files through the library's dataset loop, io::analyze_dataset
+// (what `qkgeom analyze` and Python's qkgeom.analyze_dataset call): the C++ API
+// that benchmarks/python_bench.py compares the Python path against.
+void bm_model_dataset_api(benchmark::State& st) {
+    auto const& m = the_model();
+    auto const& ds = the_dataset();
+    qkgeom::io::dataset_run_options o;
+    o.analysis = cli_options(m.shape);
+    o.jobs = unsigned(st.range(0));
+    for (std::size_t i = 0; i < m.q.size(); ++i)
+        benchmark::DoNotOptimize(read_pair(ds, m.shape, i).queries.vectors.data());
+    for (auto _ : st) {
+        auto const run = qkgeom::io::analyze_dataset(ds.dir, o);
+        if (run.heads.size() != m.q.size()) st.SkipWithError("analyze_dataset: heads failed");
+        auto const summary = qkgeom::summarise_model(run.heads);
+        benchmark::DoNotOptimize(summary.all.mean[0]);
+    }
+    model_counters(st, m, m.pass_bytes());
+}
+BENCHMARK(bm_model_dataset_api)->ArgName("threads")->Arg(1)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
 // Reading the files alone (read_capture: parse, validate, widen to double).
 void bm_model_files_read_only(benchmark::State& st) {
