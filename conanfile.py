@@ -96,6 +96,7 @@ class QkgeomConan(ConanFile):
         tc.cache_variables["QKGEOM_BUILD_EXAMPLES"] = False
         tc.cache_variables["QKGEOM_BUILD_BENCHMARKS"] = False
         tc.cache_variables["QKGEOM_BUILD_TORCH_ADAPTER"] = False
+        tc.cache_variables["QKGEOM_BUILD_PYTHON"] = False  # the Python package installs with pip (docs/python.md)
         tc.cache_variables["QKGEOM_WITH_ZLIB"] = True
         tc.cache_variables["CMAKE_DISABLE_FIND_PACKAGE_xtensor"] = True
         tc.generate()

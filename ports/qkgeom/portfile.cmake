@@ -34,6 +34,7 @@ vcpkg_cmake_configure(
         -DQKGEOM_BUILD_EXAMPLES=OFF
         -DQKGEOM_BUILD_BENCHMARKS=OFF
         -DQKGEOM_BUILD_TORCH_ADAPTER=OFF
+        -DQKGEOM_BUILD_PYTHON=OFF  # the Python package installs with pip (docs/python.md)
         # The optional xtensor bridge is not part of the installed package;
         # keep an xtensor that happens to be installed from being probed.
         -DCMAKE_DISABLE_FIND_PACKAGE_xtensor=ON
