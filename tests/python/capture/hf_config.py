@@ -19,27 +19,13 @@ except ImportError as e:  # pragma: no cover
     print(f"skipped: {e}")
     sys.exit(77)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _checks import check, finish, raises  # noqa: E402  (tests/python/capture/_checks.py)
 import qkgeom
 from qkgeom import hf, transformerlens as tl
 from qkgeom.capture import manifest_for
 
 WORK = sys.argv[1] if len(sys.argv) > 1 else "/tmp/qkgeom-hf-config"
-FAILS = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what)
-
-
-def raises(fn, text, what):
-    try:
-        fn()
-    except ValueError as e:
-        check(text in str(e), f"{what}: message {str(e)!r} lacks {text!r}")
-        return
-    check(False, f"{what}: no error")
 
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -191,8 +177,7 @@ def main():
     for t in (test_llama3, test_gemma3, test_qwen3_yarn_override, test_smollm3_nope, test_multimodal,
               test_transformerlens):
         t()
-    print("FAILED" if FAILS else "all checks passed", len(FAILS))
-    return 1 if FAILS else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -24,12 +24,13 @@ except ImportError as e:  # pragma: no cover
     print(f"skipped: {e}")
     sys.exit(77)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _checks import check, finish, raises  # noqa: E402  (tests/python/capture/_checks.py)
 import qkgeom
 from qkgeom import hf
 from qkgeom.capture import Recorder, manifest_for
 
 WORK = sys.argv[1] if len(sys.argv) > 1 else "/tmp/qkgeom-hf-glue"
-FAILS = []
 
 MODELING = '''
 import torch
@@ -98,21 +99,6 @@ class FakeForCausalLM(nn.Module):
         h = self.model(input_ids, position_ids)
         return h[:, -logits_to_keep:] if logits_to_keep else h
 '''
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what)
-
-
-def raises(fn, text, what):
-    try:
-        fn()
-    except ValueError as e:
-        check(text in str(e), f"{what}: message {str(e)!r} lacks {text!r}")
-        return
-    check(False, f"{what}: no error")
 
 
 def modeling():
@@ -237,8 +223,7 @@ def main():
     test_glue()
     test_refusals()
     test_cli_path()
-    print("FAILED" if FAILS else "all checks passed", len(FAILS))
-    return 1 if FAILS else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -18,28 +18,14 @@ except ImportError as e:  # pragma: no cover
     print(f"skipped: {e}")
     sys.exit(77)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _checks import check, finish, raises  # noqa: E402  (tests/python/capture/_checks.py)
 import qkgeom
 from qkgeom import qk_sniffer as qs
 
 WORK = sys.argv[1] if len(sys.argv) > 1 else "/tmp/qkgeom-qk-sniffer"
-FAILS = []
 D, L, NQ, NKV, CTX = 6, 3, 4, 2, 40000
 SPEC = qkgeom.BucketSpec("log", 8192, 1.0)
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what)
-
-
-def raises(fn, text, what):
-    try:
-        fn()
-    except ValueError as e:
-        check(text in str(e), f"{what}: message {str(e)!r} lacks {text!r}")
-        return
-    check(False, f"{what}: no error")
 
 
 def make_entries(seed=5):
@@ -196,8 +182,7 @@ def main():
     test_cli()
     test_refusals()
     test_state_files()
-    print("FAILED" if FAILS else "all checks passed", len(FAILS))
-    return 1 if FAILS else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -18,26 +18,17 @@ except ImportError as e:  # pragma: no cover
     print(f"skipped: {e}")
     sys.exit(77)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _checks import check, finish, raises as _raises  # noqa: E402  (tests/python/capture/_checks.py)
 import qkgeom
 from qkgeom.capture import Recorder, manifest_for
 
-WORK = sys.argv[1] if len(sys.argv) > 1 else "/tmp/qkgeom-recorder"
-FAILS = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what)
-
 
 def raises(fn, text, what):
-    try:
-        fn()
-    except (ValueError, RuntimeError, TypeError) as e:
-        check(text in str(e), f"{what}: message {str(e)!r} lacks {text!r}")
-        return
-    check(False, f"{what}: no error")
+    _raises(fn, text, what, errors=(ValueError, RuntimeError, TypeError))
+
+
+WORK = sys.argv[1] if len(sys.argv) > 1 else "/tmp/qkgeom-recorder"
 
 
 D, NQ, NKV, L, T, B, CTX = 8, 4, 2, 3, 20, 3, 64
@@ -254,8 +245,7 @@ def main():
     test_head_list_attribute()
     test_patch()
     test_refusals()
-    print("FAILED" if FAILS else "all checks passed", len(FAILS))
-    return 1 if FAILS else 0
+    return finish()
 
 
 if __name__ == "__main__":
