@@ -1,6 +1,8 @@
 // CSV outputs (method §7, docs/outputs.md): the documented column lists, one
 // row per record, bit-exact round trip of every number (NaN as `nan`),
 // quoting of the model name, write_reports and its errors.
+#include "temp_dir.hpp"
+
 #include <qkgeom/report/csv.hpp>
 #include <qkgeom/synthetic.hpp>
 
@@ -124,17 +126,8 @@ std::string error_of(auto&& f) {
     return "<no exception>";
 }
 
-struct temp_dir {
-    fs::path path;
-    temp_dir() {
-        auto const tick = std::chrono::steady_clock::now().time_since_epoch().count();
-        path = fs::temp_directory_path() / ("qkgeom_csv_test_" + std::to_string(tick));
-        fs::create_directories(path);
-    }
-    ~temp_dir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
+struct temp_dir : qkgeom_test::temp_dir {  // tests/runtime/temp_dir.hpp
+    temp_dir() : qkgeom_test::temp_dir("qkgeom_csv_test_") {}
 };
 
 // --- the heads: two layers of a small GQA model -----------------------------

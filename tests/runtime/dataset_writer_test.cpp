@@ -3,6 +3,8 @@
 // write_head's of the concatenated rows byte for byte however the rows are
 // batched and flushed; bad batches throw naming the field and change nothing;
 // an unclosed writer leaves no dataset; the loop accounts for every planned head.
+#include "temp_dir.hpp"
+
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/dataset_analysis.hpp>
 #include <qkgeom/io/dataset_writer.hpp>
@@ -36,21 +38,8 @@ namespace io = qkgeom::io;
 using Catch::Matchers::Contains;
 using qkgeom::kind;
 
-struct temp_dir {
-    fs::path path;
-    temp_dir() {
-        static std::atomic<int> counter{0};
-        auto const stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-        path = fs::temp_directory_path() /
-               ("qkgeom_writer_test_" + std::to_string(stamp) + "_" + std::to_string(counter++));
-        fs::create_directories(path);
-    }
-    ~temp_dir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    temp_dir(temp_dir const&) = delete;
-    temp_dir& operator=(temp_dir const&) = delete;
+struct temp_dir : qkgeom_test::temp_dir {  // tests/runtime/temp_dir.hpp
+    temp_dir() : qkgeom_test::temp_dir("qkgeom_writer_test_") {}
 };
 
 std::vector<unsigned char> file_bytes(fs::path const& p) {

@@ -1,6 +1,8 @@
 // Runtime tests of the dataset I/O layer: .npy, safetensors, JSON and the
 // dataset layout (round-trips, read_capture of one head, and every malformed
 // input fails with an input_error whose message names the problem).
+#include "temp_dir.hpp"
+
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/json.hpp>
 #include <qkgeom/io/npy.hpp>
@@ -39,22 +41,8 @@ namespace io = qkgeom::io;
 using Catch::Matchers::Contains;
 using bytes_t = std::vector<unsigned char>;
 
-/// A fresh directory under the temp dir, removed on destruction.
-struct temp_dir {
-    fs::path path;
-    temp_dir() {
-        static std::atomic<int> counter{0};
-        auto const stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-        path = fs::temp_directory_path() /
-               ("qkgeom_io_test_" + std::to_string(stamp) + "_" + std::to_string(counter++));
-        fs::create_directories(path);
-    }
-    ~temp_dir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    temp_dir(temp_dir const&) = delete;
-    temp_dir& operator=(temp_dir const&) = delete;
+struct temp_dir : qkgeom_test::temp_dir {  // tests/runtime/temp_dir.hpp
+    temp_dir() : qkgeom_test::temp_dir("qkgeom_io_test_") {}
 };
 
 bytes_t to_bytes(std::string const& s) { return bytes_t(s.begin(), s.end()); }

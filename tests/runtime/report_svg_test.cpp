@@ -3,6 +3,8 @@
 // pixel coordinates, NaN never drawn at 0, text escaped, heatmap colours
 // ordered like the values, a self-contained page. The heads are built by hand
 // (no analysis runs here) to keep this translation unit light.
+#include "temp_dir.hpp"
+
 #include <qkgeom/report/html.hpp>
 #include <qkgeom/report/svg.hpp>
 
@@ -213,17 +215,8 @@ std::pair<double, double> pixel(double x, double y, std::array<double, 2> xd, st
     return {px, py};
 }
 
-struct temp_dir {
-    fs::path path;
-    temp_dir() {
-        auto const tick = std::chrono::steady_clock::now().time_since_epoch().count();
-        path = fs::temp_directory_path() / ("qkgeom_svg_test_" + std::to_string(tick));
-        fs::create_directories(path);
-    }
-    ~temp_dir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
+struct temp_dir : qkgeom_test::temp_dir {  // tests/runtime/temp_dir.hpp
+    temp_dir() : qkgeom_test::temp_dir("qkgeom_svg_test_") {}
 };
 
 }  // namespace
