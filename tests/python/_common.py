@@ -60,6 +60,19 @@ class Checks:
         if not cond:
             self.failed.append(what)
             print("FAILED:", what)
+        return bool(cond)
+
+    def raises(self, exc, fn, must_contain, what):
+        """fn() raises exc whose message contains every string of must_contain."""
+        try:
+            fn()
+        except exc as e:
+            msg = str(e)
+            ok = all(s in msg for s in must_contain)
+            return self(ok, f"{what}: message {msg!r} lacks {must_contain}")
+        except Exception as e:  # noqa: BLE001
+            return self(False, f"{what}: raised {type(e).__name__}: {e}, expected {exc.__name__}")
+        return self(False, f"{what}: no exception, expected {exc.__name__}")
 
     def finish(self, name):
         if self.failed:

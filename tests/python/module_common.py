@@ -33,37 +33,7 @@ def run(*argv, expect=0):
     return r
 
 
-class Checks:
-    """Counts checks; prints failures and exits 1 at the end if any failed."""
-
-    def __init__(self):
-        self.n = 0
-        self.failed = []
-
-    def __call__(self, cond, what):
-        self.n += 1
-        if not cond:
-            self.failed.append(what)
-            print("FAILED:", what)
-        return bool(cond)
-
-    def raises(self, exc, fn, must_contain, what):
-        """fn() raises exc whose message contains every string of must_contain."""
-        try:
-            fn()
-        except exc as e:
-            msg = str(e)
-            ok = all(s in msg for s in must_contain)
-            return self(ok, f"{what}: message {msg!r} lacks {must_contain}")
-        except Exception as e:  # noqa: BLE001
-            return self(False, f"{what}: raised {type(e).__name__}: {e}, expected {exc.__name__}")
-        return self(False, f"{what}: no exception, expected {exc.__name__}")
-
-    def finish(self, name):
-        if self.failed:
-            print(f"{name}: {len(self.failed)} of {self.n} checks failed")
-            sys.exit(1)
-        print(f"{name}: all {self.n} checks passed")
+from _common import Checks  # noqa: E402,F401  (one checker for tests/python)
 
 
 def same_doubles(a, b):
