@@ -1,9 +1,10 @@
 // CSV outputs (method §7, docs/outputs.md): the documented column lists, one
-// row per record, bit-exact round trip of every number (NaN as `nan`),
+// row per record (read back with study::parse_csv), bit-exact round trip of every number (NaN as `nan`),
 // quoting of the model name, write_reports and its errors.
 #include "temp_dir.hpp"
 
 #include <qkgeom/report/csv.hpp>
+#include <qkgeom/study/read.hpp>
 #include <qkgeom/synthetic.hpp>
 
 #include <catch2/catch.hpp>
@@ -33,49 +34,19 @@ namespace rep = qkgeom::report;
 namespace fs = std::filesystem;
 using strings = std::vector<std::string>;
 
-// --- a small CSV reader (RFC 4180: quoted fields, doubled quotes) -----------
+// --- the CSV reader of the studies (study/read.hpp: RFC 4180, quoted fields,
+// doubled quotes; a row with another field count than the header's throws).
 struct table {
     strings header;
     std::vector<strings> rows;
 };
 
 table parse_csv(std::string const& text) {
-    std::vector<strings> lines;
-    strings row;
-    std::string field;
-    bool quoted = false, any = false;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        char const c = text[i];
-        if (quoted) {
-            if (c == '"') {
-                if (i + 1 < text.size() && text[i + 1] == '"') {
-                    field += '"';
-                    ++i;
-                } else {
-                    quoted = false;
-                }
-            } else {
-                field += c;
-            }
-            continue;
-        }
-        any = true;
-        if (c == '"') quoted = true;
-        else if (c == ',') row.push_back(std::exchange(field, {}));
-        else if (c == '\n') {
-            row.push_back(std::exchange(field, {}));
-            lines.push_back(std::exchange(row, {}));
-            any = false;
-        } else field += c;
-    }
-    REQUIRE_FALSE(quoted);
-    REQUIRE_FALSE(any);  // every row ends with '\n'
-    table t;
-    REQUIRE_FALSE(lines.empty());
-    t.header = lines.front();
-    t.rows.assign(lines.begin() + 1, lines.end());
-    for (auto const& r : t.rows) REQUIRE(r.size() == t.header.size());
-    return t;
+    REQUIRE_FALSE(text.empty());
+    REQUIRE(text.back() == '\n');  // every row ends with '\n'
+    auto t = qkgeom::study::parse_csv(text, "<written>");
+    for (auto const& r : t.rows) REQUIRE(r.size() == t.columns.size());
+    return {std::move(t.columns), std::move(t.rows)};
 }
 
 double to_double(std::string const& s) {
@@ -332,6 +303,34 @@ TEST_CASE("csv: head_bucket_plasticity.csv: one row per cell", "[csv]") {
     CHECK(nonempty > 0);
 }
 
+TEST_CASE("csv: head_profile.csv: one row per profile bucket", "[csv]") {
+    auto const t = written([](std::ostream& os) { rep::write_head_profile(os, span()); });
+    strings const cols{"layer",      "q_head",    "k_head",    "q_bucket", "tau",   "n_queries",
+                       "plasticity", "std_error", "empirical", "quintile", "decile"};
+    CHECK(t.header == cols);
+    CHECK(rep::head_profile_columns() == cols);
+    std::size_t r = 0, finite = 0;
+    for (auto const& h : heads()) {
+        REQUIRE_FALSE(h.plasticity.profile.empty());
+        for (auto const& b : h.plasticity.profile) {
+            REQUIRE(r < t.rows.size());
+            auto const& row = t.rows[r++];
+            check_id(row, h.id);
+            CHECK(to_int(row[3]) == b.q_bucket);
+            CHECK(same(row[4], b.tau));
+            CHECK(to_int(row[5]) == b.n_queries);
+            CHECK(same(row[6], b.ap));
+            CHECK(same(row[7], b.std_error));
+            CHECK(same(row[8], b.ap_empirical));
+            CHECK(to_int(row[9]) == b.quintile);
+            CHECK(to_int(row[10]) == b.decile);
+            finite += std::isfinite(b.ap);
+        }
+    }
+    CHECK(r == t.rows.size());
+    CHECK(finite > 0);
+}
+
 TEST_CASE("csv: head_component_weights.csv: one row per coordinate", "[csv]") {
     auto const t = written([](std::ostream& os) { rep::write_head_component_weights(os, span()); });
     CHECK(t.header == strings{"layer", "q_head", "k_head", "component", "component_r2", "component_weight"});
@@ -412,8 +411,8 @@ TEST_CASE("csv: write_reports writes every file, unwritable paths throw naming t
         CHECK(p.parent_path() == out);
         names.push_back(p.filename().string());
     }
-    CHECK(names == strings{"head_metrics.csv", "head_bucket_plasticity.csv", "head_component_weights.csv",
-                           "qk_pca.csv", "model_report.csv", "layer_report.csv"});
+    CHECK(names == strings{"head_metrics.csv", "head_bucket_plasticity.csv", "head_profile.csv",
+                           "head_component_weights.csv", "qk_pca.csv", "model_report.csv", "layer_report.csv"});
     // The files hold exactly what the stream writers write.
     auto const same_text = [&](std::string const& file, auto&& write) {
         std::ostringstream os;
@@ -422,6 +421,7 @@ TEST_CASE("csv: write_reports writes every file, unwritable paths throw naming t
     };
     same_text("head_metrics.csv", [](std::ostream& os) { rep::write_head_metrics(os, span()); });
     same_text("head_bucket_plasticity.csv", [](std::ostream& os) { rep::write_head_bucket_plasticity(os, span()); });
+    same_text("head_profile.csv", [](std::ostream& os) { rep::write_head_profile(os, span()); });
     same_text("head_component_weights.csv", [](std::ostream& os) { rep::write_head_component_weights(os, span()); });
     same_text("qk_pca.csv", [](std::ostream& os) { rep::write_qk_pca(os, span()); });
     same_text("model_report.csv", [](std::ostream& os) { rep::write_model_report(os, "model,x", span()); });
@@ -440,4 +440,6 @@ TEST_CASE("csv: write_reports writes every file, unwritable paths throw naming t
     CHECK_THAT(error_of([&] { rep::write_reports(bad_dir, "m", span()); }),
                Catch::Matchers::Contains(bad_dir.string()));
     CHECK_THROWS_AS(rep::write_qk_pca(bad_file, span()), std::runtime_error);
+    CHECK_THAT(error_of([&] { rep::write_head_profile(bad_file, span()); }),
+               Catch::Matchers::Contains(bad_file.string()));
 }

@@ -1,6 +1,6 @@
 // qkgeom — the CSV outputs of method §7: head_metrics.csv,
 // head_bucket_plasticity.csv, head_component_weights.csv, qk_pca.csv,
-// model_report.csv (and layer_report.csv). Column names are part of the API
+// model_report.csv (and layer_report.csv, head_profile.csv). Column names are part of the API
 // and are documented in docs/outputs.md.
 //
 // Format: RFC 4180 style, comma separated, '\n' line ends, one header row then
@@ -37,6 +37,7 @@ namespace qkgeom::report {
 // ---------------------------------------------------------------------------
 inline constexpr std::string_view head_metrics_file = "head_metrics.csv";
 inline constexpr std::string_view head_bucket_plasticity_file = "head_bucket_plasticity.csv";
+inline constexpr std::string_view head_profile_file = "head_profile.csv";
 inline constexpr std::string_view head_component_weights_file = "head_component_weights.csv";
 inline constexpr std::string_view qk_pca_file = "qk_pca.csv";
 inline constexpr std::string_view model_report_file = "model_report.csv";
@@ -110,6 +111,14 @@ inline std::vector<std::string> head_metrics_columns() {
 /// \returns the column names, in file order (docs/outputs.md).
 inline std::vector<std::string> head_bucket_plasticity_columns() {
     return {"layer", "q_head", "k_head", "q_bucket", "k_bucket", "plasticity", "n_pairs", "std_error", "empirical"};
+}
+
+/// \brief Columns of head_profile.csv (one row per query bucket of a head's
+/// plasticity profile, `plasticity_bucket`).
+/// \returns the column names, in file order (docs/outputs.md).
+inline std::vector<std::string> head_profile_columns() {
+    return {"layer",     "q_head",    "k_head",    "q_bucket", "tau",   "n_queries",
+            "plasticity", "std_error", "empirical", "quintile", "decile"};
 }
 
 /// \brief Columns of head_component_weights.csv.
@@ -255,6 +264,23 @@ inline void write_head_bucket_plasticity(std::ostream& os, std::span<head_analys
     detail::check_stream(os, "qkgeom::report::write_head_bucket_plasticity");
 }
 
+/// \brief head_profile.csv: one row per query bucket of every head's
+/// plasticity profile (`h.plasticity.profile`, ascending q_bucket; skipped
+/// buckets included, with plasticity `nan`).
+/// \param[out] os the stream; a header row, then the rows, are appended.
+/// \param[in] heads the analysed heads, written in the given order.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
+inline void write_head_profile(std::ostream& os, std::span<head_analysis const> heads) {
+    detail::header(os, head_profile_columns());
+    detail::row_writer w(os);
+    for (auto const& h : heads)
+        for (auto const& b : h.plasticity.profile) {
+            w.id(h.id).integer(b.q_bucket).num(b.tau).integer(b.n_queries).num(b.ap).num(b.std_error);
+            w.num(b.ap_empirical).integer(b.quintile).integer(b.decile).end();
+        }
+    detail::check_stream(os, "qkgeom::report::write_head_profile");
+}
+
 /// \brief head_component_weights.csv: one row per query coordinate of every head
 /// (max of the two vectors' lengths; a missing entry is written `nan`).
 /// \param[out] os the stream; a header row, then the rows, are appended.
@@ -366,6 +392,14 @@ inline void write_head_bucket_plasticity(std::filesystem::path const& path, std:
     detail::to_file(path, "qkgeom::report::write_head_bucket_plasticity",
                     [&](std::ostream& os) { write_head_bucket_plasticity(os, heads); });
 }
+/// \brief head_profile.csv, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] heads the analysed heads.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
+inline void write_head_profile(std::filesystem::path const& path, std::span<head_analysis const> heads) {
+    detail::to_file(path, "qkgeom::report::write_head_profile",
+                    [&](std::ostream& os) { write_head_profile(os, heads); });
+}
 /// \brief head_component_weights.csv, written to a file.
 /// \param[in] path the file, created or truncated.
 /// \param[in] heads the analysed heads.
@@ -426,9 +460,10 @@ inline void write_layer_report(std::filesystem::path const& path, std::span<head
 }
 
 /// \brief Create `out_dir` (and its parents) and write every file into it:
-/// head_metrics.csv, head_bucket_plasticity.csv, head_component_weights.csv,
-/// qk_pca.csv, model_report.csv (one row named `model_name`) and
-/// layer_report.csv. Existing files of those names are overwritten.
+/// head_metrics.csv, head_bucket_plasticity.csv, head_profile.csv,
+/// head_component_weights.csv, qk_pca.csv, model_report.csv (one row named
+/// `model_name`) and layer_report.csv. Existing files of those names are
+/// overwritten.
 /// \param[in] out_dir the output directory.
 /// \param[in] model_name the `model` column of model_report.csv.
 /// \param[in] heads the analysed heads of the model.
@@ -448,6 +483,7 @@ inline std::vector<std::filesystem::path> write_reports(std::filesystem::path co
     auto const p = [&](std::string_view name) { return out.emplace_back(out_dir / std::string(name)); };
     write_head_metrics(p(head_metrics_file), heads);
     write_head_bucket_plasticity(p(head_bucket_plasticity_file), heads);
+    write_head_profile(p(head_profile_file), heads);
     write_head_component_weights(p(head_component_weights_file), heads);
     write_qk_pca(p(qk_pca_file), heads);
     write_model_report(p(model_report_file), model_name, m.all);
