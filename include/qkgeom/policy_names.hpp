@@ -4,6 +4,7 @@
 // enumeration; the program and the Python module both read these tables.
 #pragma once
 
+#include <qkgeom/analyze.hpp>
 #include <qkgeom/errors.hpp>
 #include <qkgeom/householder.hpp>
 #include <qkgeom/pca.hpp>
@@ -11,12 +12,14 @@
 #include <qkgeom/rotation.hpp>
 
 #include <array>
+#include <charconv>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace qkgeom {
 
@@ -117,6 +120,42 @@ template <named_policy E>
     if (auto const e = policy_from_name<E>(name)) return *e;
     throw std::invalid_argument(std::string(what) + ": '" + escape_text(name) + "' is not one of " +
                                 policy_choices_text<E>());
+}
+
+/// \brief Every analysis option in effect, as one line of `name=value`
+/// words: the run record of the program's reports, and the part of a study's
+/// cache key that says how a run was analysed (docs/study.md#caching). Two
+/// option sets that analyse differently give different texts.
+/// \param[in] o the options.
+/// \returns "components=… sign=… low=… high=… separation=… semantic=…
+///          diagnostics=… ks_alpha=… pairs=… weighting=… enumeration=…
+///          max_exact_pairs=… samples=… seed=…", then the heatmap edges
+///          when not the default grid (numbers in shortest round-trip form).
+///          Options that change speed only (dense_min_keys, tile_keys,
+///          empirical) are not part of it.
+/// \throws std::bad_alloc if the text cannot be allocated.
+[[nodiscard]] inline std::string options_text(analysis_options const& o) {
+    auto num = [](double x) {
+        std::array<char, 32> b{};
+        auto const r = std::to_chars(b.data(), b.data() + b.size(), x);
+        return std::string(b.data(), r.ptr);
+    };
+    auto name = [](auto e) { return std::string(policy_name(e)); };
+    auto edges = [&](char const* key, std::vector<double> const& e) {  // only when not the default grid
+        std::string t;
+        for (double x : e) t += (t.empty() ? key : ",") + num(x);
+        return t;
+    };
+    return "components=" + std::to_string(o.pca.n_components) + " sign=" + name(o.pca.sign) +
+           " low=" + num(o.pca.thresholds.low) + " high=" + num(o.pca.thresholds.high) +
+           " separation=" + name(o.rotation.separation) + " semantic=" + name(o.householder.model) +
+           " diagnostics=" + (o.diagnostics ? "on" : "off") + " ks_alpha=" + num(o.ks_alpha) +
+           " pairs=" + name(o.plasticity.pairs) + " weighting=" + name(o.plasticity.weighting) +
+           " enumeration=" + name(o.plasticity.enumeration) +
+           " max_exact_pairs=" + std::to_string(o.plasticity.max_exact_pairs) +
+           " samples=" + std::to_string(o.plasticity.samples_per_cell) + " seed=" + std::to_string(o.plasticity.seed) +
+           edges(" heatmap_distance=", o.plasticity.heatmap.distance_edges) +
+           edges(" heatmap_offset=", o.plasticity.heatmap.offset_edges);
 }
 
 }  // namespace qkgeom

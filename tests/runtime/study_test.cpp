@@ -1,0 +1,392 @@
+// Studies (docs/study.md): a synthetic study with planted trends (drift that
+// grows then collapses over checkpoints, three families with separated
+// AP_drop) is recovered — the trajectory, the family order and the sign of
+// each factor of the bias decomposition; the benchmark join reproduces the
+// rank correlations computed by hand from the thesis' Table 6.3 (seed file
+// 001, Table 1); the cache analyses each capture once and again only when its
+// bytes or the options change; a broken run is reported and the rest go on;
+// the study file's errors name the file, field and value.
+#include "temp_dir.hpp"
+
+#include <qkgeom/io/dataset.hpp>
+#include <qkgeom/report/csv.hpp>
+#include <qkgeom/study/run.hpp>
+#include <qkgeom/study/spec.hpp>
+#include <qkgeom/study/tables.hpp>
+#include <qkgeom/synthetic.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace st = qkgeom::study;
+namespace syn = qkgeom::synthetic;
+namespace fs = std::filesystem;
+
+struct temp_dir : qkgeom_test::temp_dir {
+    temp_dir() : qkgeom_test::temp_dir("qkgeom_study_test_") {}
+};
+
+void write_file(fs::path const& p, std::string const& text) {
+    std::ofstream(p, std::ios::binary) << text;
+}
+
+// --- planted heads ------------------------------------------------------------
+struct planted {
+    double q_slope, k_slope, content;  // family
+    double k_factor, q_intercept;      // checkpoint
+};
+
+syn::layer_spec planted_layer(planted const& p, std::int64_t layer) {
+    syn::layer_spec L;
+    L.d = 16;
+    L.rotary_dims = 8;
+    L.n_q_heads = 4;
+    L.n_kv_heads = 2;
+    L.layer = layer;
+    L.model_seed = 100 + static_cast<std::uint64_t>(layer);
+    for (int h = 0; h < 4; ++h) {
+        syn::q_head_params q;
+        q.query.intercept = p.q_intercept;
+        q.query.slope = p.q_slope;
+        q.query.bucket_mean_scale = p.content;
+        L.q_heads.push_back(q);
+    }
+    for (int g = 0; g < 2; ++g) {
+        syn::kv_head_params kv;
+        kv.key.intercept = -1.0;
+        kv.key.slope = p.k_slope * p.k_factor * (1.0 + 0.2 * g);
+        kv.key.bucket_mean_scale = p.content;
+        L.kv_heads.push_back(kv);
+    }
+    return L;
+}
+
+syn::capture_spec planted_capture() {
+    syn::capture_spec cap;
+    cap.n_examples = 24;
+    cap.context_length = 2048;
+    cap.buckets = {qkgeom::bucket_scheme::uniform, 128, 1.0};
+    cap.seed = 5;
+    return cap;
+}
+
+/// Two layers of 4 query heads, analysed and written as an analysis folder.
+void write_planted_run(fs::path const& dir, planted const& p) {
+    std::vector<qkgeom::head_analysis> heads;
+    for (std::int64_t layer = 0; layer < 2; ++layer)
+        for (auto const& hc : syn::generate_layer(planted_layer(p, layer), planted_capture()))
+            heads.push_back(qkgeom::analyze_head(hc));
+    qkgeom::report::write_reports(dir, "planted", heads);
+}
+
+double metric(st::run_summary const& r, std::string const& m) { return r.metrics.at(m).value; }
+
+}  // namespace
+
+TEST_CASE("a planted study: trajectory, family order and the bias decomposition are recovered", "[study]") {
+    temp_dir tmp;
+    // Families: rising drift, falling content (AP_drop rises steady < moderate < steep).
+    struct fam {
+        char const* name;
+        double q_slope, k_slope, content;
+    };
+    fam const families[] = {{"steady", 5e-4, 1e-3, 1.0}, {"moderate", 8e-4, 1.6e-3, 0.5}, {"steep", 2e-3, 4e-3, 0.2}};
+    // Checkpoints: the key drift grows, then collapses; the query's mean on the drift axis rises.
+    double const k_factor[] = {0.5, 1.0, 1.6, 0.15};
+    double const q_intercept[] = {1.5, 2.0, 2.5, 3.5};
+    st::study_spec spec;
+    for (auto const& f : families)
+        for (int k = 0; k < 4; ++k) {
+            st::run_spec r;
+            r.name = std::string(f.name) + "@" + std::to_string(k);
+            r.family = r.model = f.name;
+            r.ckpt.step = 1000 * (4 - k);  // steps descending in the file: the order comes from `order`
+            r.ckpt.order = k;
+            r.analysis = tmp.path / r.name;
+            r.index = spec.runs.size();
+            write_planted_run(r.analysis, {f.q_slope, f.k_slope, f.content, k_factor[k], q_intercept[k]});
+            spec.runs.push_back(r);
+        }
+    auto const result = st::run_study(spec, {});
+    REQUIRE(result.runs.size() == 12);
+    for (auto const& r : result.runs) {
+        REQUIRE(r.status == st::run_status::read);
+        REQUIRE(r.n_heads == 8);
+    }
+    // The trajectory: 4 steps per model, in `order`, never in file (step) order.
+    REQUIRE(result.trajectory.size() == 12);
+    std::map<std::string, std::vector<st::trajectory_step>> by_model;
+    for (auto const& s : result.trajectory) by_model[s.model].push_back(s);
+    for (auto const& f : families) {
+        auto const& steps = by_model.at(f.name);
+        REQUIRE(steps.size() == 4);
+        for (int k = 0; k < 4; ++k) REQUIRE(result.runs[steps[k].run].spec.ckpt.order == double(k));
+        // bias_strength (mu_q_a · alpha_k) grows over the first three checkpoints, then collapses.
+        double const b0 = steps[0].gm_bias, b1 = steps[1].gm_bias, b2 = steps[2].gm_bias, b3 = steps[3].gm_bias;
+        CHECK(b0 < b1);
+        CHECK(b1 < b2);
+        CHECK(b3 < b0);
+        for (int k = 1; k < 4; ++k) {
+            auto const& s = steps[k];
+            // The decomposition is exact (one head set, one identity).
+            CHECK(s.dlog_bias == Approx(s.dlog_mu_q_a + s.dlog_alpha_k).margin(1e-12));
+            // Each factor moves the planted way: |mu_q_a| rises at every step,
+            // |alpha_k| rises twice, then collapses.
+            CHECK(s.dlog_mu_q_a > 0);
+            if (k < 3) CHECK(s.dlog_alpha_k > 0);
+            else CHECK(s.dlog_alpha_k < std::log(0.3));  // planted 0.15 / 1.6
+            CHECK(s.n_decomposed == 8);
+        }
+    }
+    // The family order of AP_drop holds at every checkpoint with drift.
+    for (int k = 0; k < 3; ++k) {
+        double const a = metric(result.runs[0 * 4 + k], "ap_drop"), b = metric(result.runs[1 * 4 + k], "ap_drop"),
+                     c = metric(result.runs[2 * 4 + k], "ap_drop");
+        CHECK(a < b);
+        CHECK(b < c);
+    }
+    // Bootstrap intervals bracket the mean; per-head trajectories pair the 8 heads.
+    for (auto const& r : result.runs) {
+        auto const& e = r.metrics.at("ap_drop");
+        CHECK(e.lo <= e.value);
+        CHECK(e.value <= e.hi);
+        CHECK(e.n == 8);
+    }
+    REQUIRE(result.head_trajectories.size() == 3);
+    for (auto const& h : result.head_trajectories) {
+        CHECK(h.heads.size() == 8);
+        CHECK(h.runs.size() == 4);
+    }
+    // Tables: one model row per run, a taxonomy row per run and class.
+    auto const tables = st::study_tables(result);
+    REQUIRE(tables[0].file == "study_models.csv");
+    CHECK(tables[0].rows.size() == 12);
+    CHECK(tables[3].rows.size() == 12 * qkgeom::report::taxonomy_classes.size());
+}
+
+namespace {
+
+/// The thesis' Table 6.3 (seed file 001, Table 1): model, family, LBP, ap_drop, bias_strength.
+struct table1_row {
+    char const* model;
+    char const* family;
+    double lbp, ap_drop, bias;
+};
+table1_row const table1[] = {
+    {"ministral3-14b", "ministral", 40.14, 0.068, 3.00e-4}, {"ministral3-8b", "ministral", 37.80, 0.082, 3.00e-4},
+    {"qwen3-14b", "qwen", 37.11, 0.161, 8.00e-4},           {"qwen3-8b", "qwen", 33.41, 0.178, 9.00e-4},
+    {"qwen3-4b", "qwen", 31.26, 0.186, 1.00e-3},            {"ministral3-3b", "ministral", 30.18, 0.072, 3.00e-4},
+    {"llama3.2-3b", "llama", 15.71, 0.230, 6.00e-4}};
+
+st::correlation_row const& find_row(st::study_result const& r, std::string const& metric, std::string const& group) {
+    for (auto const& c : r.correlations)
+        if (c.metric == metric && c.group == group) return c;
+    FAIL("no correlation row " << metric << " / " << group);
+    return r.correlations.front();
+}
+
+}  // namespace
+
+TEST_CASE("the benchmark join reproduces the rank correlations of the thesis' Table 6.3 by hand", "[study]") {
+    temp_dir tmp;
+    std::string csv = "model,score\n", runs;
+    for (auto const& t : table1) {
+        csv += std::string(t.model) + "," + std::to_string(t.lbp) + "\n";
+        runs += std::string(runs.empty() ? "" : ",\n") + "{\"name\": \"" + t.model + "\", \"family\": \"" + t.family +
+                "\", \"metrics\": {\"ap_drop\": " + std::to_string(t.ap_drop) +
+                ", \"bias_strength\": " + std::to_string(t.bias) + "}}";
+    }
+    write_file(tmp.path / "lbp.csv", csv);
+    write_file(tmp.path / "study.json",
+               "{\"title\": \"Table 6.3\", \"correlate\": [\"ap_drop\", \"bias_strength\"],\n"
+               " \"benchmarks\": [{\"name\": \"LBP\", \"overall\": \"lbp.csv\"}],\n \"runs\": [\n" + runs + "]}\n");
+    auto const spec = st::read_study(tmp.path / "study.json");
+    auto const r = st::run_study(spec, {});
+    for (auto const& run : r.runs) REQUIRE(run.status == st::run_status::given);
+
+    // ap_drop vs LBP. Ranks (ascending) — LBP: llama 1, m3b 2, q4b 3, q8b 4,
+    // q14b 5, m8b 6, m14b 7; ap_drop: m14b 1, m3b 2, m8b 3, q14b 4, q8b 5,
+    // q4b 6, llama 7. d = 6, 3, 1, −1, −3, 0, −6: Σd² = 92, so
+    // ρ = 1 − 6·92/(7·48) = −9/14. Ordered by LBP descending, ap_drop reads
+    // .068 .082 .161 .178 .186 .072 .230: 4 pairs fall with LBP (concordant),
+    // 17 rise: τ = (4 − 17)/21 = −13/21. Exact two-sided p of Kendall: the
+    // permutations of 7 with ≤ 4 or ≥ 17 inversions, 2·(1 + 6 + 20 + 49 + 98)
+    // = 348 of 5040.
+    auto const& all = find_row(r, "ap_drop", "all");
+    CHECK(all.n == 7);
+    CHECK(all.spearman == Approx(-9.0 / 14.0).margin(1e-12));
+    CHECK(all.kendall == Approx(-13.0 / 21.0).margin(1e-12));
+    CHECK(all.p_kendall == Approx(348.0 / 5040.0).margin(1e-12));
+    CHECK(all.p_method == "exact");
+    // bias_strength has a three-way tie (3e-4): average ranks 2, 2, 2; then
+    // llama 4, q14b 5, q8b 6, q4b 7. Centred: (−2, −2, 1, 2, 3, −2, 0) against
+    // LBP's (3, 2, 1, 0, −1, −2, −3): ρ = −8/√(26·28).
+    CHECK(find_row(r, "bias_strength", "all").spearman == Approx(-8.0 / std::sqrt(26.0 * 28.0)).margin(1e-12));
+    // Within Qwen, ap_drop falls as LBP rises: ρ = τ = −1, exact p = 2/3! .
+    auto const& qwen = find_row(r, "ap_drop", "qwen");
+    CHECK(qwen.n == 3);
+    CHECK(qwen.spearman == Approx(-1.0).margin(1e-12));
+    CHECK(qwen.kendall == Approx(-1.0).margin(1e-12));
+    CHECK(qwen.p_kendall == Approx(2.0 / 6.0).margin(1e-12));
+    // Within Ministral: LBP ranks m3b 1, m8b 2, m14b 3; ap_drop m14b 1, m3b 2,
+    // m8b 3: Σd² = 4 + 1 + 1 = 6, ρ = 1 − 36/24 = −1/2.
+    CHECK(find_row(r, "ap_drop", "ministral").spearman == Approx(-0.5).margin(1e-12));
+    // Llama has one model: no within-family row.
+    for (auto const& c : r.correlations) CHECK(c.group != "llama");
+    // The model table carries the score beside the given metric (no interval: no heads).
+    for (auto const& run : r.runs) {
+        CHECK(run.scores.at("LBP") > 15);
+        CHECK(std::isnan(run.metrics.at("ap_drop").lo));
+    }
+}
+
+namespace {
+
+/// A small capture in the dataset layout (one layer, 2 query heads, 1 kv head).
+void write_capture(fs::path const& dir, std::uint64_t seed) {
+    syn::layer_spec L;
+    L.d = 8;
+    L.rotary_dims = 4;
+    L.n_q_heads = 2;
+    L.n_kv_heads = 1;
+    L.model_seed = seed;
+    syn::capture_spec cap;
+    cap.n_examples = 8;
+    cap.context_length = 512;
+    cap.buckets = {qkgeom::bucket_scheme::uniform, 64, 1.0};
+    cap.seed = seed;
+    qkgeom::io::manifest m;
+    m.model = "cap" + std::to_string(seed);
+    m.n_layers = 1;
+    m.n_q_heads = {2};
+    m.n_kv_heads = {1};
+    m.head_dim = 8;
+    m.buckets = cap.buckets;
+    m.context_length = cap.context_length;
+    m.seed = seed;
+    fs::create_directories(dir);
+    qkgeom::io::write_manifest(dir, m);
+    for (auto const& hc : syn::generate_layer(L, cap)) {
+        auto put = [&](qkgeom::kind k, auto const& rows, std::int64_t head) {
+            qkgeom::io::head_entry e;
+            e.layer = 0;
+            e.head = head;
+            e.k = k;
+            e.vectors = rows.vectors;
+            e.position = rows.position;
+            e.bucket = rows.bucket;
+            e.example_id = rows.example_id;
+            qkgeom::io::write_head(dir, m, e, qkgeom::io::storage_format::npy, "f32");
+        };
+        put(qkgeom::kind::query, hc.queries, hc.id.q_head);
+        if (hc.id.q_head == 0) put(qkgeom::kind::key, hc.keys, hc.id.k_head);
+    }
+}
+
+std::vector<st::run_status> statuses(std::vector<st::run_outcome> const& o) {
+    std::vector<st::run_status> s;
+    for (auto const& x : o) s.push_back(x.status);
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("the cache: analysed once, again only for changed bytes or options; a broken run is reported", "[study]") {
+    temp_dir tmp;
+    st::study_spec spec;
+    for (int i = 0; i < 3; ++i) {
+        st::run_spec r;
+        r.name = r.model = r.family = "run" + std::to_string(i);
+        r.capture = tmp.path / ("cap" + std::to_string(i));
+        r.index = spec.runs.size();
+        write_capture(r.capture, 10 + static_cast<std::uint64_t>(i));
+        spec.runs.push_back(r);
+    }
+    st::study_run_options o;
+    o.jobs = 2;
+    o.cache = tmp.path / "cache";
+    using S = st::run_status;
+    auto const first = st::run_all(spec, o);
+    CHECK(statuses(first) == std::vector<S>{S::analysed, S::analysed, S::analysed});
+    // A second run analyses nothing, and reads back the same numbers.
+    auto const second = st::run_all(spec, o);
+    CHECK(statuses(second) == std::vector<S>{S::cached, S::cached, S::cached});
+    REQUIRE(second[1].heads.heads.size() == 2);
+    for (std::size_t m = 0; m < qkgeom::head_metric_names.size(); ++m) {
+        double const a = first[1].heads.heads[0].metrics[m], b = second[1].heads.heads[0].metrics[m];
+        CHECK(((std::isnan(a) && std::isnan(b)) || a == b));
+    }
+    // Adding a run analyses only it.
+    st::run_spec extra = spec.runs[0];
+    extra.name = "run3";
+    extra.capture = tmp.path / "cap3";
+    extra.index = 3;
+    write_capture(extra.capture, 20);
+    spec.runs.push_back(extra);
+    CHECK(statuses(st::run_all(spec, o)) == std::vector<S>{S::cached, S::cached, S::cached, S::analysed});
+    // Changing the bytes of one capture re-analyses only it; touching alone does not
+    // (the key is the content).
+    write_capture(spec.runs[1].capture, 99);
+    fs::last_write_time(spec.runs[2].capture / "manifest.json", fs::file_time_type::clock::now());
+    CHECK(statuses(st::run_all(spec, o)) == std::vector<S>{S::cached, S::analysed, S::cached, S::cached});
+    // Changing an option analyses every capture again.
+    auto o2 = o;
+    o2.analysis.plasticity.pairs = qkgeom::pair_policy::prefix;
+    CHECK(statuses(st::run_all(spec, o2)) == std::vector<S>{S::analysed, S::analysed, S::analysed, S::analysed});
+    // A fresh cache with the old one as previous: every entry is copied, none analysed.
+    auto o3 = o;
+    o3.cache = tmp.path / "cache2";
+    o3.previous_caches = {o.cache};
+    CHECK(statuses(st::run_all(spec, o3)) == std::vector<S>{S::cached, S::cached, S::cached, S::cached});
+    // A broken run (its capture lost its manifest) fails with a message; the others go on.
+    fs::remove(spec.runs[2].capture / "manifest.json");
+    auto const broken = st::run_all(spec, o);
+    CHECK(statuses(broken) == std::vector<S>{S::cached, S::cached, S::failed, S::cached});
+    CHECK(broken[2].message.find("manifest.json") != std::string::npos);
+    auto const r = st::compute_study(spec, broken);
+    CHECK(r.runs[2].status == S::failed);
+    CHECK(r.runs[3].n_heads == 2);
+}
+
+TEST_CASE("study file errors name the file, the field and the value", "[study]") {
+    auto error_of = [](std::string const& text) -> qkgeom::input_error {
+        try {
+            (void)st::parse_study(text, "s.json");
+        } catch (qkgeom::input_error const& e) {
+            return e;
+        }
+        FAIL("no error for " << text);
+        return qkgeom::input_error("", "", "", "");
+    };
+    auto e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "bootsrap": {}})");
+    CHECK(e.source() == "s.json");
+    CHECK(e.field() == "(top level).bootsrap");
+    e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}, {"name": "a", "metrics": {"ap_drop": 0.2}}]})");
+    CHECK(e.field() == "runs[1].name");
+    CHECK(e.value() == "\"a\"");
+    e = error_of(R"({"runs": [{"name": "a", "capture": "x", "analysis": "y"}]})");
+    CHECK(e.field() == "runs[0]");
+    e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_dorp": 0.1}}]})");
+    CHECK(e.field() == "runs[0].metrics.ap_dorp");
+    e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}, "checkpoint": {"step": -3}}]})");
+    CHECK(e.field() == "runs[0].checkpoint.step");
+    CHECK(e.value() == "-3");
+    e = error_of(R"({"runs": []})");
+    CHECK(e.field() == "runs");
+    e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "token_edges": [0, 10, 10]})");
+    CHECK(e.field() == "token_edges[2]");
+    // Relative paths resolve against the study file's folder.
+    auto const s = st::parse_study(R"({"runs": [{"name": "a", "capture": "caps/a"}]})", "/data/studies/s.json");
+    CHECK(s.runs[0].capture == fs::path("/data/studies/caps/a"));
+    CHECK(s.runs[0].model == "a");
+    CHECK(s.runs[0].family == "a");
+}
