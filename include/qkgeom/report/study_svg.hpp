@@ -222,7 +222,7 @@ inline std::optional<std::string> study_bins_svg(study::study_result const& r,
     scale const sy{yd[0], yd[1], f.height - f.bottom, f.top};
     svg_doc doc(f, title,
                 plural(drawn, "run") + " with data (" + std::to_string(r.runs.size() - drawn) + " without); " + what +
-                    "; colour: family, fainter: earlier checkpoint");
+                    "; colour: family; fainter: earlier checkpoint");
     doc.begin_plot(sx, sy, {}, ticks(yd[0], yd[1], 5), xlabel, "AP (mean PP over heads)");
     study_category_ticks(doc, sx, sy, bins);
     study_colours const colours(r);
@@ -272,8 +272,7 @@ inline std::optional<std::string> study_profile_svg(study::study_result const& r
     for (std::size_t i = 0; i < n; ++i)
         names.push_back(std::to_string(i * 100 / n) + "–" + std::to_string((i + 1) * 100 / n) + "%");
     return detail::study_bins_svg(r, per_run, names, std::string("AP profile by ") + (q ? "quintile" : "decile"),
-                                  "each point: mean AP of the query buckets in a context " +
-                                      std::string(q ? "quintile" : "decile") + ", over heads",
+                                  "point: mean AP over heads of a context " + std::string(q ? "quintile" : "decile"),
                                   "query position, share of the context", opt);
 }
 
@@ -297,7 +296,7 @@ inline std::optional<std::string> study_token_profile_svg(study::study_result co
     for (std::size_t i = 0; i < n; ++i)
         names.push_back(detail::study_tokens(r.token_edges[i]) + "–" + detail::study_tokens(r.token_edges[i + 1]));
     return detail::study_bins_svg(r, per_run, names, "AP profile by token range",
-                                  "each point: mean AP of the query buckets whose position lies in the range, over heads",
+                                  "point: mean AP over heads of the buckets in the range",
                                   "query position (tokens) [from, to)", opt);
 }
 
@@ -341,7 +340,8 @@ inline void study_phases(svg_doc& doc, study::study_result const& r,
 /// run names; dashed lines where the phase changes). Per metric a
 /// <path class="metric" data-metric data-values>, a <circle class="point"
 /// data-metric data-run data-value> per finite value and a
-/// <line class="ci"> from lo to hi where the bootstrap interval is finite.
+/// <line class="ci"> from lo to hi where the value and its bootstrap interval
+/// are finite.
 /// \param[in] r the computed study.
 /// \param[in] steps the model's steps in order (pointers into r.trajectory).
 /// \param[in] opt frame and y domain.
@@ -366,7 +366,8 @@ inline std::optional<std::string> study_trajectory_svg(study::study_result const
     detail::svg_doc doc(f, "Checkpoint trajectory — " + steps.front()->model,
                         detail::plural(steps.size(), "checkpoint") +
                             "; means over heads, whiskers: bootstrap interval over heads; dashed: phase change");
-    doc.begin_plot(sx, sy, {}, detail::ticks(yd[0], yd[1], 5), "", "AP (mean PP over heads)");
+    doc.begin_plot(sx, sy, {}, detail::ticks(yd[0], yd[1], 5), "checkpoint (run), in training order",
+                   "AP (mean PP over heads)");
     detail::study_category_ticks(doc, sx, sy, detail::study_step_names(r, steps));
     detail::study_phases(doc, r, steps, sx, sy);
     std::vector<std::pair<std::string, std::string>> legend;
@@ -384,7 +385,7 @@ inline std::optional<std::string> study_trajectory_svg(study::study_result const
             std::string const who = "data-metric=\"" + name + "\" data-run=\"" +
                                     detail::xml_escape(r.runs.at(steps[k]->run).spec.name) + "\"";
             double const x = sx(double(k)) + (double(m) - 1.5) * 3.0;  // side by side, not on top of each other
-            if (std::isfinite(e.lo) && std::isfinite(e.hi))
+            if (std::isfinite(e.value) && std::isfinite(e.lo) && std::isfinite(e.hi))
                 doc.line(x, sy(e.lo), x, sy(e.hi), c, 1.0,
                          "class=\"ci\" " + who + " data-lo=\"" + detail::study_num(e.lo) + "\" data-hi=\"" +
                              detail::study_num(e.hi) + "\"");
@@ -752,6 +753,9 @@ inline std::optional<std::string> study_scatter_svg(study::study_result const& r
             else fam.push_back(&c);
         }
     svg_frame const f = detail::study_frame(opt, 230);
+    double const pad = ex.empty() ? 0.0 : 0.05 * (ex.hi - ex.lo);
+    ex.add(ex.lo - pad);
+    ex.add(ex.hi + pad);
     auto const xd = detail::study_domain(ex), yd = opt.y_domain ? *opt.y_domain : detail::study_domain(ey);
     detail::scale const sx{xd[0], xd[1], f.left, f.width - f.right};
     detail::scale const sy{yd[0], yd[1], f.height - f.bottom, f.top};
@@ -827,6 +831,9 @@ inline std::optional<std::string> study_length_svg(study::study_result const& r,
     auto const pt = detail::ticks(dp[0], dp[1], 5);
     for (double t : pt) pl.push_back(detail::label(t));
     detail::study_y_ticks(doc, sx.r1, sp, pt, pl, true);
+    double const ry = (sp.r0 + sp.r1) / 2, rx = f.width - 14;
+    doc.text(rx, ry, "plasticity (AP)", "middle",
+             "class=\"ylabel-right\" transform=\"rotate(90 " + detail::px(rx) + " " + detail::px(ry) + ")\"");
     for (auto [cls, v, s, c] : {std::tuple{"score", &score, &ss, "#1f77b4"}, std::tuple{"plasticity", &plast, &sp, "#ff7f0e"}}) {
         doc.gapped_path(xs, *v, sx, *s, cls, c, 2.0, "data-values=\"" + detail::study_join(*v) + "\"");
         for (std::size_t i = 0; i < xs.size(); ++i)
