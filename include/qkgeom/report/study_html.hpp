@@ -10,6 +10,7 @@
 
 #include <qkgeom/report/html.hpp>
 #include <qkgeom/report/study_svg.hpp>
+#include <qkgeom/study/tables.hpp>
 #include <qkgeom/study/types.hpp>
 
 #include <array>
@@ -38,18 +39,6 @@ namespace detail {
 /// The model-level metrics of the runs table (value [lo, hi]).
 inline constexpr std::array<std::string_view, 7> study_table_metrics{
     "ap_overall", "ap_first_20pct", "ap_last_20pct", "ap_drop", "bias_strength", "abs_r_k_a", "abs_r_q_a"};
-
-/// A run's status as the tables write it.
-inline std::string_view study_status_name(study::run_status s) {
-    switch (s) {
-        case study::run_status::analysed: return "analysed";
-        case study::run_status::cached: return "cached";
-        case study::run_status::read: return "read";
-        case study::run_status::given: return "given";
-        case study::run_status::failed: break;
-    }
-    return "failed";
-}
 
 inline std::string study_td(std::string_view text) { return "<td>" + xml_escape(text) + "</td>"; }
 
@@ -82,7 +71,7 @@ inline void study_runs_html(std::string& s, study::study_result const& r, study_
                    name + "</a>";
         s += "<tr class=\"run\"><td>" + name + "</td>" + study_td(study_family_of(run)) + study_td(study_model_of(run)) +
              study_td(run.spec.ckpt.phase) + study_td(study_checkpoint_text(run.spec.ckpt));
-        std::string status(study_status_name(run.status));
+        std::string status(study::to_string(run.status));
         if (!run.message.empty()) status += ": " + run.message;
         s += "<td class=\"status\" style=\"text-align:left\">" + xml_escape(status) + "</td><td>" +
              std::to_string(run.n_heads) + "</td>";

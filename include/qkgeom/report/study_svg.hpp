@@ -501,7 +501,7 @@ inline void study_bias_changes(svg_doc& doc, study::study_result const& r,
     }
     auto const yd = study_domain(e, true);
     scale const sy{yd[0], yd[1], y_bottom, y_top};
-    doc.begin_plot(sx, sy, {}, ticks(yd[0], yd[1], 4), "", "Δ log, step to step");
+    doc.begin_plot(sx, sy, {}, ticks(yd[0], yd[1], 4), "", "Δ ln, step to step");
     doc.raw("<g class=\"decomposition\" data-y-domain=\"" + study_num(yd[0]) + " " + study_num(yd[1]) +
             "\" data-y-pixels=\"" + study_num(y_bottom) + " " + study_num(y_top) + "\">\n");
     doc.line(sx.r0, sy(0.0), sx.r1, sy(0.0), "#333333", 1.0, "class=\"zero\"");
