@@ -378,12 +378,17 @@ TEST_CASE("study read: read_csv parses RFC 4180 and numbers strictly", "[study][
         CHECK(contains(e.what(), "header's 3"));
         write_text(f, "a,b\n1,2\n\n3,4\n");  // a blank line is a one-field row, not skipped
         CHECK(error_of([&] { (void)st::read_csv(f); }).field() == "line 3");
+        write_text(f, "a,b\n1,2\n\"x\ny\",2,3,4\n");  // too many fields: fails at the third, names the row's line
+        auto const more = error_of([&] { (void)st::read_csv(f); });
+        CHECK(more.field() == "line 3");
+        CHECK(more.value() == "more than 2");
     }
     SECTION("malformed quoting, bare CR, duplicated or missing header") {
         struct bad_case {
             std::string text, field, value;
         };
-        for (auto const& c : {bad_case{"a,b\n1,\"2\n", "line 2", "2\n"}, bad_case{"a\nab\"c\n", "line 2", "ab\""},
+        for (auto const& c : {bad_case{"a,b\n1,\"2\n", "line 2", "2\n"},
+                              bad_case{"a\n\"" + std::string(100, 'z'), "line 2", std::string(64, 'z') + "..."}, bad_case{"a\nab\"c\n", "line 2", "ab\""},
                               bad_case{"a\n\"x\"y\n", "line 2", "y"}, bad_case{"a\n1\r2\n", "line 2", "\r"},
                               bad_case{"a,b,a\n", "line 1", "a"}, bad_case{"", "line 1", ""}}) {
             write_text(f, c.text);

@@ -111,13 +111,16 @@ namespace detail {
     qkgeom::detail::fail_input(file.string(), "line " + std::to_string(line), value, problem);
 }
 
+/// At most the first 64 bytes of a field, for messages.
+inline std::string excerpt(std::string const& s) { return s.size() <= 64 ? s : s.substr(0, 64) + "..."; }
+
 /// A quoted field from its opening quote at `i`: appends its text (doubled
 /// quotes undone) to `field`, counts its line ends, returns the closing quote's index.
 inline std::size_t quoted_field(std::string_view text, std::size_t i, std::filesystem::path const& file,
                                 std::int64_t& line, std::string& field) {
     std::int64_t const opened = line;
     for (std::size_t j = i + 1;; ++j) {
-        if (j >= text.size()) fail_line(file, opened, field, "quoted field never closed");
+        if (j >= text.size()) fail_line(file, opened, excerpt(field), "quoted field never closed");
         if (text[j] == '"') {
             if (j + 1 >= text.size() || text[j + 1] != '"') return j;
             ++j;  // a doubled quote stands for one
@@ -128,14 +131,20 @@ inline std::size_t quoted_field(std::string_view text, std::size_t i, std::files
 }
 
 /// The RFC 4180 state machine: the records of `text`, each handed to
-/// `end_record(fields, first_line)`; the last line end is optional.
+/// `end_record(fields, first_line)`; the last line end is optional. A record
+/// with more than `max_fields` fields (0: no limit) fails as soon as it has
+/// one too many, so that a ragged file never holds more than one such row.
 template <class F>
-void split_csv(std::string_view text, std::filesystem::path const& file, F&& end_record) {
+void split_csv(std::string_view text, std::filesystem::path const& file, std::size_t const& max_fields,
+               F&& end_record) {
     std::vector<std::string> fields;
     std::string field;
     std::int64_t line = 1, start = 1;
     bool at_start = true, pending = false;  // at a field's first character; a record is open
     auto const end_field = [&] {
+        if (max_fields != 0 && fields.size() == max_fields)
+            fail_line(file, start, "more than " + std::to_string(max_fields),
+                      "field count differs from the header's " + std::to_string(max_fields));
         fields.push_back(std::move(field));
         field.clear();
     };
@@ -163,7 +172,7 @@ void split_csv(std::string_view text, std::filesystem::path const& file, F&& end
             at_start = true;
             pending = false;
         } else if (c == '"') {
-            fail_line(file, line, field + '"', "double quote inside an unquoted field");
+            fail_line(file, line, excerpt(field + '"'), "double quote inside an unquoted field");
         } else {
             field += c;
         }
@@ -218,12 +227,14 @@ inline csv_table parse_csv(std::string_view text, std::filesystem::path const& f
     csv_table t;
     t.file = file;
     bool header = true;
-    detail::split_csv(text, file, [&](std::vector<std::string>& fields, std::int64_t line) {
+    std::size_t max_fields = 0;  // the header's count, once read
+    detail::split_csv(text, file, max_fields, [&](std::vector<std::string>& fields, std::int64_t line) {
         if (header) {
             std::set<std::string_view> seen;
             for (auto const& c : fields)
                 if (!seen.insert(c).second) detail::fail_line(file, line, c, "duplicated column name");
             t.columns = std::move(fields);
+            max_fields = t.columns.size();
             header = false;
             return;
         }
@@ -238,7 +249,8 @@ inline csv_table parse_csv(std::string_view text, std::filesystem::path const& f
 }
 
 /// \brief Read a CSV file (RFC 4180, see parse_csv). Memory is bounded by the
-/// file's size (the bytes, then the fields).
+/// file's size: its bytes, then the fields (one std::string each, so at most
+/// a few dozen bytes per byte of a file of empty fields).
 /// \param[in] file the file.
 /// \param[in] max_bytes files larger than this are rejected before reading (default 4 GiB).
 /// \returns the header and the rows.
