@@ -877,13 +877,13 @@ inline std::optional<std::string> study_heads_svg(study::study_result const& r, 
         if (cnt[k] > 0) mean[k] = sum[k] / double(cnt[k]);
         names.push_back(ht.runs[k] < r.runs.size() ? r.runs[ht.runs[k]].spec.name : "?");
     }
-    svg_frame const f = detail::study_frame(opt, 120, 60);
+    svg_frame const f = detail::study_frame(opt, 150, 60);
     auto const yd = opt.y_domain ? *opt.y_domain : detail::study_domain(ey);
     detail::scale const sx{-0.5, double(n) - 0.5, f.left, f.width - f.right};
     detail::scale const sy{yd[0], yd[1], f.height - f.bottom, f.top};
     detail::svg_doc doc(f, ht.metric + " per head — " + ht.model,
                         detail::plural(ht.heads.size(), "head") + " present in every checkpoint; grey: one head, red: mean over heads");
-    doc.begin_plot(sx, sy, {}, detail::ticks(yd[0], yd[1], 5), "", ht.metric);
+    doc.begin_plot(sx, sy, {}, detail::ticks(yd[0], yd[1], 5), "checkpoint (run), in training order", ht.metric);
     detail::study_category_ticks(doc, sx, sy, names);
     for (std::size_t h = 0; h < ht.heads.size() && h < ht.values.size(); ++h) {
         std::vector<double> v(n, study::nan);
