@@ -1,22 +1,37 @@
-# cli.demo: a one-layer demo run writes every report of every family, and the
-# families come out in the planted order of positional drift (AP_drop rises
-# from steady to steep).
+# cli.demo: a one-layer demo run writes the study (docs/study.md#the-demo):
+# every run's reports, every study table and picture, index.html; the families
+# come out in the planted order of positional drift (AP_drop rises from steady
+# to steep at every checkpoint), and bias_strength rises over the first three
+# checkpoints and collapses at the fourth (the planted key drift 0.5, 1, 1.5,
+# 0.2 times the family's).
 file(REMOVE_RECURSE "${OUT}")
 execute_process(COMMAND "${QKGEOM}" demo -o "${OUT}" --layers 1 --jobs 2 --quiet
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "qkgeom demo failed (${rc}):\n${out}\n${err}")
 endif()
+set(steps 1000 2000 3000 4000)
 foreach(model steady moderate steep)
-  foreach(f head_metrics.csv head_bucket_plasticity.csv head_component_weights.csv qk_pca.csv model_report.csv
-            layer_report.csv plasticity_profile.svg plasticity_heatmap.svg component_weights.svg
-            taxonomy_scatter.svg)
-    if(NOT EXISTS "${OUT}/${model}/${f}" OR IS_DIRECTORY "${OUT}/${model}/${f}")
-      message(FATAL_ERROR "qkgeom demo did not write ${OUT}/${model}/${f}")
+  foreach(step ${steps})
+    foreach(f head_metrics.csv head_bucket_plasticity.csv head_profile.csv head_component_weights.csv qk_pca.csv
+              model_report.csv layer_report.csv plasticity_profile.svg plasticity_heatmap.svg component_weights.svg
+              taxonomy_scatter.svg)
+      if(NOT EXISTS "${OUT}/runs/${model}@${step}/${f}" OR IS_DIRECTORY "${OUT}/runs/${model}@${step}/${f}")
+        message(FATAL_ERROR "qkgeom demo did not write ${OUT}/runs/${model}@${step}/${f}")
+      endif()
+    endforeach()
+  endforeach()
+  foreach(f study_trajectory_${model}.svg study_bias_${model}.svg study_heads_${model}_ap_drop.svg
+            study_length_demo_score_${model}.svg)
+    if(NOT EXISTS "${OUT}/${f}")
+      message(FATAL_ERROR "qkgeom demo did not write ${OUT}/${f}")
     endif()
   endforeach()
 endforeach()
-foreach(f summary.txt index.html model_comparison.svg)
+foreach(f summary.txt index.html study_models.csv study_profiles.csv study_trajectory.csv study_taxonomy.csv
+          study_depth.csv study_correlations.csv study_length.csv study_head_trajectories.csv
+          study_profile_quintile.svg study_profile_decile.svg study_profile_tokens.svg study_taxonomy.svg
+          study_depth_ap_drop.svg study_scatter_ap_drop_demo_score.svg)
   if(NOT EXISTS "${OUT}/${f}")
     message(FATAL_ERROR "qkgeom demo did not write ${OUT}/${f}")
   endif()
@@ -25,19 +40,41 @@ foreach(f summary.txt index.html model_comparison.svg)
     message(FATAL_ERROR "qkgeom demo wrote an empty ${OUT}/${f}")
   endif()
 endforeach()
-# ap_drop is the 5th number of each model line of the table.
-set(drops "")
-foreach(model steady moderate steep)
-  string(REGEX MATCH "${model} +[0-9]+ +[-0-9.na]+ +[-0-9.na]+ +[-0-9.na]+ +([-0-9.na]+)" m "${out}")
+# The run table: ap_drop is the 5th number and bias_strength the 6th of each run line.
+function(run_numbers run outdrop outbias)
+  string(REGEX MATCH "${run} +read +[0-9]+ +[-0-9.na]+ +[-0-9.na]+ +[-0-9.na]+ +([-0-9.na]+) +([-0-9.e+na]+)" m "${out}")
   if(NOT m)
-    message(FATAL_ERROR "no ${model} line in the demo table:\n${out}")
+    message(FATAL_ERROR "no ${run} line in the demo table:\n${out}")
   endif()
-  list(APPEND drops "${CMAKE_MATCH_1}")
+  set(${outdrop} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+  set(${outbias} "${CMAKE_MATCH_2}" PARENT_SCOPE)
+endfunction()
+foreach(step ${steps})
+  set(drops "")
+  foreach(model steady moderate steep)
+    run_numbers("${model}@${step}" d b)
+    list(APPEND drops "${d}")
+  endforeach()
+  list(GET drops 0 d0)
+  list(GET drops 1 d1)
+  list(GET drops 2 d2)
+  if(NOT (d0 LESS d1 AND d1 LESS d2))
+    message(FATAL_ERROR "AP_drop should rise steady < moderate < steep at step ${step}, got ${drops}:\n${out}")
+  endif()
+  message(STATUS "demo AP_drop at ${step}: ${drops}")
 endforeach()
-list(GET drops 0 d0)
-list(GET drops 1 d1)
-list(GET drops 2 d2)
-if(NOT (d0 LESS d1 AND d1 LESS d2))
-  message(FATAL_ERROR "AP_drop should rise steady < moderate < steep, got ${drops}:\n${out}")
-endif()
-message(STATUS "demo AP_drop: ${drops}")
+foreach(model steady moderate steep)
+  set(bias "")
+  foreach(step ${steps})
+    run_numbers("${model}@${step}" d b)
+    list(APPEND bias "${b}")
+  endforeach()
+  list(GET bias 0 b0)
+  list(GET bias 1 b1)
+  list(GET bias 2 b2)
+  list(GET bias 3 b3)
+  if(NOT (b0 LESS b1 AND b1 LESS b2 AND b3 LESS b2))  # LESS compares the texts as doubles
+    message(FATAL_ERROR "${model}: bias_strength should rise over three checkpoints then collapse, got ${bias}")
+  endif()
+  message(STATUS "demo ${model} bias_strength: ${bias}")
+endforeach()

@@ -6,6 +6,7 @@
 //   qkgeom synth DIR [options]     write one synthetic family as a capture in
 //                                  the dataset layout (docs/dataset.md)
 //   qkgeom analyze DIR -o OUT      analyse every head of a capture directory
+//   qkgeom study FILE -o OUT       a study: many runs, tables and pictures
 //   qkgeom --help
 //
 // Heads are analysed in parallel (--jobs, default: all cores); each worker
@@ -19,6 +20,7 @@
 //   generate.cpp              the synthetic generator (qkgeom/synthetic.hpp)
 //   generate_parts.cpp        its rows and ground truth, instantiated once
 //   analyze.cpp               qkgeom analyze: a capture directory
+//   study_command.cpp         qkgeom study, and the study report the demo shares
 //   reports.cpp               the model table, pictures and index.html
 //   analysis.cpp              analyze_head for the program's two row types
 //   instantiate_*.cpp         the analysis engines, once (qkgeom/extern_templates.hpp)
@@ -34,7 +36,6 @@
 #include <exception>
 #include <iostream>
 #include <map>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -47,8 +48,9 @@ namespace {
 constexpr char const* usage_text = R"(qkgeom — how position and content compete inside attention heads
 
 Usage:
-  qkgeom demo -o OUT [options]   analyse the embedded synthetic study and write
-                                 its reports to OUT/<model>/ (no input needed)
+  qkgeom demo -o OUT [options]   analyse the embedded synthetic study (three
+                                 families x four checkpoints) and write it as a
+                                 study to OUT/ (no input needed)
   qkgeom synth DIR [options]     write one family of the study as a capture in
                                  the dataset layout of docs/dataset.md
   qkgeom analyze DIR -o OUT      analyse every query head of the capture in DIR
@@ -58,6 +60,13 @@ Usage:
                                  the reports to OUT/; a head that fails to read
                                  is listed in OUT/failures.txt and the others go
                                  on (exit status 3), unless --strict
+  qkgeom study FILE -o OUT       analyse every run of a study file (docs/study.md:
+                                 models, checkpoints, benchmark scores) once,
+                                 cached in OUT/cache by capture content and
+                                 options, and write the study's tables, pictures
+                                 and index.html to OUT/; a run that fails is
+                                 listed in OUT/failures.txt and the others go on
+                                 (exit status 3)
   qkgeom merge SHARD... -o FILE  merge moments shards of one head (written by
                                  qkgeom::save_moments, docs/moments.md) into one
                                  shard FILE, validating each; prints the counts
@@ -72,19 +81,25 @@ Exit status: 0 success; 1 the run failed (one line on stderr naming the file,
 field and value; the old OUT is left as it was); 2 usage error; 3 some heads
 failed (each listed in OUT/failures.txt, the others reported).
 
-The demo study: three synthetic model families (steady, moderate, steep) of
-4 layers x 8 query heads (GQA, 2 kv heads), d = 64 (32 rotary coordinates,
-RoPE theta 10000), 96 sequences of 4096 tokens, uniform buckets of 256 tokens,
-about one kept token per bucket per sequence (method §0.1). The families differ
-in positional drift and content strength, like the thesis' three families.
+The demo study: three synthetic model families (steady, moderate, steep), each
+through four checkpoints (steps 1000..4000: pre-train, pre-train, anneal,
+long-context) whose key drift grows, then collapses; 4 layers x 8 query heads
+(GQA, 2 kv heads) per run, d = 64 (32 rotary coordinates, RoPE theta 10000), 96
+sequences of 4096 tokens, uniform buckets of 256 tokens, about one kept token
+per bucket per sequence (method §0.1). Its benchmark 'demo_score' is made up.
 
-Reports per model (docs/outputs.md): head_metrics.csv, head_bucket_plasticity.csv,
-head_component_weights.csv, qk_pca.csv, model_report.csv, layer_report.csv; and
-OUT/summary.txt, the model table printed at the end.
+Reports of analyze, and of each demo run in OUT/runs/<run>/ (docs/outputs.md):
+head_metrics.csv, head_bucket_plasticity.csv, head_profile.csv,
+head_component_weights.csv, qk_pca.csv, model_report.csv, layer_report.csv.
 Pictures (docs/pictures.md) next to the CSVs: plasticity_profile.svg,
-plasticity_heatmap.svg, component_weights.svg, taxonomy_scatter.svg per model;
-OUT/model_comparison.svg; and OUT/index.html, a page (no scripts) with the
-model table, every picture and links to every CSV. --no-pictures skips them.
+plasticity_heatmap.svg, component_weights.svg, taxonomy_scatter.svg; analyze
+also writes OUT/model_comparison.svg and OUT/index.html.
+Study reports (study, demo; docs/study.md): OUT/study_*.csv (models with
+bootstrap intervals, profiles, trajectory and bias decomposition, taxonomy,
+layer depth, correlations with exact permutation p-values, per length, per-head
+trajectories), the study pictures (docs/study-pictures.md) and OUT/index.html.
+OUT/summary.txt holds the table printed at the end. --no-pictures skips the
+pictures and index.html.
 
 Options (defaults are the thesis'; method section in brackets, docs/method.md):
   -o, --out DIR              output directory (required)
@@ -176,12 +191,6 @@ E parse_policy(std::string const& flag, std::string const& v) {
     usage_error(flag + ": '" + v + "' is not one of " + qkgeom::policy_choices_text<E>());
 }
 
-/// The command-line spelling of a policy value.
-template <class E>
-std::string name_of(E e) {
-    return std::string(qkgeom::policy_name(e));
-}
-
 }  // namespace
 
 cli parse(int argc, char** argv) {
@@ -193,7 +202,8 @@ cli parse(int argc, char** argv) {
         std::exit(0);
     }
     c.command = args[0];
-    if (c.command != "demo" && c.command != "synth" && c.command != "analyze" && c.command != "merge")
+    if (c.command != "demo" && c.command != "synth" && c.command != "analyze" && c.command != "merge" &&
+        c.command != "study")
         usage_error("unknown command '" + c.command + "'");
     c.command_line = "qkgeom";
     for (auto const& a : args) c.command_line += " " + shell_quoted(a);
@@ -253,7 +263,8 @@ cli parse(int argc, char** argv) {
         else usage_error("unknown option '" + a + "'");
     }
     if (c.command == "merge" && c.inputs.empty()) usage_error("merge needs at least one SHARD");
-    if (c.command != "demo" && c.command != "merge" && c.dir.empty()) usage_error(c.command + " needs DIR");
+    if (c.command != "demo" && c.command != "merge" && c.dir.empty())
+        usage_error(c.command + (c.command == "study" ? " needs STUDY_FILE" : " needs DIR"));
     if (c.command != "synth" && c.out.empty()) usage_error(c.command + " needs -o OUT");
     if (!(o.pca.thresholds.low >= 0 && o.pca.thresholds.low <= o.pca.thresholds.high && o.pca.thresholds.high <= 1))
         usage_error("--low/--high: need 0 <= low <= high <= 1");
@@ -263,21 +274,7 @@ cli parse(int argc, char** argv) {
 }
 
 std::vector<std::pair<std::string, std::string>> run_record(cli const& c) {
-    auto const& o = c.opt;
-    auto num = [](double x) {
-        std::ostringstream os;
-        os << x;
-        return os.str();
-    };
-    std::string opts = "components=" + std::to_string(o.pca.n_components) + " sign=" + name_of(o.pca.sign) +
-                       " low=" + num(o.pca.thresholds.low) + " high=" + num(o.pca.thresholds.high) +
-                       " separation=" + name_of(o.rotation.separation) + " semantic=" + name_of(o.householder.model) +
-                       " diagnostics=" + (o.diagnostics ? "on" : "off") + " ks_alpha=" + num(o.ks_alpha) +
-                       " pairs=" + name_of(o.plasticity.pairs) + " weighting=" + name_of(o.plasticity.weighting) +
-                       " enumeration=" + name_of(o.plasticity.enumeration) +
-                       " max_exact_pairs=" + std::to_string(o.plasticity.max_exact_pairs) +
-                       " samples=" + std::to_string(o.plasticity.samples_per_cell) +
-                       " seed=" + std::to_string(o.plasticity.seed) +
+    std::string opts = qkgeom::options_text(c.opt) +
                        " window=" + (c.window >= 0 ? std::to_string(c.window) : std::string("capture")) +
                        " context=" + (c.context > 0 ? std::to_string(c.context) : std::string("capture")) +
                        " pictures=" + (c.pictures ? "on" : "off") + " strict=" + (c.strict ? "on" : "off");
@@ -311,6 +308,7 @@ int main(int argc, char** argv) {
         if (c.command == "synth") return qkgeom_app::run_synth(c);
         if (c.command == "analyze") return qkgeom_app::run_analyze(c);
         if (c.command == "merge") return qkgeom_app::run_merge(c);
+        if (c.command == "study") return qkgeom_app::run_study_command(c);
         return qkgeom_app::run_demo(c);
     } catch (std::exception const& e) {
         std::cerr << "qkgeom: error: " << qkgeom_app::one_line(e.what()) << "\n";

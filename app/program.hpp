@@ -5,6 +5,7 @@
 #include <qkgeom/head.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/parallel.hpp>
+#include <qkgeom/study/compute.hpp>
 #include <qkgeom/synthetic.hpp>
 
 #include <Eigen/Core>
@@ -128,6 +129,18 @@ int run_synth(cli const& c);
 int run_analyze(cli const& c);
 int run_demo(cli const& c);
 int run_merge(cli const& c);
+int run_study_command(cli const& c);
+
+/// The study report (study_command.cpp): the tables, pictures, index.html and
+/// summary.txt of a study into `folder`, committed; prints the run table.
+/// Returns the exit status (3 when a run failed).
+int write_study_report(cli const& c, qkgeom::study::study_spec const& spec,
+                       std::vector<qkgeom::study::run_outcome> const& outcomes, output_folder& folder,
+                       std::string const& intro);
+/// One run's reports (reports.cpp): the CSVs of docs/outputs.md and, when
+/// pictures are on, the model's pictures, into `dir`.
+void write_run_reports(std::filesystem::path const& dir, std::string const& name,
+                       std::vector<qkgeom::head_analysis> const& heads, cli const& c);
 
 /// The command line's overrides of a head's capture facts: --context replaces
 /// the context length; --window applies to heads whose capture records none.

@@ -70,7 +70,7 @@ namespace {
 /// The CSV names written by write_reports, each prefixed with `dir`.
 std::vector<std::string> csv_links(std::string const& dir) {
     std::vector<std::string> out;
-    for (auto f : {qkgeom::report::head_metrics_file, qkgeom::report::head_bucket_plasticity_file,
+    for (auto f : {qkgeom::report::head_metrics_file, qkgeom::report::head_bucket_plasticity_file, qkgeom::report::head_profile_file,
                    qkgeom::report::head_component_weights_file, qkgeom::report::qk_pca_file,
                    qkgeom::report::model_report_file, qkgeom::report::layer_report_file})
         out.push_back(dir + std::string(f));
@@ -122,6 +122,15 @@ void report_page::finish(std::filesystem::path const& out, std::vector<std::stri
         out / std::string(qkgeom::report::model_comparison_svg_file), entries, impl_->popt)));
     impl_->page.files = files;
     qkgeom::report::write_index_html(out / std::string(qkgeom::report::index_html_file), impl_->page);
+}
+
+void write_run_reports(std::filesystem::path const& dir, std::string const& name,
+                       std::vector<qkgeom::head_analysis> const& heads, cli const& c) {
+    qkgeom::report::write_reports(dir, name, heads);
+    if (!c.pictures) return;
+    qkgeom::report::picture_options popt;
+    popt.thresholds = c.opt.pca.thresholds;
+    qkgeom::report::write_pictures(dir, qkgeom::report::collect_pictures(name, heads), popt);
 }
 
 }  // namespace qkgeom_app

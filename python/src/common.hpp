@@ -146,5 +146,6 @@ void bind_analysis(py::module_& m);
 void bind_analyze(py::module_& m);
 void bind_io(py::module_& m);
 void bind_dataset(py::module_& m);
+void bind_study(py::module_& m);
 
 }  // namespace qkgeom_py

@@ -63,4 +63,5 @@ PYBIND11_MODULE(_qkgeom, m) {
     qkgeom_py::bind_analyze(m);
     qkgeom_py::bind_io(m);
     qkgeom_py::bind_dataset(m);
+    qkgeom_py::bind_study(m);
 }

@@ -34,10 +34,10 @@ struct run_outcome {
 };
 
 /// \brief The default token-range edges: 0, then powers of two from the
-/// smallest one above the smallest τ_b up to the smallest one reaching the
+/// smallest one above the smallest τ_b up to the smallest one above the
 /// largest τ_b, at most 8 ranges (docs/study.md#profiles).
-/// \param[in] tau_min smallest τ_b over the study's heads
-/// \param[in] tau_max largest τ_b over the study's heads
+/// \param[in] tau_min smallest τ_b with a finite AP_b over the study's heads
+/// \param[in] tau_max largest such τ_b
 /// \returns the edges; empty when no head has a profile (tau_max not finite).
 inline std::vector<double> default_token_edges(double tau_min, double tau_max) {
     if (!std::isfinite(tau_min) || !std::isfinite(tau_max)) return {};
@@ -338,7 +338,7 @@ inline void head_trajectories(study_spec const& spec, std::vector<run_outcome> c
         for (auto const& o : outcomes)
             for (auto const& h : o.heads.heads)
                 for (auto const& p : h.profile)
-                    if (std::isfinite(p.tau)) lo = std::min(lo, p.tau), hi = std::max(hi, p.tau);
+                    if (std::isfinite(p.tau) && std::isfinite(p.ap)) lo = std::min(lo, p.tau), hi = std::max(hi, p.tau);
         r.token_edges = default_token_edges(lo, hi);
     }
     for (std::size_t i = 0; i < spec.runs.size(); ++i) {

@@ -1,0 +1,123 @@
+// qkgeom program — `qkgeom study STUDY_FILE -o OUT`: every run of a study
+// file analysed once (cached by capture content and options) and compared in
+// tables, pictures and one index.html (docs/study.md); and the report writer
+// the demo shares.
+#include "program.hpp"
+
+#include <qkgeom/report/csv.hpp>
+#include <qkgeom/report/study_html.hpp>
+#include <qkgeom/report/study_svg.hpp>
+#include <qkgeom/study/run.hpp>
+#include <qkgeom/study/spec.hpp>
+#include <qkgeom/study/tables.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace qkgeom_app {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = qkgeom::study;
+
+std::string number(double x, char const* fmt) {
+    if (!std::isfinite(x)) return "nan";
+    char b[64];
+    std::snprintf(b, sizeof b, fmt, x);
+    return b;
+}
+
+/// The run table of summary.txt and stdout: one line per run.
+std::string run_table(st::study_result const& r) {
+    std::string text = "run                  status    heads  ap_overall  ap_first_20pct  ap_last_20pct  ap_drop  "
+                       "bias_strength\n";
+    for (auto const& run : r.runs) {
+        auto v = [&](char const* m) {
+            auto const it = run.metrics.find(m);
+            return it == run.metrics.end() ? qkgeom::study::nan : it->second.value;
+        };
+        char line[512];
+        std::snprintf(line, sizeof line, "%-20s %-8s %6lld  %10s  %14s  %13s  %7s  %13s\n", run.spec.name.c_str(),
+                      std::string(st::to_string(run.status)).c_str(), static_cast<long long>(run.n_heads),
+                      number(v("ap_overall"), "%.4f").c_str(), number(v("ap_first_20pct"), "%.4f").c_str(),
+                      number(v("ap_last_20pct"), "%.4f").c_str(), number(v("ap_drop"), "%.4f").c_str(),
+                      number(v("bias_strength"), "%.3g").c_str());
+        text += line;
+    }
+    return text;
+}
+
+}  // namespace
+
+int write_study_report(cli const& c, st::study_spec const& spec, std::vector<st::run_outcome> const& outcomes,
+                       output_folder& folder, std::string const& intro) {
+    fs::path const out = folder.staging();
+    auto const result = st::compute_study(spec, outcomes);
+    std::vector<std::string> tables;
+    for (auto const& t : st::study_tables(result)) {
+        st::write_table(out / t.file, t);
+        tables.push_back(t.file);
+    }
+    auto const record = run_record(c);
+    std::string const text = run_table(result);
+    std::string failures;
+    for (auto const& run : result.runs)
+        if (run.status == st::run_status::failed) failures += run.spec.name + ": " + one_line(run.message) + "\n";
+    tables.emplace_back("summary.txt");
+    if (!failures.empty()) {
+        write_text(out / "failures.txt", failures);
+        tables.emplace_back("failures.txt");
+    }
+    write_text(out / "summary.txt", run_record_text(record) + "# " + intro + "\n" + text);
+    if (c.pictures) {
+        qkgeom::report::study_page page;
+        page.title = spec.title.empty() ? "qkgeom study" : spec.title;
+        page.intro = intro;
+        page.run = record;
+        page.tables = tables;
+        page.pictures = qkgeom::report::write_study_pictures(out, result);
+        qkgeom::report::write_study_index_html(out / std::string(qkgeom::report::index_html_file), result, page);
+    }
+    folder.commit();
+    std::cout << text << "study written to " << folder.target().string() << "/\n";
+    if (!failures.empty()) {
+        std::cerr << "qkgeom: runs failed (listed in " << (folder.target() / "failures.txt").string() << "):\n"
+                  << failures;
+        return 3;
+    }
+    return 0;
+}
+
+int run_study_command(cli const& c) {
+    auto const spec = st::read_study(c.dir);
+    output_folder folder(c.out, report_marker, "-o");  // checked before any analysis
+    st::study_run_options o;
+    o.analysis = c.opt;
+    o.jobs = c.jobs;
+    o.context = c.context;
+    o.window = c.window;
+    o.cache = folder.staging() / "cache";
+    // The report this one replaces (output_folder checked its marker): its
+    // cache entries are reused when their key matches.
+    std::error_code ec;
+    if (fs::is_directory(folder.target() / "cache", ec)) o.previous_caches.push_back(folder.target() / "cache");
+    o.analyzer = [](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& opt) {
+        return analyze(h, opt);
+    };
+    o.on_run = [&](std::size_t i, st::run_outcome const& r) {
+        if (c.quiet) return;
+        std::cerr << "qkgeom: run " << spec.runs[i].name << ": " << st::to_string(r.status)
+                  << (r.message.empty() ? "" : " (" + one_line(r.message) + ")") << "\n";
+    };
+    auto const outcomes = st::run_all(spec, o);
+    std::string const intro = "qkgeom study of " + c.dir.string() + ": " + std::to_string(spec.runs.size()) + " runs.";
+    return write_study_report(c, spec, outcomes, folder, intro);
+}
+
+}  // namespace qkgeom_app
