@@ -72,14 +72,15 @@ Usage:
                                  shard FILE, validating each; prints the counts
   qkgeom --help                  this text
 
-Output folders (-o OUT of demo and analyze, DIR of synth) must be absent, empty,
-or a folder an earlier qkgeom run wrote (it holds .qkgeom-report or
-.qkgeom-capture); they are checked before any analysis, written next to the
+Output folders (-o OUT of demo, analyze and study, DIR of synth) must be
+absent, empty, or a folder an earlier qkgeom run wrote (it holds .qkgeom-report
+or .qkgeom-capture); they are checked before any analysis, written next to the
 target and swapped in at the end, so a folder never mixes two runs. summary.txt
 and index.html record the command line, the input and the options.
 Exit status: 0 success; 1 the run failed (one line on stderr naming the file,
 field and value; the old OUT is left as it was); 2 usage error; 3 some heads
-failed (each listed in OUT/failures.txt, the others reported).
+(analyze) or runs (study) failed (each listed in OUT/failures.txt, the others
+reported).
 
 The demo study: three synthetic model families (steady, moderate, steep), each
 through four checkpoints (steps 1000..4000: pre-train, pre-train, anneal,

@@ -276,7 +276,8 @@ def thin_capture(cap):
 # --------------------------------------------------------------------------
 # reports
 # --------------------------------------------------------------------------
-PER_HEAD_CSVS = ["head_metrics.csv", "head_bucket_plasticity.csv", "head_component_weights.csv", "qk_pca.csv"]
+PER_HEAD_CSVS = ["head_metrics.csv", "head_bucket_plasticity.csv", "head_profile.csv", "head_component_weights.csv",
+                 "qk_pca.csv"]
 
 
 def read_csv(path):

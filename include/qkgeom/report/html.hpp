@@ -102,6 +102,24 @@ inline void links_html(std::string& s, std::vector<std::string> const& files) {
     s += "</ul>\n";
 }
 
+/// The start of a report page up to and including <body>: doctype, charset,
+/// the escaped title and the pages' style sheet (index.html and the study
+/// page share it).
+inline std::string page_head(std::string_view title) {
+    return "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" + xml_escape(title) +
+           "</title>\n<style>\n"
+           "body{font-family:\"DejaVu Sans\",Arial,Helvetica,sans-serif;margin:24px;color:#111;background:#fff}\n"
+           "table{border-collapse:collapse;font-size:13px;margin:12px 0}\n"
+           "th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}\n"
+           "th:first-child,td:first-child{text-align:left}\n"
+           "th{background:#f2f2f2}\n"
+           "figure{display:inline-block;margin:8px 12px 16px 0;vertical-align:top}\n"
+           "figure img{border:1px solid #ddd;display:block}\n"
+           "figcaption{font-size:12px;color:#444;max-width:720px}\n"
+           ".files{font-size:13px}\n"
+           "</style>\n</head>\n<body>\n";
+}
+
 }  // namespace detail
 
 /// \brief The HTML text of the page: title, intro, the model table (one row
@@ -113,20 +131,8 @@ inline void links_html(std::string& s, std::vector<std::string> const& files) {
 /// \returns the complete HTML document.
 inline std::string index_html(html_page const& page) {
     using detail::xml_escape;
-    std::string s;
-    s += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
-    s += "<title>" + xml_escape(page.title) + "</title>\n";
-    s += "<style>\n"
-         "body{font-family:\"DejaVu Sans\",Arial,Helvetica,sans-serif;margin:24px;color:#111;background:#fff}\n"
-         "table{border-collapse:collapse;font-size:13px;margin:12px 0}\n"
-         "th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}\n"
-         "th:first-child,td:first-child{text-align:left}\n"
-         "th{background:#f2f2f2}\n"
-         "figure{display:inline-block;margin:8px 12px 16px 0;vertical-align:top}\n"
-         "figure img{border:1px solid #ddd;display:block}\n"
-         "figcaption{font-size:12px;color:#444;max-width:720px}\n"
-         ".files{font-size:13px}\n"
-         "</style>\n</head>\n<body>\n";
+    std::string s = detail::page_head(page.title);
+
     s += "<h1>" + xml_escape(page.title) + "</h1>\n";
     if (!page.intro.empty()) s += "<p>" + xml_escape(page.intro) + "</p>\n";
 

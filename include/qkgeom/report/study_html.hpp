@@ -161,19 +161,7 @@ inline void study_trajectory_html(std::string& s, study::study_result const& r) 
 inline std::string study_index_html(study::study_result const& r, study_page const& page) {
     using detail::xml_escape;
     std::string const title = page.title.empty() ? (r.title.empty() ? "qkgeom study" : r.title) : page.title;
-    std::string s = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
-                    xml_escape(title) + "</title>\n";
-    s += "<style>\n"
-         "body{font-family:\"DejaVu Sans\",Arial,Helvetica,sans-serif;margin:24px;color:#111;background:#fff}\n"
-         "table{border-collapse:collapse;font-size:13px;margin:12px 0}\n"
-         "th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}\n"
-         "th:first-child,td:first-child{text-align:left}\n"
-         "th{background:#f2f2f2}\n"
-         "figure{display:inline-block;margin:8px 12px 16px 0;vertical-align:top}\n"
-         "figure img{border:1px solid #ddd;display:block}\n"
-         "figcaption{font-size:12px;color:#444;max-width:720px}\n"
-         ".files{font-size:13px}\n"
-         "</style>\n</head>\n<body>\n";
+    std::string s = detail::page_head(title);
     s += "<h1>" + xml_escape(title) + "</h1>\n";
     if (!page.intro.empty()) s += "<p>" + xml_escape(page.intro) + "</p>\n";
     if (!page.run.empty()) {
