@@ -94,8 +94,10 @@ int write_study_report(cli const& c, st::study_spec const& spec, std::vector<st:
     return 0;
 }
 
-int run_study_command(cli const& c) {
-    auto const spec = st::read_study(c.dir);
+int run_study_command(cli const& given) {
+    auto const spec = st::read_study(given.dir);
+    cli c = given;  // the study file's "options" win over the command line's (docs/study.md)
+    st::apply_study_options(spec, c.opt, c.context, c.window);
     output_folder folder(c.out, report_marker, "-o");  // checked before any analysis
     st::study_run_options o;
     o.analysis = c.opt;

@@ -14,6 +14,9 @@
 
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/dataset_analysis.hpp>
+#include <qkgeom/report/study_svg.hpp>
+#include <qkgeom/study/run.hpp>
+#include <qkgeom/study/tables.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -247,6 +250,75 @@ void bm_model_dataset_api(benchmark::State& st) {
     model_counters(st, m, m.pass_bytes());
 }
 BENCHMARK(bm_model_dataset_api)->ArgName("threads")->Arg(1)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+
+// --- a study of many runs (docs/study.md) -------------------------------------
+// N captures holding the benchmark model's files (hard links; each manifest
+// names another model, so every capture has its own content key and is
+// analysed), run by study::run_all into a fresh cache on one thread, then
+// the tables and the pictures. Its time against N × bm_model_dataset_api in
+// the same run is the study's overhead (target: at most 5%): hashing every
+// capture's bytes, writing and reading back the CSVs, the bootstrap
+// intervals, the tables and the pictures.
+struct study_captures {
+    std::filesystem::path root;
+    std::vector<std::filesystem::path> caps;
+    explicit study_captures(std::size_t n) {
+        auto const& ds = the_dataset();
+        root = ds.dir.parent_path() / (ds.dir.filename().string() + "_study");
+        std::filesystem::remove_all(root);
+        for (std::size_t i = 0; i < n; ++i) {
+            auto const dir = caps.emplace_back(root / ("cap" + std::to_string(i)));
+            std::filesystem::create_directories(dir);
+            for (auto const& e : std::filesystem::directory_iterator(ds.dir)) {
+                if (e.path().filename() == "manifest.json") continue;
+                std::error_code ec;
+                std::filesystem::create_hard_link(e.path(), dir / e.path().filename(), ec);
+                if (ec) std::filesystem::copy(e.path(), dir / e.path().filename(), std::filesystem::copy_options::recursive);
+            }
+            auto m = ds.manifest;
+            m.model = "bench" + std::to_string(i);
+            qkgeom::io::write_manifest(dir, m);
+        }
+    }
+    ~study_captures() {
+        std::error_code ec;
+        std::filesystem::remove_all(root, ec);
+    }
+    study_captures(study_captures const&) = delete;
+    study_captures& operator=(study_captures const&) = delete;
+};
+
+void bm_model_study(benchmark::State& st) {
+    auto const& m = the_model();
+    study_captures const caps(static_cast<std::size_t>(st.range(0)));
+    qkgeom::study::study_spec spec;
+    for (std::size_t i = 0; i < caps.caps.size(); ++i) {
+        qkgeom::study::run_spec r;
+        r.name = r.model = r.family = "run" + std::to_string(i);
+        r.capture = caps.caps[i];
+        r.index = i;
+        spec.runs.push_back(r);
+    }
+    qkgeom::study::study_run_options o;
+    o.analysis = cli_options(m.shape);
+    o.jobs = 1;
+    o.cache = caps.root / "cache";
+    auto const out = caps.root / "out";
+    for (auto _ : st) {
+        std::filesystem::remove_all(o.cache);
+        std::filesystem::remove_all(out);
+        std::filesystem::create_directories(out);
+        auto const outcomes = qkgeom::study::run_all(spec, o);
+        for (auto const& oc : outcomes)
+            if (oc.status != qkgeom::study::run_status::analysed) st.SkipWithError("study: a run was not analysed");
+        auto const result = qkgeom::study::compute_study(spec, outcomes);
+        for (auto const& t : qkgeom::study::study_tables(result)) qkgeom::study::write_table(out / t.file, t);
+        benchmark::DoNotOptimize(qkgeom::report::write_study_pictures(out, result).size());
+    }
+    st.counters["runs"] = double(st.range(0));
+    st.counters["heads"] = double(m.q.size()) * double(st.range(0));
+}
+BENCHMARK(bm_model_study)->ArgName("runs")->Arg(10)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
 // Reading the files alone (read_capture: parse, validate, widen to double).
 void bm_model_files_read_only(benchmark::State& st) {

@@ -115,6 +115,10 @@ def main():
     check("from page-cached files / from memory (2 threads)", fmt(r, "{:.2f}"), "<= 1.30", None if r is None else r <= 1.3)
     r = m1 / m2 if m1 and m2 else None
     check("whole model: 1-thread time / 2-thread time", fmt(r, "{:.2f}"), ">= 1.70", None if r is None else r >= 1.7)
+    api = get(rows, "bm_model_dataset_api/threads:1")
+    study = get(rows, "bm_model_study/runs:10")
+    r = study / (10 * api) if study and api else None
+    check("study of 10 runs / 10 analyses (1 thread)", fmt(r, "{:.3f}"), "<= 1.05", None if r is None else r <= 1.05)
     if args.peak_rss_kb is not None:
         gb = args.peak_rss_kb * 1024 / 1e9
         check(f"peak RSS, {args.peak_rss_label} (GB)", fmt(gb, "{:.2f}"), "<= 2.0", gb <= 2.0)

@@ -338,10 +338,18 @@ TEST_CASE("the cache: analysed once, again only for changed bytes or options; a 
     write_capture(spec.runs[1].capture, 99);
     fs::last_write_time(spec.runs[2].capture / "manifest.json", fs::file_time_type::clock::now());
     CHECK(statuses(st::run_all(spec, o)) == std::vector<S>{S::cached, S::analysed, S::cached, S::cached});
-    // Changing an option analyses every capture again.
+    // Changing an option analyses every capture again; so does the same
+    // option given in the study file ("options" win over the caller's), and
+    // then the entries made with it are found again.
     auto o2 = o;
     o2.analysis.plasticity.pairs = qkgeom::pair_policy::prefix;
     CHECK(statuses(st::run_all(spec, o2)) == std::vector<S>{S::analysed, S::analysed, S::analysed, S::analysed});
+    auto with_file_options = spec;
+    with_file_options.options = qkgeom::json::parse(R"({"pairs": "prefix"})");
+    CHECK(statuses(st::run_all(with_file_options, o)) == std::vector<S>{S::cached, S::cached, S::cached, S::cached});
+    with_file_options.options = qkgeom::json::parse(R"({"pairs": "prefix", "samples": 10, "enumeration": "sampled"})");
+    CHECK(statuses(st::run_all(with_file_options, o)) ==
+          std::vector<S>{S::analysed, S::analysed, S::analysed, S::analysed});
     // A fresh cache with the old one as previous: every entry is copied, none analysed.
     auto o3 = o;
     o3.cache = tmp.path / "cache2";
@@ -380,6 +388,11 @@ TEST_CASE("study file errors name the file, the field and the value", "[study]")
     e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}, "checkpoint": {"step": -3}}]})");
     CHECK(e.field() == "runs[0].checkpoint.step");
     CHECK(e.value() == "-3");
+    e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "options": {"pairs": "pairwise"}})");
+    CHECK(e.field() == "options.pairs");
+    CHECK(e.value() == "\"pairwise\"");
+    e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "options": {"low": 0.8, "high": 0.2}})");
+    CHECK(e.field() == "options.low, options.high");
     e = error_of(R"({"runs": []})");
     CHECK(e.field() == "runs");
     e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "token_edges": [0, 10, 10]})");

@@ -296,10 +296,11 @@ inline run_outcome capture_run(run_spec const& r, study_run_options const& o) {
 /// \brief Finds or makes every run's analysis. A run that fails (unreadable
 /// capture, a failed head, a bad analysis folder) is an outcome with status
 /// `failed` and its message; the others go on.
-/// \param[in] spec the study.
+/// \param[in] spec the study; its file's "options" replace those of `o` they name.
 /// \param[in] o the options.
 /// \returns one outcome per run, study order.
-[[nodiscard]] inline std::vector<run_outcome> run_all(study_spec const& spec, study_run_options const& o) {
+[[nodiscard]] inline std::vector<run_outcome> run_all(study_spec const& spec, study_run_options o) {
+    apply_study_options(spec, o.analysis, o.context, o.window);  // the file's options win
     std::vector<run_outcome> out;
     for (std::size_t i = 0; i < spec.runs.size(); ++i) {
         auto const& r = spec.runs[i];

@@ -8,6 +8,7 @@
 #include <qkgeom/errors.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/json.hpp>
+#include <qkgeom/policy_names.hpp>
 #include <qkgeom/study/read.hpp>
 #include <qkgeom/study/types.hpp>
 
@@ -199,6 +200,50 @@ inline benchmark read_benchmark(spec_reader const& rd, json::value const& v, std
     return b;
 }
 
+/// A policy option by name (the program's spelling), as input_error naming the field.
+template <class E>
+E policy_option(spec_reader const& rd, json::value const& v, std::string const& field) {
+    auto const name = rd.text(v, field);
+    if (auto const e = policy_from_name<E>(name)) return *e;
+    rd.fail(field, spec_reader::shown(v), "not one of " + policy_choices_text<E>());
+}
+
+/// The "options" object over `o`, `context` and `window` (checked as the program checks its options).
+inline void apply_options(spec_reader const& rd, json::value const& v, analysis_options& o, std::int64_t& context,
+                          std::int64_t& window) {
+    rd.keys(v, "options",
+            {"components", "sign", "low", "high", "separation", "semantic", "diagnostics", "ks_alpha", "pairs",
+             "weighting", "enumeration", "max_exact_pairs", "samples", "seed", "window", "context"});
+    auto const f = [](char const* k) { return std::string("options.") + k; };
+    auto& p = o.plasticity;
+    for (auto const& [k, x] : v.as_object()) {
+        if (k == "components") o.pca.n_components = rd.integer(x, f("components"), 1, 1 << 20);
+        else if (k == "sign") o.pca.sign = policy_option<sign_policy>(rd, x, f("sign"));
+        else if (k == "low") o.pca.thresholds.low = rd.number(x, f("low"));
+        else if (k == "high") o.pca.thresholds.high = rd.number(x, f("high"));
+        else if (k == "separation") o.rotation.separation = policy_option<separation_policy>(rd, x, f("separation"));
+        else if (k == "semantic") o.householder.model = policy_option<semantic_model>(rd, x, f("semantic"));
+        else if (k == "diagnostics") {
+            if (!x.is_bool()) rd.fail(f("diagnostics"), spec_reader::shown(x), "expected true or false");
+            o.diagnostics = x.as_bool();
+        } else if (k == "ks_alpha") o.ks_alpha = rd.number(x, f("ks_alpha"));
+        else if (k == "pairs") p.pairs = policy_option<pair_policy>(rd, x, f("pairs"));
+        else if (k == "weighting") p.weighting = policy_option<ap_weighting>(rd, x, f("weighting"));
+        else if (k == "enumeration") p.enumeration = policy_option<enumeration_policy>(rd, x, f("enumeration"));
+        else if (k == "max_exact_pairs") p.max_exact_pairs = rd.integer(x, f("max_exact_pairs"), 0, INT64_MAX);
+        else if (k == "samples") p.samples_per_cell = rd.integer(x, f("samples"), 1, INT64_MAX);
+        else if (k == "seed") p.seed = static_cast<std::uint64_t>(rd.integer(x, f("seed"), 0, INT64_MAX));
+        else if (k == "window") window = rd.integer(x, f("window"), 0, INT64_MAX);
+        else context = rd.integer(x, f("context"), 0, INT64_MAX);
+    }
+    auto const& t = o.pca.thresholds;
+    if (!(t.low >= 0 && t.low <= t.high && t.high <= 1))
+        rd.fail("options.low, options.high", json::dump(json::value(t.low)) + ", " + json::dump(json::value(t.high)),
+                "need 0 <= low <= high <= 1");
+    if (!(o.ks_alpha > 0 && o.ks_alpha < 1))
+        rd.fail("options.ks_alpha", json::dump(json::value(o.ks_alpha)), "need 0 < ks_alpha < 1");
+}
+
 inline void read_settings(spec_reader const& rd, json::value const& root, study_spec& s) {
     if (auto const* t = root.find("title")) s.title = rd.text(*t, "title", false);
     if (auto const* p = root.find("token_edges")) {
@@ -226,6 +271,12 @@ inline void read_settings(spec_reader const& rd, json::value const& root, study_
         if (auto const* sd = b->find("seed")) s.seed = static_cast<std::uint64_t>(rd.integer(*sd, "bootstrap.seed", 0, INT64_MAX));
     }
     if (auto const* d = root.find("depth_bins")) s.depth_bins = rd.integer(*d, "depth_bins", 1, 1000);
+    if (auto const* o = root.find("options")) {
+        analysis_options check;
+        std::int64_t context = 0, window = -1;
+        apply_options(rd, *o, check, context, window);  // every error now, at parse time
+        s.options = *o;
+    }
 }
 
 }  // namespace detail
@@ -246,7 +297,7 @@ inline void read_settings(spec_reader const& rd, json::value const& root, study_
     auto const root = json::parse(text, rd.file);
     rd.keys(root, "(top level)",
             {"title", "runs", "benchmarks", "token_edges", "correlate", "heatmap", "head_trajectories", "bootstrap",
-             "depth_bins"});
+             "depth_bins", "options"});
     study_spec s;
     s.file = file;
     auto const base = file.parent_path();
@@ -286,6 +337,19 @@ inline void read_settings(spec_reader const& rd, json::value const& root, study_
 [[nodiscard]] inline study_spec read_study(std::filesystem::path const& file) {
     auto const bytes = io::detail::read_file_bytes(file, study_file_max_bytes, "file size");
     return parse_study(std::string_view(reinterpret_cast<char const*>(bytes.data()), bytes.size()), file);
+}
+
+/// \brief The study file's "options" over the caller's analysis options:
+/// every option the file names replaces the caller's; the others stay.
+/// \param[in] spec the study (its `options`, null when the file has none).
+/// \param[in,out] o the analysis options.
+/// \param[in,out] context the context length override (0 = none).
+/// \param[in,out] window the sliding window for heads whose capture records none (-1 = none).
+/// \throws qkgeom::input_error as parse_study (the options were checked there).
+inline void apply_study_options(study_spec const& spec, analysis_options& o, std::int64_t& context,
+                                std::int64_t& window) {
+    if (spec.options.is_null()) return;
+    detail::apply_options(detail::spec_reader{spec.file.string()}, spec.options, o, context, window);
 }
 
 }  // namespace study

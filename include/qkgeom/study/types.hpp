@@ -10,6 +10,7 @@
 
 #include <qkgeom/analyze.hpp>
 #include <qkgeom/head.hpp>
+#include <qkgeom/io/json.hpp>
 #include <qkgeom/pca.hpp>
 
 #include <array>
@@ -81,6 +82,10 @@ struct study_spec {
     double bootstrap_level = 0.95;
     std::uint64_t seed = 0;
     std::int64_t depth_bins = 10;  ///< relative layer-depth bins of the heatmap
+    /// The file's "options" object as written (checked when parsed): the
+    /// analysis options of every capture, applied over the caller's by
+    /// apply_study_options (study/spec.hpp); null when absent.
+    json::value options;
 };
 
 // ---------------------------------------------------------------------------
