@@ -1,6 +1,7 @@
 // CSV outputs (method §7, docs/outputs.md): the documented column lists, one
 // row per record (read back with study::parse_csv), bit-exact round trip of every number (NaN as `nan`),
 // quoting of the model name, write_reports and its errors.
+#include "report_heads.hpp"
 #include "temp_dir.hpp"
 
 #include <qkgeom/report/csv.hpp>
@@ -101,30 +102,9 @@ struct temp_dir : qkgeom_test::temp_dir {  // tests/runtime/temp_dir.hpp
     temp_dir() : qkgeom_test::temp_dir("qkgeom_csv_test_") {}
 };
 
-// --- the heads: two layers of a small GQA model -----------------------------
+// --- the heads: two layers of a small GQA model (report_heads.hpp) ----------
 std::vector<qkgeom::head_analysis> const& heads() {
-    static std::vector<qkgeom::head_analysis> const hs = [] {
-        std::vector<qkgeom::head_analysis> out;
-        for (std::int64_t layer = 0; layer < 2; ++layer) {
-            syn::layer_spec L;
-            L.d = 8;
-            L.rotary_dims = 4;
-            L.n_q_heads = 2;
-            L.n_kv_heads = 1;
-            L.layer = layer;
-            L.model_seed = 7;
-            syn::capture_spec cap;
-            cap.n_examples = 20;
-            cap.context_length = 512;
-            cap.buckets = {qkgeom::bucket_scheme::uniform, 64, 4.0};
-            cap.seed = 3;
-            qkgeom::analysis_options opt;
-            opt.diagnostics = layer == 0;  // layer 1: diagnostics NaN, written as `nan`
-            // Each head's facts carry the capture's bucket scheme (and its context length).
-            for (auto const& c : syn::generate_layer(L, cap)) out.push_back(qkgeom::analyze_head(c, opt));
-        }
-        return out;
-    }();
+    static std::vector<qkgeom::head_analysis> const hs = qkgeom_test::report_heads(7, 3);
     return hs;
 }
 

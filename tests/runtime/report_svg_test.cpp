@@ -4,6 +4,7 @@
 // ordered like the values, a self-contained page. The heads are built by hand
 // (no analysis runs here) to keep this translation unit light.
 #include "temp_dir.hpp"
+#include "xml_check.hpp"
 
 #include <qkgeom/report/html.hpp>
 #include <qkgeom/report/svg.hpp>
@@ -12,7 +13,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -23,7 +23,6 @@
 #include <map>
 #include <sstream>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -34,126 +33,10 @@ namespace fs = std::filesystem;
 using strings = std::vector<std::string>;
 constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
 
-// --- a minimal XML well-formedness checker ----------------------------------
-// Prolog/comments, start/end/empty tags with a matching stack, attributes
-// quoted and unique, no raw '<' in values, '&' only as a known or numeric
-// entity, exactly one root element. Returns "" when well-formed.
-bool name_char(char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '-' || c == ':' || c == '.';
-}
-
-std::string check_entities(std::string_view text) {
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        if (text[i] == '<') return "raw '<' in text or attribute";
-        if (text[i] != '&') continue;
-        auto const semi = text.find(';', i);
-        if (semi == std::string_view::npos) return "unterminated entity";
-        auto const ent = text.substr(i + 1, semi - i - 1);
-        bool const ok = ent == "amp" || ent == "lt" || ent == "gt" || ent == "quot" || ent == "apos" ||
-                        (ent.size() > 1 && ent[0] == '#');
-        if (!ok) return "unknown entity &" + std::string(ent) + ";";
-        i = semi;
-    }
-    return "";
-}
-
-std::string xml_error(std::string_view s) {
-    std::vector<std::string> stack;
-    std::size_t i = 0;
-    int roots = 0;
-    while (i < s.size()) {
-        if (s[i] != '<') {
-            auto const next = s.find('<', i);
-            auto const text = s.substr(i, next == std::string_view::npos ? std::string_view::npos : next - i);
-            if (stack.empty() && text.find_first_not_of(" \t\r\n") != std::string_view::npos)
-                return "text outside the root element";
-            if (auto e = check_entities(text); !e.empty()) return e;
-            i = next == std::string_view::npos ? s.size() : next;
-            continue;
-        }
-        if (s.substr(i, 4) == "<!--") {
-            auto const e = s.find("-->", i);
-            if (e == std::string_view::npos) return "unterminated comment";
-            i = e + 3;
-            continue;
-        }
-        if (s.substr(i, 2) == "<?") {
-            auto const e = s.find("?>", i);
-            if (e == std::string_view::npos) return "unterminated processing instruction";
-            i = e + 2;
-            continue;
-        }
-        bool const closing = s.substr(i, 2) == "</";
-        std::size_t j = i + (closing ? 2 : 1);
-        std::size_t const n0 = j;
-        while (j < s.size() && name_char(s[j])) ++j;
-        std::string const name(s.substr(n0, j - n0));
-        if (name.empty()) return "tag without a name at " + std::to_string(i);
-        if (closing) {
-            while (j < s.size() && std::isspace(static_cast<unsigned char>(s[j])) != 0) ++j;
-            if (j >= s.size() || s[j] != '>') return "bad end tag </" + name;
-            if (stack.empty() || stack.back() != name)
-                return "end tag </" + name + "> does not match <" + (stack.empty() ? "" : stack.back()) + ">";
-            stack.pop_back();
-            i = j + 1;
-            continue;
-        }
-        std::vector<std::string> attrs;
-        bool empty = false;
-        for (;;) {
-            while (j < s.size() && std::isspace(static_cast<unsigned char>(s[j])) != 0) ++j;
-            if (j >= s.size()) return "unterminated tag <" + name;
-            if (s[j] == '>') break;
-            if (s.substr(j, 2) == "/>") {
-                empty = true;
-                ++j;
-                break;
-            }
-            std::size_t const a0 = j;
-            while (j < s.size() && name_char(s[j])) ++j;
-            std::string const an(s.substr(a0, j - a0));
-            if (an.empty() || j >= s.size() || s[j] != '=') return "bad attribute in <" + name;
-            ++j;
-            if (j >= s.size() || (s[j] != '"' && s[j] != '\'')) return "unquoted attribute " + an;
-            char const q = s[j];
-            auto const e = s.find(q, j + 1);
-            if (e == std::string_view::npos) return "unterminated attribute " + an;
-            if (auto err = check_entities(s.substr(j + 1, e - j - 1)); !err.empty()) return err + " in " + an;
-            for (auto const& a : attrs)
-                if (a == an) return "duplicate attribute " + an;
-            attrs.push_back(an);
-            j = e + 1;
-        }
-        if (stack.empty()) ++roots;
-        if (roots > 1) return "more than one root element";
-        if (!empty) stack.push_back(name);
-        i = j + 1;
-    }
-    if (!stack.empty()) return "unclosed <" + stack.back() + ">";
-    if (roots != 1) return "no root element";
-    return "";
-}
-
-// --- reading elements back -------------------------------------------------
-/// Every start tag of element `name` with attribute class="cls" (or any when
-/// cls is empty), as the text between '<' and '>'.
-strings elements(std::string const& svg, std::string const& name, std::string const& cls = "") {
-    strings out;
-    std::string const open = "<" + name + " ";
-    for (auto p = svg.find(open); p != std::string::npos; p = svg.find(open, p + 1)) {
-        auto const e = svg.find('>', p);
-        std::string tag = svg.substr(p, e - p + 1);
-        if (cls.empty() || tag.find("class=\"" + cls + "\"") != std::string::npos) out.push_back(tag);
-    }
-    return out;
-}
-
-std::string attr(std::string const& tag, std::string const& a) {
-    auto const k = tag.find(" " + a + "=\"");
-    if (k == std::string::npos) return "";
-    auto const b = k + a.size() + 3;
-    return tag.substr(b, tag.find('"', b) - b);
-}
+// The XML checker and the readers of marks: xml_check.hpp.
+using qkgeom_test::attr;
+using qkgeom_test::elements;
+using qkgeom_test::xml_error;
 
 /// The coordinates of a path `d` (M/L commands; "l0 0" adds none).
 struct path_data {

@@ -5,11 +5,11 @@
 // range profile equals a weighted mean computed here; and hostile files
 // (ragged rows, bad numbers, missing columns, duplicated heads, unknown
 // classes, quoting, size limit) fail with the file, field and value named.
+#include "report_heads.hpp"
 #include "temp_dir.hpp"
 
 #include <qkgeom/report/csv.hpp>
 #include <qkgeom/study/read.hpp>
-#include <qkgeom/synthetic.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -28,7 +28,6 @@
 
 namespace {
 
-namespace syn = qkgeom::synthetic;
 namespace rep = qkgeom::report;
 namespace st = qkgeom::study;
 namespace fs = std::filesystem;
@@ -39,29 +38,9 @@ struct temp_dir : qkgeom_test::temp_dir {  // tests/runtime/temp_dir.hpp
     temp_dir() : qkgeom_test::temp_dir("qkgeom_study_read_test_") {}
 };
 
-// Two layers of a small GQA model (d = 8, 20 sequences of 512 tokens, 8 buckets).
+// Two layers of a small GQA model (report_heads.hpp).
 std::vector<qkgeom::head_analysis> const& heads() {
-    static std::vector<qkgeom::head_analysis> const hs = [] {
-        std::vector<qkgeom::head_analysis> out;
-        for (std::int64_t layer = 0; layer < 2; ++layer) {
-            syn::layer_spec L;
-            L.d = 8;
-            L.rotary_dims = 4;
-            L.n_q_heads = 2;
-            L.n_kv_heads = 1;
-            L.layer = layer;
-            L.model_seed = 11;
-            syn::capture_spec cap;
-            cap.n_examples = 20;
-            cap.context_length = 512;
-            cap.buckets = {qkgeom::bucket_scheme::uniform, 64, 4.0};
-            cap.seed = 5;
-            qkgeom::analysis_options opt;
-            opt.diagnostics = layer == 0;  // layer 1: NaN diagnostics
-            for (auto const& c : syn::generate_layer(L, cap)) out.push_back(qkgeom::analyze_head(c, opt));
-        }
-        return out;
-    }();
+    static std::vector<qkgeom::head_analysis> const hs = qkgeom_test::report_heads(11, 5);
     return hs;
 }
 

@@ -6,6 +6,7 @@
 // names, and a page that lists every picture and escapes names. The study is
 // built by hand (no analysis runs here).
 #include "temp_dir.hpp"
+#include "xml_check.hpp"
 
 #include <qkgeom/report/study_html.hpp>
 #include <qkgeom/report/study_svg.hpp>
@@ -13,7 +14,6 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstddef>
 #include <filesystem>
@@ -24,7 +24,6 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace {
@@ -35,100 +34,11 @@ namespace fs = std::filesystem;
 using strings = std::vector<std::string>;
 constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
 
-// --- a small XML well-formedness check (the approach of report_svg_test.cpp):
-// tags balanced on a stack, attributes quoted and unique, no raw '<' or stray
-// '&' in text or values, one root element. "" when well-formed.
-std::string entity_error(std::string_view t) {
-    for (std::size_t i = 0; i < t.size(); ++i) {
-        if (t[i] == '<') return "raw '<'";
-        if (t[i] != '&') continue;
-        auto const semi = t.find(';', i);
-        if (semi == std::string_view::npos) return "unterminated entity";
-        auto const e = t.substr(i + 1, semi - i - 1);
-        if (e != "amp" && e != "lt" && e != "gt" && e != "quot" && e != "apos" && !(e.size() > 1 && e[0] == '#'))
-            return "unknown entity";
-        i = semi;
-    }
-    return "";
-}
+// The XML checker (tested in report_svg_test.cpp) and the readers of marks: xml_check.hpp.
+using qkgeom_test::attr;
+using qkgeom_test::elements;
+using qkgeom_test::xml_error;
 
-bool name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '-' || c == ':'; }
-
-std::string tag_error(std::string_view s, std::size_t& j, std::string const& name, bool& empty) {
-    std::set<std::string> attrs;
-    for (;;) {
-        while (j < s.size() && std::isspace(static_cast<unsigned char>(s[j])) != 0) ++j;
-        if (j >= s.size()) return "unterminated <" + name;
-        if (s[j] == '>') return "";
-        if (s.substr(j, 2) == "/>") {
-            empty = true;
-            ++j;
-            return "";
-        }
-        auto const a0 = j;
-        while (j < s.size() && name_char(s[j])) ++j;
-        std::string const an(s.substr(a0, j - a0));
-        if (an.empty() || j + 1 >= s.size() || s[j] != '=' || s[j + 1] != '"') return "bad attribute in <" + name;
-        auto const e = s.find('"', j + 2);
-        if (e == std::string_view::npos) return "unterminated attribute " + an;
-        if (auto err = entity_error(s.substr(j + 2, e - j - 2)); !err.empty()) return err + " in " + an;
-        if (!attrs.insert(an).second) return "duplicate attribute " + an;
-        j = e + 1;
-    }
-}
-
-std::string xml_error(std::string_view s) {
-    std::vector<std::string> stack;
-    int roots = 0;
-    for (std::size_t i = 0; i < s.size();) {
-        if (s[i] != '<') {
-            auto const next = std::min(s.find('<', i), s.size());
-            auto const text = s.substr(i, next - i);
-            if (stack.empty() && text.find_first_not_of(" \n") != std::string_view::npos) return "text outside root";
-            if (auto e = entity_error(text); !e.empty()) return e;
-            i = next;
-        } else if (s.substr(i, 2) == "<?") {
-            i = s.find("?>", i) + 2;
-        } else if (s.substr(i, 2) == "</") {
-            auto const e = s.find('>', i);
-            if (e == std::string_view::npos || stack.empty() || std::string(s.substr(i + 2, e - i - 2)) != stack.back())
-                return "unbalanced end tag at " + std::to_string(i);
-            stack.pop_back();
-            i = e + 1;
-        } else {
-            std::size_t j = i + 1;
-            while (j < s.size() && name_char(s[j])) ++j;
-            std::string const name(s.substr(i + 1, j - i - 1));
-            if (name.empty()) return "tag without a name at " + std::to_string(i);
-            bool empty = false;
-            if (auto e = tag_error(s, j, name, empty); !e.empty()) return e;
-            if (stack.empty() && ++roots > 1) return "more than one root";
-            if (!empty) stack.push_back(name);
-            i = j + 1;
-        }
-    }
-    if (!stack.empty()) return "unclosed <" + stack.back() + ">";
-    return roots == 1 ? "" : "no root element";
-}
-
-// --- reading marks back ------------------------------------------------------
-/// Start tags of element `name` with class="cls" (the text from '<' to '>').
-strings elements(std::string const& svg, std::string const& name, std::string const& cls) {
-    strings out;
-    std::string const open = "<" + name + " ";
-    for (auto p = svg.find(open); p != std::string::npos; p = svg.find(open, p + 1)) {
-        std::string tag = svg.substr(p, svg.find('>', p) - p + 1);
-        if (tag.find("class=\"" + cls + "\"") != std::string::npos) out.push_back(tag);
-    }
-    return out;
-}
-
-std::string attr(std::string const& tag, std::string const& a) {
-    auto const k = tag.find(" " + a + "=\"");
-    if (k == std::string::npos) return "";
-    auto const b = k + a.size() + 3;
-    return tag.substr(b, tag.find('"', b) - b);
-}
 double num(std::string const& tag, std::string const& a) {
     auto const v = attr(tag, a);
     return v == "n/a" ? NaN : std::stod(v);
@@ -307,15 +217,6 @@ std::set<std::string> listing(fs::path const& d) {
 }
 
 }  // namespace
-
-TEST_CASE("study.report: the checker rejects what it must", "[study][report]") {
-    CHECK(xml_error("<a><b/><c x=\"1\">t &amp; u</c></a>").empty());
-    CHECK_FALSE(xml_error("<a><b></a></b>").empty());
-    CHECK_FALSE(xml_error("<a>x & y</a>").empty());
-    CHECK_FALSE(xml_error("<a x=\"<\"/>").empty());
-    CHECK_FALSE(xml_error("<a x=\"1\" x=\"2\"/>").empty());
-    CHECK_FALSE(xml_error("<a/><b/>").empty());
-}
 
 TEST_CASE("study.report: slugs are safe, file names unique, tokens short", "[study][report]") {
     using rep::detail::study_slug;
