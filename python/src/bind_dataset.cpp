@@ -70,21 +70,6 @@ void bind_run(py::module_& m) {
         });
 }
 
-/// The analysis of one head read from the dataset: analyze_rows over views of
-/// its row-major double rows (the one analyze_head instantiation of the
-/// module; reading a row is the same memcpy as from the row_matrix itself).
-qkgeom::head_analysis analyze_read_head(qkgeom::head_capture<qkgeom::row_matrix> const& h,
-                                        qkgeom::analysis_options const& opt) {
-    auto view = [](qkgeom::row_matrix const& m) {
-        return array_rows(qkgeom::matrix_view<double>(m.data(), m.rows(), m.cols(), m.cols(), 1));
-    };
-    auto rows = [&](qkgeom::token_rows<qkgeom::row_matrix> const& r) {
-        return qkgeom::token_rows<array_rows>{view(r.vectors), r.position, r.bucket, r.example_id};
-    };
-    qkgeom::head_capture<array_rows, array_rows> const v{h.id, h.facts, rows(h.queries), rows(h.keys)};
-    return analyze_rows(v, opt);
-}
-
 io::dataset_run analyze_dataset_py(fs::path const& dir, std::optional<qkgeom::analysis_options> const& options,
                                    unsigned jobs, bool strict, std::int64_t context, std::optional<std::int64_t> window) {
     if (context < 0) qkgeom::detail::fail_arg("qkgeom.analyze_dataset", "context must be >= 0 (0 = none)", context);
@@ -98,10 +83,23 @@ io::dataset_run analyze_dataset_py(fs::path const& dir, std::optional<qkgeom::an
     o.window = window.value_or(-1);
     o.context_name = "analyze_dataset(context=" + std::to_string(context) + ")";
     py::gil_scoped_release nogil;
-    return io::analyze_dataset(io::plan_dataset(dir), o, analyze_read_head);
+    return io::analyze_dataset(io::plan_dataset(dir), o, analyze_matrix_head);
 }
 
 }  // namespace
+
+// Declared in common.hpp; run_study's analyzer too (bind_study.cpp).
+qkgeom::head_analysis analyze_matrix_head(qkgeom::head_capture<qkgeom::row_matrix> const& h,
+                                          qkgeom::analysis_options const& opt) {
+    auto view = [](qkgeom::row_matrix const& m) {
+        return array_rows(qkgeom::matrix_view<double>(m.data(), m.rows(), m.cols(), m.cols(), 1));
+    };
+    auto rows = [&](qkgeom::token_rows<qkgeom::row_matrix> const& r) {
+        return qkgeom::token_rows<array_rows>{view(r.vectors), r.position, r.bucket, r.example_id};
+    };
+    qkgeom::head_capture<array_rows, array_rows> const v{h.id, h.facts, rows(h.queries), rows(h.keys)};
+    return analyze_rows(v, opt);
+}
 
 void bind_dataset(py::module_& m) {
     bind_run(m);

@@ -26,22 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 namespace st = qkgeom::study;
 
-/// The analysis of one captured head: analyze_rows over views of its
-/// row-major double rows — the module's one analyze_head instantiation, as
-/// analyze_dataset uses it (bind_dataset.cpp), so the study's default
-/// analyzer (analyze_head on row_matrix) is never called.
-qkgeom::head_analysis analyze_study_head(qkgeom::head_capture<qkgeom::row_matrix> const& h,
-                                         qkgeom::analysis_options const& opt) {
-    auto view = [](qkgeom::row_matrix const& x) {
-        return array_rows(qkgeom::matrix_view<double>(x.data(), x.rows(), x.cols(), x.cols(), 1));
-    };
-    auto rows = [&](qkgeom::token_rows<qkgeom::row_matrix> const& r) {
-        return qkgeom::token_rows<array_rows>{view(r.vectors), r.position, r.bucket, r.example_id};
-    };
-    qkgeom::head_capture<array_rows, array_rows> const v{h.id, h.facts, rows(h.queries), rows(h.keys)};
-    return analyze_rows(v, opt);
-}
-
 /// One cell as a Python object: str, int or float (NaN stays NaN).
 py::object cell_object(st::table::cell const& c) {
     if (auto const* s = std::get_if<std::string>(&c)) return py::str(*s);
@@ -82,7 +66,7 @@ py::dict run_study_py(fs::path const& study_file, fs::path const& cache,
     o.context = context;
     o.window = window;
     o.cache = cache;
-    o.analyzer = analyze_study_head;
+    o.analyzer = analyze_matrix_head;  // common.hpp: the module's one analyze_head instantiation
     st::study_result result;
     std::vector<st::table> tables;
     {

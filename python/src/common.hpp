@@ -136,6 +136,13 @@ qkgeom::head_analysis analyze_rows(qkgeom::head_capture<array_rows, array_rows> 
 /// analyze_head(head_moments, keys, facts) over zero-copy key rows.
 qkgeom::head_analysis analyze_moment_rows(qkgeom::head_moments const& hm, qkgeom::token_rows<array_rows> const& keys,
                                           qkgeom::capture_facts const& facts, qkgeom::analysis_options const& opt);
+/// analyze_rows over views of a head's row-major double rows (no copy; reading
+/// a row is the same memcpy as from the row_matrix itself): the analyzer of
+/// analyze_dataset and run_study, so the library's default analyzer
+/// (analyze_head on row_matrix) is never instantiated in the module
+/// (bind_dataset.cpp).
+qkgeom::head_analysis analyze_matrix_head(qkgeom::head_capture<qkgeom::row_matrix> const& h,
+                                          qkgeom::analysis_options const& opt);
 
 // --- registration, one per translation unit --------------------------------
 void bind_errors(py::module_& m);
