@@ -33,10 +33,7 @@ namespace fs = std::filesystem;
 using strings = std::vector<std::string>;
 constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
 
-// The XML checker and the readers of marks: xml_check.hpp.
-using qkgeom_test::attr;
-using qkgeom_test::elements;
-using qkgeom_test::xml_error;
+using qkgeom_test::attr, qkgeom_test::elements, qkgeom_test::xml_error;  // xml_check.hpp (tested below)
 
 /// The coordinates of a path `d` (M/L commands; "l0 0" adds none).
 struct path_data {

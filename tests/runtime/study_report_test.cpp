@@ -28,16 +28,14 @@
 
 namespace {
 
+// The XML checker (tested in report_svg_test.cpp) and the readers of marks.
+using qkgeom_test::attr, qkgeom_test::elements, qkgeom_test::xml_error;  // xml_check.hpp
+
 namespace rep = qkgeom::report;
 namespace st = qkgeom::study;
 namespace fs = std::filesystem;
 using strings = std::vector<std::string>;
 constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
-
-// The XML checker (tested in report_svg_test.cpp) and the readers of marks: xml_check.hpp.
-using qkgeom_test::attr;
-using qkgeom_test::elements;
-using qkgeom_test::xml_error;
 
 double num(std::string const& tag, std::string const& a) {
     auto const v = attr(tag, a);
