@@ -76,30 +76,9 @@ inline std::int64_t key_head_of(std::int64_t q_head, std::int64_t n_q_heads, std
 // The model's layout
 // ---------------------------------------------------------------------------
 
-/// \brief How RoPE pairs the coordinates of a head (recorded, never guessed).
-enum class rope_pairing : std::uint8_t {
-    rotate_half = 0,  ///< pairs (i, i + d_rot/2): Llama / GPT-NeoX / HF `rotate_half`
-    interleaved = 1,  ///< pairs (2i, 2i + 1): GPT-J / Meta's original Llama code
-};
+// rope_pairing, rope_pairing_name and rope_spec live in <qkgeom/head.hpp>
+// (capture facts carry the RoPE a head was captured under).
 
-/// \brief Name of a pairing (`rotate_half`, `interleaved`).
-/// \param[in] p the pairing.
-/// \returns a static string; "rotate_half" for any value but `interleaved`.
-constexpr const char* rope_pairing_name(rope_pairing p) noexcept {
-    return p == rope_pairing::interleaved ? "interleaved" : "rotate_half";
-}
-
-/// \brief The rotary embedding a capture was taken under. Nothing in the
-/// analysis uses it; it is recorded so that captures are only merged with
-/// captures taken the same way (io::check_compatible).
-struct rope_spec {
-    rope_pairing pairing = rope_pairing::rotate_half;  ///< coordinate pairing
-    std::int64_t rotary_dim = 0;                       ///< rotated coordinates; 0 = the whole head
-    double theta = 10000.0;                            ///< base frequency
-    std::string scaling = "none";                      ///< "none", "linear", "dynamic", "yarn", "llama3", ...
-    double scaling_factor = 1.0;                       ///< the scaling's factor (1 when none)
-    friend bool operator==(rope_spec const&, rope_spec const&) = default;
-};
 
 /// \brief One layer's attention shape.
 struct layer_layout {

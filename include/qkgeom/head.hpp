@@ -42,6 +42,32 @@ struct head_id {
     friend auto operator<=>(head_id const&, head_id const&) = default;
 };
 
+/// \brief How RoPE pairs the coordinates of a head (recorded, never guessed).
+enum class rope_pairing : std::uint8_t {
+    rotate_half = 0,  ///< pairs (i, i + d_rot/2): Llama / GPT-NeoX / HF `rotate_half`
+    interleaved = 1,  ///< pairs (2i, 2i + 1): GPT-J / Meta's original Llama code
+};
+
+/// \brief Name of a pairing (`rotate_half`, `interleaved`).
+/// \param[in] p the pairing.
+/// \returns a static string; "rotate_half" for any value but `interleaved`.
+constexpr const char* rope_pairing_name(rope_pairing p) noexcept {
+    return p == rope_pairing::interleaved ? "interleaved" : "rotate_half";
+}
+
+/// \brief The rotary embedding a capture was taken under. Recorded so that
+/// captures are only merged with captures taken the same way
+/// (io::check_compatible), and carried in `capture_facts::rope` for the RoPE
+/// band analysis (docs/beyond-rope.md), which undoes it.
+struct rope_spec {
+    rope_pairing pairing = rope_pairing::rotate_half;  ///< coordinate pairing
+    std::int64_t rotary_dim = 0;                       ///< rotated coordinates; 0 = the whole head
+    double theta = 10000.0;                            ///< base frequency
+    std::string scaling = "none";                      ///< "none", "linear", "dynamic", "yarn", "llama3", ...
+    double scaling_factor = 1.0;                       ///< the scaling's factor (1 when none)
+    friend bool operator==(rope_spec const&, rope_spec const&) = default;
+};
+
 /// \brief What the capture knows about a head beyond its rows (method §0, §6).
 struct capture_facts {
     /// The capture's bucket scheme and width. When set, every bucket is
@@ -50,6 +76,9 @@ struct capture_facts {
     std::optional<bucket_spec> buckets;
     std::int64_t sliding_window = 0;  ///< the layer's attention span in tokens; 0 = full attention
     std::int64_t context_length = 0;  ///< L; 0 = max position over queries and keys + 1 (method §9.12)
+    /// The RoPE the rows were captured after (post-RoPE rows); none = not
+    /// recorded, or the rows were captured before RoPE / the layer has none.
+    std::optional<rope_spec> rope;
     friend bool operator==(capture_facts const&, capture_facts const&) = default;
 };
 

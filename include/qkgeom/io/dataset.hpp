@@ -1272,7 +1272,10 @@ inline std::vector<head_id> resolved_head_list(manifest const& m, model_layout c
 }
 
 /// \brief The capture facts of a manifest for one layer: bucket scheme,
-/// context length, and the layer's sliding window (0 = full attention).
+/// context length, the layer's sliding window (0 = full attention), and the
+/// manifest's `rope` block when the layer's rows were captured after RoPE
+/// (`capture.rope_applied[layer]` true, or not recorded: post-RoPE is what
+/// the capture tools record).
 /// \param[in] m     the manifest.
 /// \param[in] layer the layer, in [0, n_layers); no recorded sliding_window
 ///                  gives sliding_window 0.
@@ -1287,6 +1290,8 @@ inline std::vector<head_id> resolved_head_list(manifest const& m, model_layout c
     f.context_length = m.context_length;
     if (layer >= 0 && layer < static_cast<std::int64_t>(m.sliding_window.size()))
         f.sliding_window = m.sliding_window[static_cast<std::size_t>(layer)].value_or(0);
+    bool const applied = m.rope_applied.empty() || m.rope_applied[static_cast<std::size_t>(layer)];
+    if (m.rope && applied) f.rope = m.rope;
     return f;
 }
 
