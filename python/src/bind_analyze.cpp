@@ -15,7 +15,7 @@ struct capture_args {
 };
 
 qkgeom::capture_facts facts_of(capture_args const& a) {
-    return qkgeom::capture_facts{a.buckets, a.sliding_window, a.context_length};
+    return qkgeom::capture_facts{a.buckets, a.sliding_window, a.context_length, std::nullopt};
 }
 
 /// Buckets given, or computed from the positions under the BucketSpec.
