@@ -202,6 +202,36 @@ inline void aggregate(plasticity_result& res, ap_weighting weighting) {
     if (ng > 0) res.gaussian_gap = gap / double(ng);
 }
 
+/// The AP_drop of a profile whose AP_b are `ap` (one per `profile` entry),
+/// aggregated exactly as `aggregate` does: the w_b-weighted quintile means
+/// of the buckets with a finite AP_b, first minus last.
+inline double split_drop(std::vector<plasticity_bucket> profile, std::vector<split_bucket> const& sp,
+                         double split_bucket::*ap) {
+    for (std::size_t i = 0; i < profile.size(); ++i) profile[i].ap = sp[i].*ap;
+    auto const q = quantile_profile(profile, 5, &plasticity_bucket::quintile);
+    return q[0] - q[4];
+}
+
+/// The counterfactual AP_drops and the Shapley split of `res.split`
+/// (docs/beyond-split.md), after `aggregate`. `on`: the options asked for it;
+/// `frozen`: a first-quintile reference exists (`n_ref` buckets).
+inline void aggregate_split(plasticity_result& res, bool on, bool frozen, std::int64_t n_ref) {
+    profile_split& sp = res.split;
+    sp.n_frozen_buckets = n_ref;
+    if (!on) {
+        sp.status = split_status::disabled;
+        return;
+    }
+    sp.status = frozen ? split_status::computed : split_status::no_reference;
+    double const D = res.ap_drop;
+    sp.ap_drop_no_drift = split_drop(res.profile, sp.profile, &split_bucket::ap_no_drift);
+    if (!frozen) return;
+    sp.ap_drop_frozen_content = split_drop(res.profile, sp.profile, &split_bucket::ap_frozen_content);
+    sp.ap_drop_neither = split_drop(res.profile, sp.profile, &split_bucket::ap_neither);
+    sp.ap_drop_bias = 0.5 * ((D - sp.ap_drop_no_drift) + (sp.ap_drop_frozen_content - sp.ap_drop_neither));
+    sp.ap_drop_content = 0.5 * ((D - sp.ap_drop_frozen_content) + (sp.ap_drop_no_drift - sp.ap_drop_neither));
+}
+
 }  // namespace detail
 
 }  // namespace qkgeom

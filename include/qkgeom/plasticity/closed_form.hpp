@@ -20,6 +20,7 @@
 #include <qkgeom/plasticity/empirical.hpp>
 #include <qkgeom/plasticity/options.hpp>
 #include <qkgeom/plasticity/rows.hpp>
+#include <qkgeom/plasticity/split.hpp>
 #include <qkgeom/simd/sse2.hpp>
 
 #include <Eigen/Core>
@@ -31,13 +32,107 @@
 #include <span>
 #include <vector>
 
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define QKGEOM_DETAIL_SPLIT_SSE2 1
+#endif
+
 namespace qkgeom::detail {
 
 /// Accumulates one cell.
 struct cell_acc {
     double sum = 0, sumsq = 0, emp_sum = 0;
     std::int64_t n = 0, emp_n = 0;
+    split_acc split;  ///< the split pass (docs/beyond-split.md), when the bucket's split model is on
 };
+
+/// PP of a counterfactual (m, v): the closed form when v > 0; v ≤ 0 (the
+/// counterfactual variance vanishes along δ) gives the limit PP = 0 for
+/// m ≠ 0 and PP = 1 (a tie) for m = 0, counted in `degenerate`.
+inline double split_pp(double m, double v, std::int64_t& degenerate) noexcept {
+    if (v > 0) return pairwise_plasticity(m / std::sqrt(v));
+    ++degenerate;
+    return m == 0 ? 1.0 : 0.0;
+}
+
+/// Content sums over l = 1..d−1 of δ = a − b: Σ w δ, Σ s2 δ², Σ wf δ, Σ s2f δ²
+/// (two lanes × two partial sums each, then the scalar tail).
+inline void split_content_sums(double const* a, double const* b, double const* w, double const* s2,
+                               double const* wf, double const* s2f, index_t d, double out[4]) noexcept {
+    double m = 0, v = 0, mf = 0, vf = 0;
+    index_t l = 1;
+#ifdef QKGEOM_DETAIL_SPLIT_SSE2
+    __m128d m0 = _mm_setzero_pd(), v0 = m0, f0 = m0, g0 = m0, m1 = m0, v1 = m0, f1 = m0, g1 = m0;
+    for (; l + 4 <= d; l += 4) {
+        __m128d const d0 = _mm_sub_pd(_mm_loadu_pd(a + l), _mm_loadu_pd(b + l));
+        __m128d const d1 = _mm_sub_pd(_mm_loadu_pd(a + l + 2), _mm_loadu_pd(b + l + 2));
+        __m128d const q0 = _mm_mul_pd(d0, d0), q1 = _mm_mul_pd(d1, d1);
+        m0 = _mm_add_pd(m0, _mm_mul_pd(_mm_loadu_pd(w + l), d0));
+        m1 = _mm_add_pd(m1, _mm_mul_pd(_mm_loadu_pd(w + l + 2), d1));
+        v0 = _mm_add_pd(v0, _mm_mul_pd(_mm_loadu_pd(s2 + l), q0));
+        v1 = _mm_add_pd(v1, _mm_mul_pd(_mm_loadu_pd(s2 + l + 2), q1));
+        f0 = _mm_add_pd(f0, _mm_mul_pd(_mm_loadu_pd(wf + l), d0));
+        f1 = _mm_add_pd(f1, _mm_mul_pd(_mm_loadu_pd(wf + l + 2), d1));
+        g0 = _mm_add_pd(g0, _mm_mul_pd(_mm_loadu_pd(s2f + l), q0));
+        g1 = _mm_add_pd(g1, _mm_mul_pd(_mm_loadu_pd(s2f + l + 2), q1));
+    }
+    alignas(16) double r[8];
+    _mm_store_pd(r, _mm_add_pd(m0, m1));
+    _mm_store_pd(r + 2, _mm_add_pd(v0, v1));
+    _mm_store_pd(r + 4, _mm_add_pd(f0, f1));
+    _mm_store_pd(r + 6, _mm_add_pd(g0, g1));
+    m = r[0] + r[1], v = r[2] + r[3], mf = r[4] + r[5], vf = r[6] + r[7];
+#endif
+    for (; l < d; ++l) {
+        double const dl = a[l] - b[l];
+        m += w[l] * dl;
+        v += s2[l] * (dl * dl);
+        mf += wf[l] * dl;
+        vf += s2f[l] * (dl * dl);
+    }
+    out[0] = m, out[1] = v, out[2] = mf, out[3] = vf;
+}
+
+/// Records one pair in `acc` from δ₁ and the content sums c = (m_con, v_con,
+/// m_con,frozen, v_con,frozen): w0 = w_b[0], s0 = σ²_pos.
+inline void split_record(split_model const& sm, double d1, double w0, double s0, double const c[4], split_acc& acc) {
+    double const mpos = w0 * d1, vpos = s0 * (d1 * d1), mnd = sm.alpha_pos * d1;
+    double const v = vpos + c[1];
+    acc.act += split_pp(mpos + c[0], v, acc.degenerate);
+    acc.nd += split_pp(mnd + c[0], v, acc.degenerate);
+    if (sm.frozen) {
+        double const vf = vpos + c[3];
+        acc.fr += split_pp(mpos + c[2], vf, acc.degenerate);
+        acc.ne += split_pp(mnd + c[2], vf, acc.degenerate);
+    }
+    acc.mpos2 += mpos * mpos;
+    acc.mcon2 += c[0] * c[0];
+    acc.vpos += vpos;
+    acc.vcon += c[1];
+    ++acc.n;
+}
+
+/// The split bucket of `acc` (its cells: `cell_means` of the four profiles
+/// already averaged by the plasticity rule; `n_cells` non-empty cells).
+inline split_bucket finish_split_bucket(std::int64_t b, split_acc const& pooled, double const cell_sum[4],
+                                        std::int64_t n_cells, bool frozen) {
+    split_bucket sb;
+    sb.q_bucket = b;
+    if (pooled.n == 0 || n_cells == 0) return sb;
+    auto const n = double(pooled.n), nc = double(n_cells);
+    sb.pos_mean_rms = std::sqrt(pooled.mpos2 / n);
+    sb.content_mean_rms = std::sqrt(pooled.mcon2 / n);
+    sb.pos_var = pooled.vpos / n;
+    sb.content_var = pooled.vcon / n;
+    sb.ap = cell_sum[0] / nc;
+    sb.ap_no_drift = cell_sum[1] / nc;
+    if (frozen) {
+        sb.ap_frozen_content = cell_sum[2] / nc;
+        sb.ap_neither = cell_sum[3] / nc;
+    }
+    return sb;
+}
+
 
 /// Everything one query bucket needs to evaluate pairs: its Gaussian model
 /// in the rotated basis and its empirical side.
@@ -47,6 +142,7 @@ struct bucket_eval {
     Eigen::MatrixXd V;     ///< full: d × d blockdiag(σ²_pos, Σ_b); empty otherwise
     double tau = nan;
     empirical_bucket emp;  ///< the cross-check (inactive without ≥ 2 query rows)
+    split_model split;     ///< the counterfactual models of the split (off unless evaluate_plasticity sets it)
 };
 
 /// Evaluates and records the pairs of one head: the closed form of a pair,
@@ -83,6 +179,7 @@ public:
         acc.sum += pp;
         acc.sumsq += pp * pp;
         ++acc.n;
+        if (e.split.on) split_pair(e, i, j, acc);
         double const ti = static_cast<double>(k_.position[static_cast<std::size_t>(i)]);
         double const tj = static_cast<double>(k_.position[static_cast<std::size_t>(j)]);
         bin(std::abs(ti - tj), e.tau - 0.5 * (ti + tj), pp);
@@ -96,6 +193,34 @@ public:
     }
 
     void skip() { ++skipped_; }
+
+    /// The split pass of one evaluated pair (docs/beyond-split.md): the four
+    /// profiles' PP and the parts of m and v, into `acc.split`.
+    void split_pair(bucket_eval const& e, index_t i, index_t j, cell_acc& acc) {
+        split_model const& sm = e.split;
+        index_t const d = k_.d;
+        double const* a = k_.rot.row(i).data();
+        double const* b = k_.rot.row(j).data();
+        double c[4] = {0, 0, 0, 0};
+        if (e.V.size() == 0) {
+            bool const f = sm.frozen;
+            split_content_sums(a, b, e.w.data(), e.var.data(), f ? sm.wf.data() : e.w.data(),
+                               f ? sm.varf.data() : e.var.data(), d, c);
+            split_record(sm, a[0] - b[0], e.w(0), e.var(0), c, acc.split);
+            return;
+        }
+        delta_ = (k_.rot.row(i) - k_.rot.row(j)).transpose();  // full: O(d²) per pair, as pp_direct
+        auto const t = delta_.tail(d - 1);
+        c[0] = e.w.tail(d - 1).dot(t);
+        vdelta_.noalias() = e.V.bottomRightCorner(d - 1, d - 1) * t;
+        c[1] = t.dot(vdelta_.head(d - 1));
+        if (sm.frozen) {
+            c[2] = sm.wf.tail(d - 1).dot(t);
+            vdelta_.noalias() = sm.covf * t;
+            c[3] = t.dot(vdelta_.head(d - 1));
+        }
+        split_record(sm, delta_(0), e.w(0), e.V(0, 0), c, acc.split);
+    }
 
     /// Dense path without the empirical check: the pairs (i_a, j), a < n, in
     /// order, skipping those with skip[a] ≠ 0; t_i[a] and t_j are the keys'
@@ -305,6 +430,12 @@ void evaluate_group_exact(Evaluator& ev, key_store const& k, bucket_eval const& 
             if (!empirical) {
                 ev.record_column(e, tpos.data() + a0, tpos[static_cast<std::size_t>(ib)], ppbuf.data(), skip.data(),
                                  a_end, acc);
+                if constexpr (requires { ev.split_pair(e, index_t{}, index_t{}, acc); }) {
+                    if (e.split.on)  // the split pass per pair (O(d); docs/beyond-split.md, limits)
+                        for (index_t a = 0; a < a_end; ++a)
+                            if (skip[static_cast<std::size_t>(a)] == 0)
+                                ev.split_pair(e, idx[static_cast<std::size_t>(a0 + a)], idx[static_cast<std::size_t>(ib)], acc);
+                }
                 continue;
             }
             for (index_t a = 0; a < a_end; ++a)

@@ -47,6 +47,91 @@ bucket_eval bucket_eval_of(bucket_semantics const& s, index_t d) {
     return e;
 }
 
+/// The first-quintile reference of the frozen-content counterfactual
+/// (docs/beyond-split.md): the query-count-weighted mean of μ_b, σ²_b (and Σ_b
+/// under `full`) over the buckets with a model whose quintile ⌊5τ_b/L⌋ is 0.
+struct split_reference {
+    bool on = false;           ///< options.split_profile
+    bool per_bucket = false;   ///< global_linear: each bucket's own content (it does not change with b)
+    std::int64_t n_buckets = 0;
+    double alpha_pos = nan;
+    Eigen::VectorXd mean, var;  ///< (d) coordinates 1..d−1 hold the reference; 0 unused
+    Eigen::MatrixXd cov;        ///< (d−1)² under `full`, else empty
+};
+
+template <class = void>
+split_reference split_reference_of(householder_result const& model, std::int64_t L, bool on) {
+    split_reference r;
+    r.on = on;
+    r.alpha_pos = model.alpha_pos;
+    r.per_bucket = model.model == semantic_model::global_linear;
+    if (!on) return r;
+    double wsum = 0;
+    for (auto const& s : model.buckets) {
+        if (!s.used || quantile_of(s.tau, s.n_queries, L, 5) != 0) continue;
+        auto const w = double(s.n_queries);
+        if (r.n_buckets++ == 0) {
+            r.mean = Eigen::VectorXd::Zero(s.mean.size());
+            r.var = Eigen::VectorXd::Zero(s.var.size());
+            if (s.cov.size() != 0) r.cov = Eigen::MatrixXd::Zero(s.cov.rows(), s.cov.cols());
+        }
+        wsum += w;
+        r.mean += w * s.mean;
+        r.var += w * s.var;
+        if (r.cov.size() != 0) r.cov += w * s.cov;
+    }
+    if (r.n_buckets > 0) {
+        r.mean /= wsum;
+        r.var /= wsum;
+        if (r.cov.size() != 0) r.cov /= wsum;
+    }
+    return r;
+}
+
+/// The split model of one query bucket: its own positional coordinate with
+/// the reference content (or its own content under global_linear).
+template <class = void>
+split_model split_model_of(bucket_semantics const& s, split_reference const& ref) {
+    split_model m;
+    m.on = ref.on;
+    m.alpha_pos = ref.alpha_pos;
+    m.frozen = ref.per_bucket || ref.n_buckets > 0;
+    if (!m.on || !m.frozen) return m;
+    m.wf = s.mean;
+    m.varf = s.var;
+    if (ref.per_bucket) {
+        m.covf = s.cov;
+        return m;
+    }
+    index_t const d = s.mean.size();
+    m.wf.tail(d - 1) = ref.mean.tail(d - 1);
+    m.varf.tail(d - 1) = ref.var.tail(d - 1);
+    m.covf = ref.cov;
+    return m;
+}
+
+/// The split bucket of one query bucket from its cells' split sums: the four
+/// AP_b by the plasticity rule (the mean of the non-empty cells' means), the
+/// parts of m and v pooled over its pairs.
+inline split_bucket split_bucket_of(std::int64_t b, std::vector<split_acc> const& cells, bool frozen,
+                                    std::int64_t& degenerate) {
+    split_acc pooled;
+    double sum[4] = {0, 0, 0, 0};
+    std::int64_t n_cells = 0;
+    for (auto const& c : cells) {
+        if (c.n == 0) continue;
+        ++n_cells;
+        auto const n = double(c.n);
+        sum[0] += c.act / n;
+        sum[1] += c.nd / n;
+        sum[2] += c.fr / n;
+        sum[3] += c.ne / n;
+        pooled.add(c);
+    }
+    degenerate += pooled.degenerate;
+    return finish_split_bucket(b, pooled, sum, n_cells, frozen);
+}
+
 /// The groups of ≥ 2 keys among `groups` (sampling draws from them).
 inline std::vector<std::vector<index_t> const*> sampling_groups(std::vector<key_group> const& groups) {
     std::vector<std::vector<index_t> const*> gs;
@@ -59,22 +144,23 @@ inline std::vector<std::vector<index_t> const*> sampling_groups(std::vector<key_
 template <class Evaluator>
 plasticity_cell evaluate_cell(Evaluator& ev, key_store const& ks, bucket_eval const& e,
                               std::vector<key_group> const& groups, bool sampled, plasticity_options const& opt,
-                              std::int64_t b, std::int64_t c) {
+                              std::int64_t b, std::int64_t c, split_acc* split = nullptr) {
     cell_acc acc;
     if (sampled) {
         evaluate_cell_sampled(ev, e, sampling_groups(groups), acc, opt, b, c);
     } else {
         for (auto const& g : groups) evaluate_group_exact(ev, ks, e, g.keys, acc, opt);
     }
+    if (split != nullptr) *split = acc.split;
     return finish_cell(acc, b, c, sampled);
 }
 
 /// One query bucket: its cells appended to `res.cells`, its profile entry to
-/// `res.profile` (method §6, §9.10–9.11).
+/// `res.profile` (method §6, §9.10–9.11), its split entry to `res.split.profile`.
 template <class Evaluator>
 void evaluate_query_bucket(Evaluator& ev, empirical_check& emp, bucket_semantics const& s, query_plan const& qp,
                            pair_plan const& plan, key_store const& ks, plasticity_options const& opt,
-                           plasticity_result& res) {
+                           plasticity_result& res, split_reference const& ref = {}) {
     plasticity_bucket pb;
     pb.q_bucket = s.bucket;
     pb.n_queries = s.n_queries;
@@ -84,22 +170,29 @@ void evaluate_query_bucket(Evaluator& ev, empirical_check& emp, bucket_semantics
     if (!qp.evaluated) {  // method §6: no earlier key bucket; §9.8: no bucket model
         ++res.n_query_buckets_skipped;
         res.profile.push_back(pb);
+        res.split.profile.emplace_back().q_bucket = s.bucket;
         return;
     }
     bucket_eval e = bucket_eval_of(s, ks.d);
+    e.split = split_model_of(s, ref);
     emp.prepare(s.bucket, qp.cells, res.sampled, e.emp);
+    std::vector<split_acc> sc;
     if (opt.pairs == pair_policy::same_bucket) {
         auto const first = res.cells.size();
-        for (auto c : qp.cells)
-            res.cells.push_back(evaluate_cell(ev, ks, e, plan.groups_of(c), res.sampled, opt, s.bucket, c));
+        sc.resize(qp.cells.size());
+        for (std::size_t i = 0; i < qp.cells.size(); ++i)
+            res.cells.push_back(
+                evaluate_cell(ev, ks, e, plan.groups_of(qp.cells[i]), res.sampled, opt, s.bucket, qp.cells[i], &sc[i]));
         same_bucket_profile(std::span<plasticity_cell const>(res.cells).subspan(first), pb);
     } else {  // prefix: per example, its keys in all admissible buckets
+        sc.resize(1);
         res.cells.push_back(
-            evaluate_cell(ev, ks, e, plan.prefix_groups(qp.cells), res.sampled, opt, s.bucket, -1));
+            evaluate_cell(ev, ks, e, plan.prefix_groups(qp.cells), res.sampled, opt, s.bucket, -1, sc.data()));
         prefix_profile(res.cells.back(), pb);
     }
     res.n_pairs += pb.n_pairs;
     res.profile.push_back(pb);
+    res.split.profile.push_back(split_bucket_of(s.bucket, sc, e.split.on && e.split.frozen, res.split.n_pairs_degenerate));
 }
 
 /// Attention plasticity of one head (method §5–6) from its Householder model,
@@ -123,9 +216,11 @@ plasticity_result evaluate_plasticity(householder_result const& model, key_store
 
     empirical_check emp(ks, qs, plan, opt);
     pair_evaluator ev(ks, res.heatmap, res.n_pairs_skipped, emp);
+    split_reference const ref = split_reference_of(model, res.context_length, opt.split_profile);
     for (std::size_t i = 0; i < model.buckets.size(); ++i)
-        evaluate_query_bucket(ev, emp, model.buckets[i], plan.queries[i], plan, ks, opt, res);
+        evaluate_query_bucket(ev, emp, model.buckets[i], plan.queries[i], plan, ks, opt, res, ref);
     aggregate(res, opt.weighting);
+    aggregate_split(res, ref.on, ref.per_bucket || ref.n_buckets > 0, ref.n_buckets);
     return res;
 }
 

@@ -4,13 +4,15 @@
 //                    (shared with the LibTorch path)
 //   closed_form.hpp  the Gaussian PP of a pair: direct, Gram (GEMM), sampled
 //   empirical.hpp    the model-free cross-check (method §9.14)
-//   aggregate.hpp    cells → AP_b → profiles, AP_drop, heatmap grid
+//   aggregate.hpp    cells → AP_b → profiles, AP_drop, heatmap grid, the split
+//   split.hpp        the split of the profile: its types (docs/beyond-split.md)
 //   evaluate.hpp     one head, from validated rows
 // and the public entry points in <qkgeom/attention_plasticity.hpp>.
 // IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
 #pragma once
 
 #include <qkgeom/config.hpp>
+#include <qkgeom/plasticity/split.hpp>
 
 #include <Eigen/Core>
 
@@ -73,6 +75,9 @@ struct plasticity_options {
     index_t dense_min_keys = 48;  ///< groups with at least this many keys use the Gram (GEMM) path
     index_t tile_keys = 256;      ///< Gram tile edge: memory stays O(tile² + group·d)
     empirical_columns empirical = empirical_columns::automatic;  ///< the check's product form (same counts)
+    /// The split of the profile (`plasticity_result::split`, docs/beyond-split.md):
+    /// false leaves it NaN with status `disabled` (and saves its time).
+    bool split_profile = true;
 };
 
 /// \brief One (query bucket, key bucket) cell: a row of head_bucket_plasticity.csv.
@@ -126,6 +131,7 @@ struct plasticity_result {
     std::int64_t n_query_buckets_skipped = 0;  ///< no earlier key bucket, or no bucket model
     bool sampled = false;
     std::int64_t context_length = 0;  ///< L used for the quantiles
+    profile_split split;              ///< bias vs content decomposition of the profile (docs/beyond-split.md)
 };
 
 }  // namespace qkgeom
