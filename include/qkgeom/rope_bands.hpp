@@ -1,0 +1,683 @@
+// qkgeom — RoPE bands (issue 17, docs/beyond-rope.md): with the RoPE a head's
+// rows were captured after (capture_facts::rope), undo the rotation of every
+// query and key row by its position and measure
+//   * per rotary pair, how stable the pre-rotation mean is across position
+//     buckets (the coherence; an end-to-end check of the capture settings:
+//     a post-RoPE capture with the right settings is consistent, a wrong
+//     pairing or pre-RoPE rows are flagged inconsistent);
+//   * per frequency band, the share of the queries' content variance (with a
+//     cluster standard error) and, per query bucket, the band's share of the
+//     score-difference variance v = Δᵀ Σ_b Δ of the key pairs the pair policy
+//     forms (same example, same earlier key bucket c < b, inside the window).
+#pragma once
+
+#include <qkgeom/config.hpp>
+#include <qkgeom/errors.hpp>
+#include <qkgeom/head.hpp>
+#include <qkgeom/plasticity/pair_plan.hpp>
+#include <qkgeom/tensor.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace qkgeom {
+
+/// \brief Outcome of the RoPE band analysis (docs/beyond-rope.md).
+enum class rope_status : std::uint8_t {
+    consistent = 0,           ///< the unrotated means are stable: the settings fit the rows
+    inconsistent = 1,         ///< the unrotated means rotate: wrong pairing/theta, or pre-RoPE rows
+    undetermined = 2,         ///< too little signal for the check (no powered pair, or in between)
+    not_applicable = 3,       ///< facts.rope is empty (no rope block, or pre-RoPE rows): all NaN
+    unsupported_scaling = 4,  ///< a scaling whose inverse needs unrecorded parameters: all NaN
+    too_few_rows = 5,         ///< fewer than 2 query buckets with min_bucket_rows rows: all NaN
+};
+
+/// \brief Name of a status as written in reports ("consistent", "inconsistent",
+/// "undetermined", "not_applicable", "unsupported_scaling", "too_few_rows").
+/// \param[in] s the status.
+/// \returns a static string ("unknown" for a value outside the enumeration).
+constexpr const char* rope_status_name(rope_status s) noexcept {
+    switch (s) {
+        case rope_status::consistent: return "consistent";
+        case rope_status::inconsistent: return "inconsistent";
+        case rope_status::undetermined: return "undetermined";
+        case rope_status::not_applicable: return "not_applicable";
+        case rope_status::unsupported_scaling: return "unsupported_scaling";
+        case rope_status::too_few_rows: return "too_few_rows";
+    }
+    return "unknown";
+}
+
+/// \brief Options of `rope_bands` (docs/beyond-rope.md has the thresholds).
+struct rope_band_options {
+    index_t n_bands = 8;                              ///< frequency bands over the rotary pairs; >= 1
+    double min_angle_span = 2.0 * std::numbers::pi;   ///< radians θ_i·(τ_max − τ_min) a powered pair needs; > 0
+    double min_energy_z = 10.0;                       ///< bucket-mean energy / its noise sd a powered pair needs; > 0
+    double consistent_above = 0.8;                    ///< coherence ≥ this → consistent; in (0, 1]
+    double inconsistent_below = 0.5;                  ///< coherence < this → inconsistent; in [0, consistent_above]
+    index_t min_bucket_rows = 2;                      ///< rows a bucket needs to enter the statistics; >= 2
+    double max_mirror_ratio = 0.5;                    ///< a powered pair's mirror_ratio ≥ this → inconsistent; > 0
+};
+
+/// \brief The check of one rotary pair for one kind (queries or keys).
+struct rope_pair_kind {
+    double coherence = detail::nan;        ///< C_i of the unrotated rows (NaN when the energy is ≤ 0)
+    double coherence_raw = detail::nan;    ///< C_i of the rows as given
+    double energy_z = detail::nan;         ///< debiased bucket-mean energy / its noise sd, unrotated rows
+    double energy_z_raw = detail::nan;     ///< the same for the rows as given
+    double angle_span = detail::nan;       ///< θ_i·(τ_max − τ_min) over the kind's used buckets (radians)
+    bool powered = false;          ///< enters the unrotated coherence (span and energy_z large enough)
+    bool powered_raw = false;      ///< enters the raw coherence
+    /// Debiased ‖mean of R(t)·y‖² (the rows rotated once more, the opposite
+    /// sense to the undoing) over Den: ≈ 0 for a true RoPE pair, ≈ 1 for a
+    /// single coordinate rotating at θ_i (a pair with the wrong partner).
+    double mirror_ratio = detail::nan;
+};
+
+/// \brief One rotary pair: its frequency and its check for queries and keys.
+struct rope_pair_check {
+    index_t pair = 0;          ///< i (coordinates (i, i + r/2) or (2i, 2i + 1))
+    double frequency = detail::nan;    ///< θ_i in radians per token (after the scaling)
+    double wavelength = detail::nan;   ///< 2π/θ_i in tokens
+    rope_pair_kind query;      ///< the queries' check
+    rope_pair_kind key;        ///< the keys' check
+};
+
+/// \brief The consistency check of one kind (energy-weighted over its powered pairs).
+struct rope_kind_check {
+    rope_status status = rope_status::undetermined;  ///< consistent / inconsistent / undetermined
+    double coherence = detail::nan;      ///< Σ_powered Num_i / Σ_powered Den_i, unrotated rows
+    double coherence_raw = detail::nan;  ///< the same for the rows as given, over its own powered pairs
+    double coherence_min = detail::nan;  ///< the smallest C_i over the powered pairs, unrotated rows
+    double coherence_min_raw = detail::nan;  ///< the same for the rows as given
+    double mirror_max = detail::nan;     ///< the largest mirror_ratio over the powered pairs
+    index_t powered_pairs = 0;   ///< pairs entering `coherence`
+    index_t powered_pairs_raw = 0;  ///< pairs entering `coherence_raw`
+    index_t buckets = 0;         ///< buckets with ≥ min_bucket_rows rows
+};
+
+/// \brief One frequency band (rotary pairs high → low frequency, or the unrotated coordinates).
+struct rope_band {
+    bool rotary = true;              ///< false for the band of unrotated coordinates (rotary_dim < d)
+    index_t first_pair = 0;          ///< first rotary pair of the band (−1 for the unrotated band)
+    index_t n_pairs = 0;             ///< rotary pairs in the band (0 for the unrotated band)
+    index_t n_coords = 0;            ///< coordinates in the band
+    double freq_lo = detail::nan;            ///< lowest θ_i of the band, radians per token (0 unrotated)
+    double freq_hi = detail::nan;            ///< highest θ_i of the band (0 unrotated)
+    double wavelength_lo = detail::nan;      ///< 2π/freq_hi, tokens (inf unrotated)
+    double wavelength_hi = detail::nan;      ///< 2π/freq_lo, tokens (inf unrotated)
+    double content_var_share = detail::nan;  ///< share of the queries' within-bucket variance (unrotated rows)
+    double content_var_share_se = detail::nan;  ///< its cluster (per example, else per row) standard error
+    double v_share_first_20pct = detail::nan;   ///< query-count weighted mean v share over quintile 0 buckets
+    double v_share_last_20pct = detail::nan;    ///< the same over quintile 4
+};
+
+/// \brief The v shares of one query bucket.
+struct rope_bucket_bands {
+    std::int64_t bucket = 0;       ///< query bucket b
+    std::int64_t n_queries = 0;    ///< its query rows
+    double tau = detail::nan;              ///< mean position of its queries
+    int quintile = 0;              ///< ⌊5 τ_b / L⌋ (method §9.12)
+    std::int64_t n_pairs = 0;      ///< key pairs of its admissible cells
+    std::vector<double> v_share;   ///< per band: V_bB / Σ_B' V_bB' (NaN when no pair or Σ = 0)
+};
+
+/// \brief Result of `rope_bands` (docs/beyond-rope.md): the columns of the
+/// per-head, per-band and per-(bucket, band) tables.
+struct rope_band_result {
+    rope_status status = rope_status::not_applicable;  ///< overall status (see rope_status)
+    double coherence = detail::nan;       ///< queries and keys pooled: Σ Num / Σ Den over powered pairs
+    double coherence_raw = detail::nan;   ///< the same for the rows as given
+    rope_kind_check queries;      ///< the queries' check
+    rope_kind_check keys;         ///< the keys' check
+    bool clusters_are_examples = false;  ///< SE clusters: query example ids (true) or rows (false)
+    std::int64_t context_length = 0;     ///< L of the quintiles
+    std::vector<rope_pair_check> pairs;  ///< per rotary pair
+    std::vector<rope_band> bands;        ///< per band, high → low frequency, unrotated last
+    std::vector<rope_bucket_bands> buckets;  ///< per query bucket with ≥ min_bucket_rows rows
+};
+
+namespace detail {
+namespace rope {
+
+/// The geometry: scaled frequencies, band layout, column permutation
+/// (band by band; in a rotary band the first coordinates of its pairs, then
+/// the second ones) and each pair's two columns in the permuted order.
+struct geometry {
+    index_t d = 0, r = 0, half = 0;
+    std::vector<double> freq;              // per pair, radians per token
+    std::vector<index_t> perm;             // permuted column → original coordinate
+    std::vector<index_t> col1, col2;       // per pair: its columns in the permuted order
+    std::vector<index_t> band_col, band_width;  // per band: first column, columns
+    std::vector<rope_band> bands;
+};
+
+inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, double scale) {
+    geometry g;
+    g.d = d;
+    g.r = s.rotary_dim == 0 ? d : s.rotary_dim;
+    g.half = g.r / 2;
+    for (index_t i = 0; i < g.half; ++i)
+        g.freq.push_back(std::pow(s.theta, -2.0 * double(i) / double(g.r)) / scale);
+    g.col1.resize(std::size_t(g.half));
+    g.col2.resize(std::size_t(g.half));
+    index_t const nb = std::min(n_bands, g.half);
+    for (index_t k = 0; k < nb; ++k) {
+        index_t const p0 = k * g.half / nb, p1 = (k + 1) * g.half / nb;
+        rope_band b;
+        b.first_pair = p0;
+        b.n_pairs = p1 - p0;
+        b.n_coords = 2 * b.n_pairs;
+        b.freq_hi = g.freq[std::size_t(p0)];
+        b.freq_lo = g.freq[std::size_t(p1 - 1)];
+        b.wavelength_lo = 2 * std::numbers::pi / b.freq_hi;
+        b.wavelength_hi = 2 * std::numbers::pi / b.freq_lo;
+        g.band_col.push_back(index_t(g.perm.size()));
+        g.band_width.push_back(b.n_coords);
+        for (int half_of = 0; half_of < 2; ++half_of)
+            for (index_t i = p0; i < p1; ++i) {
+                bool const rh = s.pairing == rope_pairing::rotate_half;
+                (half_of == 0 ? g.col1 : g.col2)[std::size_t(i)] = index_t(g.perm.size());
+                g.perm.push_back(rh ? i + half_of * g.half : 2 * i + half_of);
+            }
+        g.bands.push_back(b);
+    }
+    if (g.r < d) {
+        rope_band b;
+        b.rotary = false;
+        b.first_pair = -1;
+        b.n_coords = d - g.r;
+        b.freq_lo = b.freq_hi = 0.0;
+        b.wavelength_lo = b.wavelength_hi = std::numeric_limits<double>::infinity();
+        g.band_col.push_back(index_t(g.perm.size()));
+        g.band_width.push_back(b.n_coords);
+        for (index_t j = g.r; j < d; ++j) g.perm.push_back(j);
+        g.bands.push_back(b);
+    }
+    return g;
+}
+
+/// cos/sin of t·θ_i for integer t in [0, max_t]: t = a + K·h, two tables of
+/// K = ⌈√(max_t + 1)⌉ angles per pair, combined by the angle-addition formula.
+struct trig_table {
+    index_t K = 1, half = 0;
+    std::vector<double> lc, ls, hc, hs;  // [a * half + i], [h * half + i]
+    trig_table(std::vector<double> const& freq, std::int64_t max_t) : half(index_t(freq.size())) {
+        K = std::max<index_t>(1, index_t(std::ceil(std::sqrt(double(max_t) + 1.0))));
+        index_t const H = max_t / K + 1;
+        lc.resize(std::size_t(K * half)), ls.resize(lc.size());
+        hc.resize(std::size_t(H * half)), hs.resize(hc.size());
+        for (index_t a = 0; a < K; ++a)
+            for (index_t i = 0; i < half; ++i) {
+                lc[std::size_t(a * half + i)] = std::cos(double(a) * freq[std::size_t(i)]);
+                ls[std::size_t(a * half + i)] = std::sin(double(a) * freq[std::size_t(i)]);
+            }
+        for (index_t h = 0; h < H; ++h)
+            for (index_t i = 0; i < half; ++i) {
+                hc[std::size_t(h * half + i)] = std::cos(double(h * K) * freq[std::size_t(i)]);
+                hs[std::size_t(h * half + i)] = std::sin(double(h * K) * freq[std::size_t(i)]);
+            }
+    }
+    /// Undoes R(t) on the pairs of `row` (permuted columns): x ← R(t)ᵀ x; adds
+    /// R(t)·x (the opposite sense: the mirror check) to `m1`, `m2`.
+    void unrotate(double* row, std::int64_t t, geometry const& g, double* m1, double* m2) const {
+        std::size_t const a = std::size_t(t % K) * std::size_t(half), h = std::size_t(t / K) * std::size_t(half);
+        for (index_t i = 0; i < half; ++i) {
+            double const c1 = lc[a + std::size_t(i)], s1 = ls[a + std::size_t(i)];
+            double const c2 = hc[h + std::size_t(i)], s2 = hs[h + std::size_t(i)];
+            double const c = c1 * c2 - s1 * s2, s = s1 * c2 + c1 * s2;
+            double& x1 = row[g.col1[std::size_t(i)]];
+            double& x2 = row[g.col2[std::size_t(i)]];
+            double const y1 = c * x1 + s * x2, y2 = c * x2 - s * x1;
+            m1[i] += c * x1 - s * x2;
+            m2[i] += s * x1 + c * x2;
+            x1 = y1;
+            x2 = y2;
+        }
+    }
+};
+
+/// One kind's rows in permuted columns, sorted by (bucket, example id, row),
+/// with the bucket segments [start, start + count).
+struct sorted_rows {
+    Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> x;
+    std::vector<std::int64_t> position, bucket, example;
+    std::vector<std::pair<index_t, index_t>> segment;  // (start, count) per bucket
+    std::int64_t max_position = 0;
+};
+
+template <class M>
+sorted_rows read_sorted(std::string_view fn, std::string_view kind_name, token_rows<M> const& rows,
+                        geometry const& g) {
+    auto const reader = as_matrix(rows.vectors);
+    index_t const n = reader.rows();
+    std::vector<index_t> order(static_cast<std::size_t>(n));
+    std::iota(order.begin(), order.end(), index_t{0});
+    bool const ex = !rows.example_id.empty();
+    std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
+        if (rows.bucket[a] != rows.bucket[b]) return rows.bucket[a] < rows.bucket[b];
+        return ex && rows.example_id[a] < rows.example_id[b];
+    });
+    sorted_rows s;
+    s.x.resize(n, g.d);
+    std::vector<double> buf(std::size_t(g.d));
+    for (index_t r = 0; r < n; ++r) {
+        index_t const i = order[std::size_t(r)];
+        reader.read_row(i, buf.data());
+        for (index_t j = 0; j < g.d; ++j) {
+            double const v = buf[std::size_t(g.perm[std::size_t(j)])];
+            if (!(std::abs(v) < input_limit))
+                fail_arg(fn, std::string(kind_name) + ": a row holds NaN, Inf or a value >= 2^128 at row " + std::to_string(i) +
+                                 ", column " + std::to_string(g.perm[std::size_t(j)]) + "; value",
+                         v);
+            s.x(r, j) = v;
+        }
+        s.position.push_back(rows.position[i]);
+        s.bucket.push_back(rows.bucket[i]);
+        s.example.push_back(ex ? rows.example_id[i] : std::int64_t(i));
+        s.max_position = std::max(s.max_position, rows.position[i]);
+        if (r == 0 || s.bucket[std::size_t(r)] != s.bucket[std::size_t(r - 1)]) s.segment.push_back({r, 0});
+        ++s.segment.back().second;
+    }
+    return s;
+}
+
+/// Per pair sums of one frame: for the current bucket, Σ x (2 per pair) and
+/// Σ ‖x‖²; at the end of the bucket folded into the statistics of §1 of
+/// docs/beyond-rope.md (Den, Num, noise²).
+struct pair_energy {
+    std::vector<double> s1, s2, ss;       // current bucket
+    std::vector<double> den, m1, m2, var_sum, noise2, ss_all;  // over buckets
+    std::vector<double> r1, r2;  // Σ R(t)x over all rows (mirror frame; filled by trig_table::unrotate)
+    explicit pair_energy(index_t half)
+        : s1(std::size_t(half)), s2(s1), ss(s1), den(s1), m1(s1), m2(s1), var_sum(s1), noise2(s1), ss_all(s1),
+          r1(s1), r2(s1) {}
+    void add(double const* row, geometry const& g) {
+        for (std::size_t i = 0; i < s1.size(); ++i) {
+            double const a = row[g.col1[i]], b = row[g.col2[i]];
+            s1[i] += a;
+            s2[i] += b;
+            ss[i] += a * a + b * b;
+        }
+    }
+    /// Folds a bucket of n rows (weight w = n/N added later through 1/N).
+    void close(double n) {
+        for (std::size_t i = 0; i < s1.size(); ++i) {
+            double const a = s1[i] / n, b = s2[i] / n, e = a * a + b * b;
+            double const v = std::max(0.0, (ss[i] - n * e) / (n - 1));  // trace of the 2 × 2 covariance
+            den[i] += n * (e - v / n);
+            m1[i] += s1[i], m2[i] += s2[i];
+            var_sum[i] += n * v;  // Σ n_b s_b²
+            noise2[i] += n * n * (v / n) * (v / n);
+            ss_all[i] += ss[i];
+            s1[i] = s2[i] = ss[i] = 0;
+        }
+    }
+};
+
+/// Per pair coherence, energy z and power of one frame; Num and Den summed
+/// over the powered pairs into `num`, `den`.
+inline void finish_frame(pair_energy const& e, double N, std::vector<double> const& span, double min_span,
+                         double min_z, std::vector<rope_pair_check>& out, bool query, bool raw, double& num,
+                         double& den, index_t& powered, double& c_min,
+                         double& mirror_max) {
+    for (std::size_t i = 0; i < e.den.size(); ++i) {
+        double const D = e.den[i] / N;
+        double const a = e.m1[i] / N, b = e.m2[i] / N;
+        double const U = a * a + b * b - e.var_sum[i] / (N * N);
+        double const noise = std::sqrt(e.noise2[i]) / N;
+        double const z = noise > 0 ? D / noise : (D > 0 ? std::numeric_limits<double>::infinity() : nan);
+        bool const p = span[i] >= min_span && z >= min_z;
+        rope_pair_kind& k = query ? out[i].query : out[i].key;
+        (raw ? k.coherence_raw : k.coherence) = D > 0 ? U / D : nan;
+        (raw ? k.energy_z_raw : k.energy_z) = z;
+        (raw ? k.powered_raw : k.powered) = p;
+        if (!raw && D > 0) {  // mirror: debiased ‖mean of R(t)·y‖² over all rows, over D
+            double const c = e.r1[i] / N, d = e.r2[i] / N;
+            double const s2 = std::max(0.0, (e.ss_all[i] - N * (c * c + d * d)) / (N - 1));
+            k.mirror_ratio = (c * c + d * d - s2 / N) / D;
+        }
+        k.angle_span = span[i];
+        if (!p) continue;
+        num += U, den += D, ++powered;
+        c_min = std::isnan(c_min) ? U / D : std::min(c_min, U / D);
+        if (!raw) mirror_max = std::isnan(mirror_max) ? k.mirror_ratio : std::max(mirror_max, k.mirror_ratio);
+    }
+}
+
+/// The queries' within-bucket residual energy of the unrotated rows, per
+/// band and per cluster (example id when the queries carry them, else row).
+struct content_acc {
+    std::vector<std::int64_t> cluster_of;  // per sorted row: dense cluster id
+    index_t n_clusters = 0, n_bands = 0;
+    std::vector<double> a;                 // [cluster * n_bands + band]
+    content_acc(sorted_rows const& q, index_t bands) : n_bands(bands) {
+        std::vector<std::int64_t> ids = q.example;
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        n_clusters = index_t(ids.size());
+        for (auto e : q.example)
+            cluster_of.push_back(std::lower_bound(ids.begin(), ids.end(), e) - ids.begin());
+        a.assign(std::size_t(n_clusters * n_bands), 0.0);
+    }
+    /// Adds the residuals of a bucket's unrotated rows `u` (first row = sorted row r0).
+    template <class U>
+    void add_bucket(U const& u, index_t r0, geometry const& g) {
+        Eigen::RowVectorXd const mean = u.colwise().mean();
+        for (index_t r = 0; r < u.rows(); ++r) {
+            double* acc = a.data() + cluster_of[std::size_t(r0 + r)] * n_bands;
+            for (index_t k = 0; k < n_bands; ++k)
+                acc[k] += (u.row(r).segment(g.band_col[std::size_t(k)], g.band_width[std::size_t(k)]) -
+                           mean.segment(g.band_col[std::size_t(k)], g.band_width[std::size_t(k)]))
+                              .squaredNorm();
+        }
+    }
+    /// Shares and their linearised cluster standard errors:
+    /// S_B = A_B / T, se² = G/(G−1) Σ_e (A_eB − S_B T_e)² / T².
+    void finish(std::vector<rope_band>& bands) const {
+        std::vector<double> A(std::size_t(n_bands), 0.0), Te(std::size_t(n_clusters), 0.0);
+        for (index_t e = 0; e < n_clusters; ++e)
+            for (index_t k = 0; k < n_bands; ++k) {
+                A[std::size_t(k)] += a[std::size_t(e * n_bands + k)];
+                Te[std::size_t(e)] += a[std::size_t(e * n_bands + k)];
+            }
+        double const T = std::accumulate(A.begin(), A.end(), 0.0);
+        if (!(T > 0)) return;  // zero content variance: the shares stay NaN
+        for (index_t k = 0; k < n_bands; ++k) {
+            double const S = A[std::size_t(k)] / T;
+            bands[std::size_t(k)].content_var_share = S;
+            if (n_clusters < 2) continue;
+            double q = 0;
+            for (index_t e = 0; e < n_clusters; ++e) {
+                double const r = a[std::size_t(e * n_bands + k)] - S * Te[std::size_t(e)];
+                q += r * r;
+            }
+            double const G = double(n_clusters);
+            bands[std::size_t(k)].content_var_share_se = std::sqrt(G / (G - 1) * q) / T;
+        }
+    }
+};
+
+/// Mean position of each segment and the used segments (≥ min rows).
+inline std::vector<double> segment_tau(sorted_rows const& s) {
+    std::vector<double> tau;
+    for (auto const& [r0, n] : s.segment) {
+        double t = 0;
+        for (index_t r = r0; r < r0 + n; ++r) t += double(s.position[std::size_t(r)]);
+        tau.push_back(t / double(n));
+    }
+    return tau;
+}
+
+/// The coherence check of one kind (and, for queries, the content residuals).
+template <class = void>
+void kind_pass(sorted_rows const& s, geometry const& g, trig_table const& tt, rope_band_options const& opt,
+               std::vector<rope_pair_check>& pairs, bool query, rope_kind_check& out, double& num, double& den,
+               double& num_raw, double& den_raw, content_acc* content) {
+    std::vector<double> const tau = segment_tau(s);
+    double lo = std::numeric_limits<double>::infinity(), hi = -lo, N = 0;
+    for (std::size_t b = 0; b < s.segment.size(); ++b)
+        if (s.segment[b].second >= opt.min_bucket_rows) {
+            lo = std::min(lo, tau[b]), hi = std::max(hi, tau[b]);
+            N += double(s.segment[b].second);
+            ++out.buckets;
+        }
+    if (out.buckets < 2) return;  // no check: undetermined, NaN
+    std::vector<double> span;
+    for (double f : g.freq) span.push_back(f * (hi - lo));
+    pair_energy rot(g.half), raw(g.half);
+    Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> u;
+    for (auto const& [r0, n] : s.segment) {
+        if (n < opt.min_bucket_rows) continue;
+        u = s.x.middleRows(r0, n);
+        for (index_t r = 0; r < n; ++r) {
+            raw.add(&u(r, 0), g);
+            tt.unrotate(&u(r, 0), s.position[std::size_t(r0 + r)], g, rot.r1.data(), rot.r2.data());
+            rot.add(&u(r, 0), g);
+        }
+        rot.close(double(n));
+        raw.close(double(n));
+        if (content) content->add_bucket(u, r0, g);
+    }
+    double nu = 0, de = 0, nr = 0, dr = 0, unused = nan;
+    finish_frame(rot, N, span, opt.min_angle_span, opt.min_energy_z, pairs, query, false, nu, de, out.powered_pairs,
+                 out.coherence_min, out.mirror_max);
+    finish_frame(raw, N, span, opt.min_angle_span, opt.min_energy_z, pairs, query, true, nr, dr,
+                 out.powered_pairs_raw, out.coherence_min_raw, unused);
+    if (out.powered_pairs > 0) out.coherence = nu / de;
+    if (out.powered_pairs_raw > 0) out.coherence_raw = nr / dr;
+    num += nu, den += de, num_raw += nr, den_raw += dr;
+    if (out.powered_pairs == 0) return;
+    // One powered pair whose mean moves is evidence (a wrong pairing can leave
+    // one pair half demodulated: coordinate 0 is in pair 0 under both pairings).
+    bool const bad = out.coherence_min < opt.inconsistent_below || out.mirror_max >= opt.max_mirror_ratio;
+    out.status = bad                                     ? rope_status::inconsistent
+                 : out.coherence >= opt.consistent_above ? rope_status::consistent
+                                                         : rope_status::undetermined;
+}
+
+using dmat = Eigen::MatrixXd;
+
+/// Per key cell (key bucket): the band blocks of D_c = Σ_pairs Δ Δᵀ over the
+/// pairs of one example's keys in the cell (Σ_{i<j} (x_i − x_j)(x_i − x_j)ᵀ =
+/// m Σ_i (x_i − x̄)(x_i − x̄)ᵀ per group of m keys), prefix-summed over the
+/// cells in ascending order: pref[c + 1] − pref[lo] sums cells lo..c.
+struct key_prefix {
+    std::vector<std::int64_t> cell;             // key bucket of each cell, ascending
+    std::vector<std::vector<dmat>> pref;        // [cells + 1][band]
+    std::vector<std::int64_t> pairs;            // prefix pair counts
+};
+
+template <class = void>
+key_prefix key_pairs(sorted_rows const& k, geometry const& g) {
+    index_t const nb = index_t(g.bands.size());
+    key_prefix kp;
+    kp.pref.emplace_back();
+    for (index_t b = 0; b < nb; ++b)
+        kp.pref.back().push_back(dmat::Zero(g.band_width[std::size_t(b)], g.band_width[std::size_t(b)]));
+    kp.pairs.push_back(0);
+    dmat z;
+    for (auto const& [r0, n] : k.segment) {
+        z.resize(n, g.d);
+        index_t nz = 0;
+        std::int64_t pairs = 0;
+        for (index_t r = r0; r < r0 + n;) {
+            index_t e = r;
+            while (e < r0 + n && k.example[std::size_t(e)] == k.example[std::size_t(r)]) ++e;
+            index_t const m = e - r;
+            if (m >= 2) {
+                Eigen::RowVectorXd const mean = k.x.middleRows(r, m).colwise().mean();
+                z.middleRows(nz, m) = (k.x.middleRows(r, m).rowwise() - mean) * std::sqrt(double(m));
+                nz += m;
+                pairs += std::int64_t(m) * (m - 1) / 2;
+            }
+            r = e;
+        }
+        kp.cell.push_back(k.bucket[std::size_t(r0)]);
+        kp.pairs.push_back(kp.pairs.back() + pairs);
+        kp.pref.push_back(kp.pref.back());
+        for (index_t b = 0; b < nb; ++b) {
+            auto const zb = z.block(0, g.band_col[std::size_t(b)], nz, g.band_width[std::size_t(b)]);
+            kp.pref.back()[std::size_t(b)].noalias() += zb.transpose() * zb;
+        }
+    }
+    return kp;
+}
+
+/// ⌊5 S / (n L)⌋ of a bucket with position sum S over n queries, clamped to 4 (method §9.12).
+inline int quintile_of(double tau, std::int64_t L) {
+    auto const q = static_cast<std::int64_t>(std::floor(5.0 * tau / double(L)));
+    return int(std::clamp<std::int64_t>(q, 0, 4));
+}
+
+/// Per query bucket with ≥ min rows: V_bB = tr(Σ_b,BB D_b,BB), the v shares,
+/// and the head summary per band (quintiles 0 and 4, query-count weighted).
+template <class = void>
+void v_shares(sorted_rows const& q, key_prefix const& kp, geometry const& g, capture_facts const& facts,
+              rope_band_options const& opt, rope_band_result& res) {
+    index_t const nb = index_t(g.bands.size());
+    std::vector<double> const tau = segment_tau(q);
+    std::vector<double> f0(std::size_t(nb), 0.0), f4(f0), w0(f0), w4(f0);
+    for (std::size_t s = 0; s < q.segment.size(); ++s) {
+        auto const [r0, n] = q.segment[s];
+        if (n < opt.min_bucket_rows) continue;
+        rope_bucket_bands bb;
+        bb.bucket = q.bucket[std::size_t(r0)];
+        bb.n_queries = n;
+        bb.tau = tau[s];
+        bb.quintile = quintile_of(tau[s], res.context_length);
+        bb.v_share.assign(std::size_t(nb), nan);
+        auto const hi = std::size_t(std::lower_bound(kp.cell.begin(), kp.cell.end(), bb.bucket) - kp.cell.begin());
+        auto const lo = std::size_t(std::partition_point(kp.cell.begin(), kp.cell.begin() + std::ptrdiff_t(hi),
+                                                         [&](std::int64_t c) { return !in_window(facts, bb.bucket, c); }) -
+                                    kp.cell.begin());
+        bb.n_pairs = kp.pairs[hi] - kp.pairs[lo];
+        if (bb.n_pairs > 0) {
+            auto const x = q.x.middleRows(r0, n);
+            dmat const xc = x.rowwise() - x.colwise().mean();
+            std::vector<double> V(static_cast<std::size_t>(nb));
+            for (index_t b = 0; b < nb; ++b) {
+                auto const xb = xc.middleCols(g.band_col[std::size_t(b)], g.band_width[std::size_t(b)]);
+                dmat const C = xb.transpose() * xb;
+                V[std::size_t(b)] = C.cwiseProduct(kp.pref[hi][std::size_t(b)] - kp.pref[lo][std::size_t(b)]).sum();
+            }
+            double const tot = std::accumulate(V.begin(), V.end(), 0.0);
+            if (tot > 0)
+                for (index_t b = 0; b < nb; ++b) bb.v_share[std::size_t(b)] = V[std::size_t(b)] / tot;
+        }
+        for (index_t b = 0; b < nb && std::isfinite(bb.v_share[0]); ++b) {
+            double const w = double(n), v = bb.v_share[std::size_t(b)];
+            if (bb.quintile == 0) f0[std::size_t(b)] += w * v, w0[std::size_t(b)] += w;
+            if (bb.quintile == 4) f4[std::size_t(b)] += w * v, w4[std::size_t(b)] += w;
+        }
+        res.buckets.push_back(std::move(bb));
+    }
+    for (index_t b = 0; b < nb; ++b) {
+        if (w0[std::size_t(b)] > 0) res.bands[std::size_t(b)].v_share_first_20pct = f0[std::size_t(b)] / w0[std::size_t(b)];
+        if (w4[std::size_t(b)] > 0) res.bands[std::size_t(b)].v_share_last_20pct = f4[std::size_t(b)] / w4[std::size_t(b)];
+    }
+}
+
+/// Checks the options; throws std::invalid_argument naming the field.
+inline void check_options(std::string_view fn, rope_band_options const& o) {
+    if (o.n_bands < 1) fail_arg(fn, "rope_band_options.n_bands: must be >= 1", o.n_bands);
+    if (!(std::isfinite(o.min_angle_span) && o.min_angle_span > 0))
+        fail_arg(fn, "rope_band_options.min_angle_span: must be finite and > 0 radians", o.min_angle_span);
+    if (!(std::isfinite(o.min_energy_z) && o.min_energy_z > 0))
+        fail_arg(fn, "rope_band_options.min_energy_z: must be finite and > 0", o.min_energy_z);
+    if (!(o.consistent_above > 0 && o.consistent_above <= 1))
+        fail_arg(fn, "rope_band_options.consistent_above: must be in (0, 1]", o.consistent_above);
+    if (!(o.inconsistent_below >= 0 && o.inconsistent_below <= o.consistent_above))
+        fail_arg(fn, "rope_band_options.inconsistent_below: must be in [0, consistent_above]", o.inconsistent_below);
+    if (!(std::isfinite(o.max_mirror_ratio) && o.max_mirror_ratio > 0))
+        fail_arg(fn, "rope_band_options.max_mirror_ratio: must be finite and > 0", o.max_mirror_ratio);
+    if (o.min_bucket_rows < 2) fail_arg(fn, "rope_band_options.min_bucket_rows: must be >= 2", o.min_bucket_rows);
+}
+
+/// Checks the RoPE settings against the head dimension d; returns the
+/// position divisor (1 for "none", the factor for "linear", 0 for another
+/// scaling: unsupported).
+inline double check_spec(std::string_view fn, rope_spec const& s, index_t d) {
+    if (s.rotary_dim < 0 || s.rotary_dim % 2 != 0 || s.rotary_dim > d)
+        fail_arg(fn, "facts.rope.rotary_dim: must be even and in [0, d = " + std::to_string(d) + "]", s.rotary_dim);
+    if (s.rotary_dim == 0 && d % 2 != 0)
+        fail_arg(fn, "facts.rope.rotary_dim: 0 (the whole head) needs an even head dimension; d", d);
+    if (!(std::isfinite(s.theta) && s.theta > 0)) fail_arg(fn, "facts.rope.theta: must be finite and > 0", s.theta);
+    if (s.scaling == "none") {
+        if (s.scaling_factor != 1.0)
+            fail_arg(fn, "facts.rope.scaling_factor: must be 1 when scaling is \"none\"", s.scaling_factor);
+        return 1.0;
+    }
+    if (s.scaling != "linear") return 0.0;
+    if (!(std::isfinite(s.scaling_factor) && s.scaling_factor > 0))
+        fail_arg(fn, "facts.rope.scaling_factor: must be finite and > 0 for \"linear\"", s.scaling_factor);
+    return s.scaling_factor;
+}
+
+}  // namespace rope
+}  // namespace detail
+
+/// \brief RoPE bands of one head (docs/beyond-rope.md): undoes the rotation
+/// of every query and key row by its position under `head.facts.rope`,
+/// checks per rotary pair that the unrotated means are stable across buckets
+/// (status consistent / inconsistent / undetermined), and per frequency band
+/// measures the queries' content-variance share (± cluster SE) and, per query
+/// bucket, the band's share of the score-difference variance v.
+/// \tparam QM, KM any RowMatrix.
+/// \param[in] head the head (positions, buckets, key example ids; query
+///            example ids, when present, are the SE clusters).
+/// \param[in] opt  the options (bands, power and decision thresholds).
+/// \returns the result; status not_applicable (facts.rope empty),
+///          unsupported_scaling (a scaling other than "none" / "linear") or
+///          too_few_rows (fewer than 2 query buckets with min_bucket_rows rows)
+///          leave every number NaN.
+/// \throws std::invalid_argument naming the field and value for a bad option,
+///         invalid RoPE settings (rotary_dim odd, negative or > d, theta not
+///         finite and > 0, a scaling factor ≠ 1 with "none" or ≤ 0 with
+///         "linear"), queries and keys of different widths, bad annotations
+///         (as analyze_head) or a row holding NaN/Inf.
+/// \throws std::bad_alloc if the sorted rows (n × d doubles per kind) cannot be allocated.
+template <RowMatrix QM, RowMatrix KM>
+rope_band_result rope_bands(head_capture<QM, KM> const& head, rope_band_options const& opt = {}) {
+    constexpr std::string_view fn = "qkgeom::rope_bands";
+    namespace rd = detail::rope;
+    rd::check_options(fn, opt);
+    index_t const d = as_matrix(head.queries.vectors).cols(), dk = as_matrix(head.keys.vectors).cols();
+    if (d != dk)
+        detail::fail_arg(fn, "queries and keys differ in head dimension: queries have " + std::to_string(d) +
+                                 " columns, keys have",
+                         dk);
+    detail::check_facts(fn, head.facts);
+    detail::check_annotations(fn, "queries", as_matrix(head.queries.vectors).rows(), head.queries.position,
+                              head.queries.bucket, head.queries.example_id, false, head.facts);
+    detail::check_annotations(fn, "keys", as_matrix(head.keys.vectors).rows(), head.keys.position, head.keys.bucket,
+                              head.keys.example_id, true, head.facts);
+    rope_band_result res;
+    if (!head.facts.rope) return res;
+    double const scale = rd::check_spec(fn, *head.facts.rope, d);
+    if (scale == 0.0) {
+        res.status = rope_status::unsupported_scaling;
+        return res;
+    }
+    rd::geometry const g = rd::make_geometry(*head.facts.rope, d, opt.n_bands, scale);
+    res.bands = g.bands;
+    for (index_t i = 0; i < g.half; ++i)
+        res.pairs.push_back({i, g.freq[std::size_t(i)], 2 * std::numbers::pi / g.freq[std::size_t(i)], {}, {}});
+    rd::sorted_rows const q = rd::read_sorted(fn, "queries", head.queries, g);
+    rd::sorted_rows const k = rd::read_sorted(fn, "keys", head.keys, g);
+    res.context_length = head.facts.context_length > 0 ? head.facts.context_length
+                                                       : std::max(q.max_position, k.max_position) + 1;
+    res.clusters_are_examples = !head.queries.example_id.empty();
+    index_t used = 0;
+    for (auto const& sg : q.segment) used += sg.second >= opt.min_bucket_rows ? 1 : 0;
+    if (used < 2) {
+        res.status = rope_status::too_few_rows;
+        return res;
+    }
+    rd::trig_table const tt(g.freq, std::max(q.max_position, k.max_position));
+    rd::content_acc content(q, index_t(g.bands.size()));
+    double num = 0, den = 0, num_raw = 0, den_raw = 0;
+    rd::kind_pass(q, g, tt, opt, res.pairs, true, res.queries, num, den, num_raw, den_raw, &content);
+    rd::kind_pass(k, g, tt, opt, res.pairs, false, res.keys, num, den, num_raw, den_raw, nullptr);
+    content.finish(res.bands);
+    if (res.queries.powered_pairs + res.keys.powered_pairs > 0) res.coherence = num / den;
+    if (res.queries.powered_pairs_raw + res.keys.powered_pairs_raw > 0) res.coherence_raw = num_raw / den_raw;
+    rd::v_shares(q, rd::key_pairs(k, g), g, head.facts, opt, res);
+    auto const any = [&](rope_status s) { return res.queries.status == s || res.keys.status == s; };
+    res.status = any(rope_status::inconsistent) ? rope_status::inconsistent
+                 : any(rope_status::consistent) ? rope_status::consistent
+                                                : rope_status::undetermined;
+    return res;
+}
+
+}  // namespace qkgeom

@@ -1,0 +1,341 @@
+// Tests of qkgeom::rope_bands (docs/beyond-rope.md): planted pre-RoPE means
+// and per-band content variances, RoPE applied with known settings, and the
+// checks that must pass (consistent) or fail (wrong pairing, pre-RoPE rows,
+// wrong scaling); brute-force v shares; option and settings errors.
+#include <qkgeom/rope_bands.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <Eigen/Core>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using qkgeom::index_t;
+using qkgeom::rope_pairing;
+using qkgeom::rope_status;
+
+/// A planted head: d = 24, rotary_dim 16 (8 pairs), uniform buckets of 256
+/// over 4096 tokens, `per_cell` query and key rows per (example, bucket).
+/// Pre-RoPE rows: mean μ (magnitude `mean_mag` on every rotary pair, zero on
+/// the plain block) + sd[j]·ε. RoPE (pairing, theta 10000, positions / factor)
+/// is applied unless `apply` is false.
+struct planted {
+    std::uint64_t seed = 1;
+    rope_pairing pairing = rope_pairing::rotate_half;
+    double factor = 1.0;
+    bool apply = true;
+    double mean_mag = 2.0;
+    std::int64_t examples = 100;
+    std::int64_t per_cell = 2;
+    std::vector<double> sd = std::vector<double>(24, 1.0);
+};
+
+constexpr index_t kd = 24, kr = 16;
+
+void fill(qkgeom::token_rows<qkgeom::row_matrix>& rows, planted const& p, std::mt19937_64& rng, bool keys) {
+    std::normal_distribution<double> z(0.0, 1.0);
+    std::uniform_int_distribution<std::int64_t> off(0, 255);
+    Eigen::VectorXd mu = Eigen::VectorXd::Zero(kd);
+    for (index_t i = 0; i < kr / 2; ++i) {  // pair i: angle i, magnitude mean_mag (keys: another angle)
+        double const a = 0.7 * double(i) + (keys ? 1.3 : 0.0);
+        mu(i) = p.mean_mag * std::cos(a), mu(i + kr / 2) = p.mean_mag * std::sin(a);
+    }
+    std::int64_t const n = p.examples * 16 * p.per_cell;
+    rows.vectors.resize(n, kd);
+    index_t r = 0;
+    for (std::int64_t e = 0; e < p.examples; ++e)
+        for (std::int64_t b = 0; b < 16; ++b)
+            for (std::int64_t c = 0; c < p.per_cell; ++c, ++r) {
+                std::int64_t const t = b * 256 + off(rng);
+                Eigen::VectorXd x(kd);
+                for (index_t j = 0; j < kd; ++j) x(j) = mu(j) + p.sd[std::size_t(j)] * z(rng);
+                if (p.apply) {  // rotate_half (i, i + 8) rotation, then relabel for interleaved
+                    Eigen::VectorXd y = x;
+                    for (index_t i = 0; i < kr / 2; ++i) {
+                        double const f = std::pow(10000.0, -2.0 * double(i) / double(kr)) / p.factor;
+                        double const cs = std::cos(double(t) * f), sn = std::sin(double(t) * f);
+                        index_t const j1 = p.pairing == rope_pairing::rotate_half ? i : 2 * i;
+                        index_t const j2 = p.pairing == rope_pairing::rotate_half ? i + kr / 2 : 2 * i + 1;
+                        y(j1) = x(i) * cs - x(i + kr / 2) * sn;  // pair i's content is (x_i, x_{i+8})
+                        y(j2) = x(i) * sn + x(i + kr / 2) * cs;
+                    }
+                    x = y;
+                }
+                rows.vectors.row(r) = x.transpose();
+                rows.position.values().push_back(t);
+                rows.bucket.values().push_back(b);
+                rows.example_id.values().push_back(e);
+            }
+}
+
+qkgeom::head_capture<> make_head(planted const& p) {
+    std::mt19937_64 rng(p.seed);
+    qkgeom::head_capture<> h;
+    h.facts.buckets = qkgeom::bucket_spec{qkgeom::bucket_scheme::uniform, 256};
+    h.facts.context_length = 4096;
+    fill(h.queries, p, rng, false);
+    fill(h.keys, p, rng, true);
+    qkgeom::rope_spec s;
+    s.pairing = p.pairing;
+    s.rotary_dim = kr;
+    if (p.factor != 1.0) s.scaling = "linear", s.scaling_factor = p.factor;
+    h.facts.rope = s;
+    return h;
+}
+
+}  // namespace
+
+TEST_CASE("rope_bands: post-RoPE rows with the right settings are consistent", "[rope]") {
+    for (auto pairing : {rope_pairing::rotate_half, rope_pairing::interleaved}) {
+        planted p;
+        p.pairing = pairing;
+        auto const h = make_head(p);
+        auto const r = qkgeom::rope_bands(h);
+        INFO("pairing " << qkgeom::rope_pairing_name(pairing) << " coherence " << r.coherence << " raw "
+                        << r.coherence_raw);
+        CHECK(r.status == rope_status::consistent);
+        CHECK(r.queries.status == rope_status::consistent);
+        CHECK(r.keys.status == rope_status::consistent);
+        CHECK(r.queries.powered_pairs >= 3);
+        CHECK(r.coherence > 0.95);
+        CHECK(r.coherence_raw < 0.5);  // the rows as given rotate
+        CHECK(r.queries.coherence_min > 0.8);
+        CHECK(r.queries.mirror_max < 0.2);  // each pair rotates in one sense
+        CHECK(r.keys.mirror_max < 0.2);
+        REQUIRE(r.pairs.size() == 8);
+        REQUIRE(r.bands.size() == 8 + 1);  // 8 bands of one pair, plus the unrotated band
+        CHECK_FALSE(r.bands.back().rotary);
+        CHECK(r.bands.back().n_coords == kd - kr);
+    }
+}
+
+TEST_CASE("rope_bands: the other pairing, pre-RoPE rows and a wrong scaling are flagged", "[rope]") {
+    SECTION("wrong pairing") {
+        for (auto pairing : {rope_pairing::rotate_half, rope_pairing::interleaved}) {
+            planted p;
+            p.pairing = pairing;
+            p.mean_mag = 0.5;  // weak mean: pair 0 alone is powered, half demodulated (coordinate 0 is in
+                               // pair 0 under both pairings): only the mirror check sees it
+            auto h = make_head(p);
+            h.facts.rope->pairing =
+                pairing == rope_pairing::rotate_half ? rope_pairing::interleaved : rope_pairing::rotate_half;
+            auto const r = qkgeom::rope_bands(h);
+            INFO("coherence " << r.coherence << " q " << r.queries.coherence << " k " << r.keys.coherence);
+            CHECK(r.status == rope_status::inconsistent);
+            CHECK(r.pairs[0].query.powered);
+            CHECK(r.pairs[0].query.mirror_ratio > 0.5);
+        }
+    }
+    SECTION("rows captured before RoPE, settings saying post-RoPE") {
+        planted p;
+        p.apply = false;
+        auto const r = qkgeom::rope_bands(make_head(p));
+        INFO("coherence " << r.coherence << " raw " << r.coherence_raw);
+        CHECK(r.status == rope_status::inconsistent);
+        CHECK(r.coherence < 0.3);
+        CHECK(r.coherence_raw > 0.9);  // the rows as given have the stable mean
+    }
+    SECTION("linear scaling: round trip, and the scaling left out") {
+        planted p;
+        p.factor = 4.0;
+        auto h = make_head(p);
+        auto const r = qkgeom::rope_bands(h);
+        INFO("coherence " << r.coherence);
+        CHECK(r.status == rope_status::consistent);
+        CHECK(r.pairs[0].frequency == Approx(0.25).epsilon(1e-12));
+        h.facts.rope->scaling = "none";
+        h.facts.rope->scaling_factor = 1.0;
+        CHECK(qkgeom::rope_bands(h).status == rope_status::inconsistent);
+    }
+}
+
+TEST_CASE("rope_bands: no signal and no settings give statuses and NaN", "[rope]") {
+    planted p;
+    p.mean_mag = 0.0;  // zero pre-RoPE mean: nothing to check
+    auto h = make_head(p);
+    auto r = qkgeom::rope_bands(h);
+    CHECK(r.status == rope_status::undetermined);
+    CHECK(r.queries.powered_pairs == 0);
+    CHECK(std::isnan(r.coherence));
+    CHECK(std::isfinite(r.bands[0].content_var_share));  // the bands do not need the mean
+    h.facts.rope->scaling = "yarn";
+    h.facts.rope->scaling_factor = 4.0;
+    r = qkgeom::rope_bands(h);
+    CHECK(r.status == rope_status::unsupported_scaling);
+    CHECK(std::isnan(r.coherence));
+    CHECK(r.bands.empty());
+    h.facts.rope.reset();
+    r = qkgeom::rope_bands(h);
+    CHECK(r.status == rope_status::not_applicable);
+    CHECK(std::isnan(r.coherence));
+    CHECK(std::string(qkgeom::rope_status_name(r.status)) == "not_applicable");
+    planted tiny;
+    tiny.examples = 1, tiny.per_cell = 1;  // one row per bucket
+    r = qkgeom::rope_bands(make_head(tiny));
+    CHECK(r.status == rope_status::too_few_rows);
+    CHECK(std::isnan(r.bands[0].content_var_share));
+}
+
+TEST_CASE("rope_bands: planted per-band content variance shares within their standard errors", "[rope]") {
+    // sd per coordinate: rotary pair i has sd 0.5 + 0.25 i on both coordinates, plain coordinates 1.5.
+    planted p;
+    for (index_t i = 0; i < kr / 2; ++i) p.sd[std::size_t(i)] = p.sd[std::size_t(i + kr / 2)] = 0.5 + 0.25 * double(i);
+    for (index_t j = kr; j < kd; ++j) p.sd[std::size_t(j)] = 1.5;
+    double total = 0;
+    for (double s : p.sd) total += s * s;
+    qkgeom::rope_band_options opt;
+    opt.n_bands = 4;  // 2 pairs per band
+    std::vector<double> truth;
+    for (index_t k = 0; k < 4; ++k) {
+        double const a = p.sd[std::size_t(2 * k)], b = p.sd[std::size_t(2 * k + 1)];
+        truth.push_back(2 * (a * a + b * b) / total);
+    }
+    truth.push_back(double(kd - kr) * 2.25 / total);
+    int const n_seeds = 30;
+    std::vector<double> sum(5, 0.0), sum2(5, 0.0), se_sum(5, 0.0);
+    for (int s = 0; s < n_seeds; ++s) {
+        p.seed = 100 + std::uint64_t(s);
+        auto const r = qkgeom::rope_bands(make_head(p), opt);
+        REQUIRE(r.bands.size() == 5);
+        CHECK(r.clusters_are_examples);
+        double share_sum = 0;
+        for (std::size_t k = 0; k < 5; ++k) {
+            double const est = r.bands[k].content_var_share, se = r.bands[k].content_var_share_se;
+            INFO("seed " << s << " band " << k << " est " << est << " truth " << truth[k] << " se " << se);
+            CHECK(std::abs(est - truth[k]) < 3 * se);
+            sum[k] += est, sum2[k] += est * est, se_sum[k] += se;
+            share_sum += est;
+        }
+        CHECK(share_sum == Approx(1.0).epsilon(1e-12));
+    }
+    for (std::size_t k = 0; k < 5; ++k) {  // the SE is about the spread over seeds
+        double const m = sum[k] / n_seeds;
+        double const sd = std::sqrt((sum2[k] - n_seeds * m * m) / (n_seeds - 1));
+        double const ratio = (se_sum[k] / n_seeds) / sd;
+        INFO("band " << k << " mean SE / sd over seeds = " << ratio);
+        CHECK(ratio > 0.65);
+        CHECK(ratio < 1.5);
+    }
+}
+
+TEST_CASE("rope_bands: v shares against brute force over the pairs", "[rope]") {
+    planted p;
+    p.examples = 20;
+    p.per_cell = 3;
+    for (index_t j = 0; j < kd; ++j) p.sd[std::size_t(j)] = 0.3 + 0.1 * double(j % 7);
+    auto h = make_head(p);
+    h.facts.sliding_window = 1024;  // key buckets b − 4 .. b − 1
+    qkgeom::rope_band_options opt;
+    opt.n_bands = 3;  // pairs {0,1,2}, {3,4,5}, {6,7}, unrotated
+    auto const r = qkgeom::rope_bands(h, opt);
+    REQUIRE(r.bands.size() == 4);
+    CHECK(r.bands[0].n_pairs == 2);  // ⌊k·8/3⌋ boundaries: 0, 2, 5, 8
+    CHECK(r.bands[1].n_pairs == 3);
+    CHECK(r.bands[2].n_pairs == 3);
+    std::vector<std::vector<index_t>> cols = {{0, 1, 8, 9}, {2, 3, 4, 10, 11, 12}, {5, 6, 7, 13, 14, 15}, {}};
+    for (index_t j = kr; j < kd; ++j) cols[3].push_back(j);
+    auto const& Q = h.queries.vectors;
+    auto const& K = h.keys.vectors;
+    REQUIRE(r.buckets.size() == 16);
+    for (auto const& bb : r.buckets) {
+        double share_sum = 0;
+        for (double v : bb.v_share) share_sum += v;
+        if (bb.bucket == 0) {
+            CHECK(bb.n_pairs == 0);
+            CHECK(std::isnan(bb.v_share[0]));
+            continue;
+        }
+        CHECK(share_sum == Approx(1.0).epsilon(1e-12));
+        // brute force: Σ_b from the bucket's query rows; every pair of one example's keys in one admissible bucket
+        std::vector<index_t> qrows;
+        for (index_t i = 0; i < Q.rows(); ++i)
+            if (h.queries.bucket[i] == bb.bucket) qrows.push_back(i);
+        Eigen::MatrixXd X(index_t(qrows.size()), kd);
+        for (std::size_t i = 0; i < qrows.size(); ++i) X.row(index_t(i)) = Q.row(qrows[i]);
+        Eigen::MatrixXd const Xc = X.rowwise() - X.colwise().mean();
+        Eigen::MatrixXd const S = Xc.transpose() * Xc;
+        std::vector<double> V(4, 0.0);
+        std::int64_t npairs = 0;
+        for (index_t i = 0; i < K.rows(); ++i)
+            for (index_t j = i + 1; j < K.rows(); ++j) {
+                auto const c = h.keys.bucket[i];
+                if (c != h.keys.bucket[j] || h.keys.example_id[i] != h.keys.example_id[j]) continue;
+                if (c >= bb.bucket || c < bb.bucket - 4) continue;
+                ++npairs;
+                Eigen::VectorXd const dlt = (K.row(i) - K.row(j)).transpose();
+                for (std::size_t band = 0; band < 4; ++band)
+                    for (index_t a : cols[band])
+                        for (index_t b : cols[band]) V[band] += dlt(a) * S(a, b) * dlt(b);
+            }
+        CHECK(bb.n_pairs == npairs);
+        double const tot = V[0] + V[1] + V[2] + V[3];
+        for (std::size_t band = 0; band < 4; ++band)
+            CHECK(bb.v_share[band] == Approx(V[band] / tot).epsilon(1e-10));
+    }
+    // head summary: quintile 0 = buckets 0..3 (τ < 819.2), quintile 4 = buckets 13..15
+    double w = 0, acc = 0;
+    for (auto const& bb : r.buckets)
+        if (bb.bucket >= 13) acc += double(bb.n_queries) * bb.v_share[1], w += double(bb.n_queries);
+    CHECK(r.bands[1].v_share_last_20pct == Approx(acc / w).epsilon(1e-12));
+}
+
+TEST_CASE("rope_bands: bad options and settings throw naming the field", "[rope]") {
+    planted p;
+    p.examples = 4;
+    auto h = make_head(p);
+    auto throws_with = [&](qkgeom::rope_band_options const& o, std::string const& field) {
+        try {
+            (void)qkgeom::rope_bands(h, o);
+            FAIL("no exception for " << field);
+        } catch (std::invalid_argument const& e) {
+            INFO(e.what());
+            CHECK(std::string(e.what()).find(field) != std::string::npos);
+        }
+    };
+    qkgeom::rope_band_options o;
+    o.n_bands = 0;
+    throws_with(o, "n_bands");
+    o = {};
+    o.min_angle_span = std::numeric_limits<double>::quiet_NaN();
+    throws_with(o, "min_angle_span");
+    o = {};
+    o.min_energy_z = -1;
+    throws_with(o, "min_energy_z");
+    o = {};
+    o.consistent_above = 1.5;
+    throws_with(o, "consistent_above");
+    o = {};
+    o.inconsistent_below = 0.9;
+    throws_with(o, "inconsistent_below");
+    o = {};
+    o.min_bucket_rows = 1;
+    throws_with(o, "min_bucket_rows");
+    o = {};
+    o.max_mirror_ratio = 0;
+    throws_with(o, "max_mirror_ratio");
+    o = {};
+    h.facts.rope->rotary_dim = 15;
+    throws_with(o, "facts.rope.rotary_dim");
+    h.facts.rope->rotary_dim = 26;
+    throws_with(o, "facts.rope.rotary_dim");
+    h.facts.rope->rotary_dim = 16;
+    h.facts.rope->theta = 0;
+    throws_with(o, "facts.rope.theta");
+    h.facts.rope->theta = 10000;
+    h.facts.rope->scaling_factor = 2;  // with "none"
+    throws_with(o, "facts.rope.scaling_factor");
+    h.facts.rope->scaling = "linear";
+    h.facts.rope->scaling_factor = -2;
+    throws_with(o, "facts.rope.scaling_factor");
+    h.facts.rope->scaling_factor = 2;
+    h.queries.vectors(3, 5) = std::numeric_limits<double>::infinity();
+    throws_with(o, "row 3");
+}
