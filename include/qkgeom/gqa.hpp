@@ -75,7 +75,7 @@ namespace detail {
 struct gqa_sums {
     double ss_within = 0.0, ss_between = 0.0, scale = 0.0;  // scale: Σ‖x‖², for the numerical-zero test
     std::int64_t n_groups = 0, n_shared = 0, n_heads = 0, n_excluded = 0, df_within = 0, df_between = 0;
-    void add(gqa_sums const& o) noexcept {
+    void add(gqa_sums const& o) {
         ss_within += o.ss_within;
         ss_between += o.ss_between;
         scale += o.scale;
@@ -90,7 +90,7 @@ struct gqa_sums {
 
 /// The value of metric m (index into gqa_metric_names) of a head, in v[0..dim);
 /// returns dim (5 for the profile, else 1), or 0 when a value is non-finite.
-inline std::size_t gqa_value(head_analysis const& h, std::size_t m, std::array<double, 5>& v) noexcept {
+inline std::size_t gqa_value(head_analysis const& h, std::size_t m, std::array<double, 5>& v) {
     std::size_t dim = 1;
     if (m == 0) {
         v = h.plasticity.ap_quintile;
@@ -105,7 +105,7 @@ inline std::size_t gqa_value(head_analysis const& h, std::size_t m, std::array<d
 
 /// Continued fraction of the incomplete beta (modified Lentz; Numerical
 /// Recipes §6.4), for x < (a + 1)/(a + b + 2).
-inline double beta_continued_fraction(double a, double b, double x) noexcept {
+inline double beta_continued_fraction(double a, double b, double x) {
     constexpr double tiny = 1e-300, eps = 1e-16;
     double c = 1.0, d = 1.0 - (a + b) * x / (a + 1.0);
     if (std::abs(d) < tiny) d = tiny;
@@ -129,7 +129,7 @@ inline double beta_continued_fraction(double a, double b, double x) noexcept {
 }
 
 /// The regularised incomplete beta I_x(a, b), a, b > 0, x in [0, 1].
-inline double regularized_beta(double a, double b, double x) noexcept {
+inline double regularized_beta(double a, double b, double x) {
     if (!(a > 0 && b > 0 && x >= 0 && x <= 1)) return nan;
     if (x == 0 || x == 1) return x;
     double const front =
@@ -140,7 +140,7 @@ inline double regularized_beta(double a, double b, double x) noexcept {
 
 /// Upper tail P(F(d1, d2) ≥ f) of the F distribution (f ≥ 0, d1, d2 > 0):
 /// I_{d2/(d2 + d1 f)}(d2/2, d1/2); 1 at f = 0, 0 at f = +inf.
-inline double f_upper_tail(double f, double d1, double d2) noexcept {
+inline double f_upper_tail(double f, double d1, double d2) {
     if (std::isnan(f) || !(d1 > 0 && d2 > 0)) return nan;
     if (f <= 0) return 1.0;
     if (std::isinf(f)) return 0.0;
