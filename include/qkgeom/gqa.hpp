@@ -8,7 +8,6 @@
 
 #include <qkgeom/analyze.hpp>
 #include <qkgeom/detail/stats.hpp>
-#include <qkgeom/report/csv.hpp>
 
 #include <algorithm>
 #include <array>
@@ -292,44 +291,4 @@ std::vector<gqa_metric_row> gqa_groups(std::span<head_analysis const> heads) {
     for (std::size_t m = 0; m < gqa_metric_names.size(); ++m) rows.push_back(detail::gqa_row(-1, m, model[m]));
     return rows;
 }
-
-namespace report {
-
-/// \brief The file name of the GQA group table.
-inline constexpr std::string_view gqa_groups_file = "gqa_groups.csv";
-
-/// \brief Columns of gqa_groups.csv (the fields of `gqa_metric_row`, in order).
-/// \returns the column names, in file order (docs/beyond-gqa.md).
-inline std::vector<std::string> gqa_groups_columns() {
-    return {"layer",     "metric",     "n_groups",   "n_shared_groups", "n_heads", "n_excluded", "df_within",
-            "df_between", "within_var", "between_var", "ratio",          "p_value", "status"};
-}
-
-/// \brief gqa_groups.csv: one row per `gqa_metric_row` (layer −1 = model),
-/// numbers formatted as every qkgeom CSV (`format_double`: shortest
-/// round-trip, `nan`, `inf`).
-/// \param[out] os the stream; a header row, then the rows, are appended.
-/// \param[in] rows e.g. `gqa_groups(heads)`, written in the given order.
-/// \throws std::runtime_error when the stream is in a failed state afterwards.
-inline void write_gqa_groups(std::ostream& os, std::span<gqa_metric_row const> rows) {
-    detail::header(os, gqa_groups_columns());
-    detail::row_writer w(os);
-    for (auto const& r : rows) {
-        w.integer(r.layer).raw(csv_quote(r.metric)).integer(r.n_groups).integer(r.n_shared_groups);
-        w.integer(r.n_heads).integer(r.n_excluded).integer(r.df_within).integer(r.df_between);
-        w.num(r.within_var).num(r.between_var).num(r.ratio).num(r.p_value).raw(csv_quote(r.status)).end();
-    }
-    detail::check_stream(os, "qkgeom::report::write_gqa_groups");
-}
-
-/// \brief gqa_groups.csv, written to a file.
-/// \param[in] path the file, created or truncated.
-/// \param[in] rows the rows.
-/// \throws std::runtime_error naming the path when it cannot be opened or written.
-inline void write_gqa_groups(std::filesystem::path const& path, std::span<gqa_metric_row const> rows) {
-    detail::to_file(path, "qkgeom::report::write_gqa_groups", [&](std::ostream& os) { write_gqa_groups(os, rows); });
-}
-
-}  // namespace report
-
 }  // namespace qkgeom

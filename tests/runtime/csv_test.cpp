@@ -392,7 +392,8 @@ TEST_CASE("csv: write_reports writes every file, unwritable paths throw naming t
         names.push_back(p.filename().string());
     }
     CHECK(names == strings{"head_metrics.csv", "head_bucket_plasticity.csv", "head_profile.csv",
-                           "head_component_weights.csv", "qk_pca.csv", "model_report.csv", "layer_report.csv"});
+                           "head_component_weights.csv", "qk_pca.csv", "model_report.csv", "layer_report.csv",
+                           "gqa_groups.csv"});
     // The files hold exactly what the stream writers write.
     auto const same_text = [&](std::string const& file, auto&& write) {
         std::ostringstream os;
@@ -406,6 +407,7 @@ TEST_CASE("csv: write_reports writes every file, unwritable paths throw naming t
     same_text("qk_pca.csv", [](std::ostream& os) { rep::write_qk_pca(os, span()); });
     same_text("model_report.csv", [](std::ostream& os) { rep::write_model_report(os, "model,x", span()); });
     same_text("layer_report.csv", [](std::ostream& os) { rep::write_layer_report(os, span()); });
+    same_text("gqa_groups.csv", [](std::ostream& os) { rep::write_gqa_groups(os, qkgeom::gqa_groups(span())); });
     CHECK(parse_csv(slurp(out / "model_report.csv")).rows.at(0).at(0) == "model,x");
 
     // A regular file where a directory is needed: fails even as root.

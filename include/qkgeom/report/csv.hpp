@@ -13,6 +13,7 @@
 #pragma once
 
 #include <qkgeom/analyze.hpp>
+#include <qkgeom/gqa.hpp>
 
 #include <algorithm>
 #include <array>
@@ -459,10 +460,48 @@ inline void write_layer_report(std::filesystem::path const& path, std::span<head
                     [&](std::ostream& os) { write_layer_report(os, heads); });
 }
 
+// --- GQA groups (docs/beyond-gqa.md) -------------------------------------
+/// \brief The file name of the GQA group table.
+inline constexpr std::string_view gqa_groups_file = "gqa_groups.csv";
+
+/// \brief Columns of gqa_groups.csv (the fields of `gqa_metric_row`, in order).
+/// \returns the column names, in file order (docs/beyond-gqa.md).
+inline std::vector<std::string> gqa_groups_columns() {
+    return {"layer",     "metric",     "n_groups",   "n_shared_groups", "n_heads", "n_excluded", "df_within",
+            "df_between", "within_var", "between_var", "ratio",          "p_value", "status"};
+}
+
+/// \brief gqa_groups.csv: one row per `gqa_metric_row` (layer −1 = model),
+/// numbers formatted as every qkgeom CSV (`format_double`: shortest
+/// round-trip, `nan`, `inf`).
+/// \param[out] os the stream; a header row, then the rows, are appended.
+/// \param[in] rows e.g. `gqa_groups(heads)`, written in the given order.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
+inline void write_gqa_groups(std::ostream& os, std::span<gqa_metric_row const> rows) {
+    detail::header(os, gqa_groups_columns());
+    detail::row_writer w(os);
+    for (auto const& r : rows) {
+        w.integer(r.layer).raw(csv_quote(r.metric)).integer(r.n_groups).integer(r.n_shared_groups);
+        w.integer(r.n_heads).integer(r.n_excluded).integer(r.df_within).integer(r.df_between);
+        w.num(r.within_var).num(r.between_var).num(r.ratio).num(r.p_value).raw(csv_quote(r.status)).end();
+    }
+    detail::check_stream(os, "qkgeom::report::write_gqa_groups");
+}
+
+/// \brief gqa_groups.csv, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] rows the rows.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
+inline void write_gqa_groups(std::filesystem::path const& path, std::span<gqa_metric_row const> rows) {
+    detail::to_file(path, "qkgeom::report::write_gqa_groups", [&](std::ostream& os) { write_gqa_groups(os, rows); });
+}
+
 /// \brief Create `out_dir` (and its parents) and write every file into it:
 /// head_metrics.csv, head_bucket_plasticity.csv, head_profile.csv,
 /// head_component_weights.csv, qk_pca.csv, model_report.csv (one row named
-/// `model_name`) and layer_report.csv. Existing files of those names are
+/// `model_name`), layer_report.csv and, when every head has a recorded
+/// identity (layer, q_head, k_head ≥ 0, as every capture records),
+/// gqa_groups.csv (`gqa_groups`). Existing files of those names are
 /// overwritten.
 /// \param[in] out_dir the output directory.
 /// \param[in] model_name the `model` column of model_report.csv.
@@ -488,6 +527,10 @@ inline std::vector<std::filesystem::path> write_reports(std::filesystem::path co
     write_qk_pca(p(qk_pca_file), heads);
     write_model_report(p(model_report_file), model_name, m.all);
     write_layer_report(p(layer_report_file), m);
+    bool const ids = std::all_of(heads.begin(), heads.end(), [](head_analysis const& h) {
+        return h.id.layer >= 0 && h.id.q_head >= 0 && h.id.k_head >= 0;
+    });
+    if (ids) write_gqa_groups(p(gqa_groups_file), gqa_groups(heads));
     return out;
 }
 

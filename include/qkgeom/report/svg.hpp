@@ -58,6 +58,7 @@ inline constexpr std::string_view heatmap_svg_file = "plasticity_heatmap.svg";
 inline constexpr std::string_view component_weights_svg_file = "component_weights.svg";
 inline constexpr std::string_view taxonomy_svg_file = "taxonomy_scatter.svg";
 inline constexpr std::string_view model_comparison_svg_file = "model_comparison.svg";
+inline constexpr std::string_view split_svg_file = "plasticity_split.svg";
 ///@}
 
 /// \brief Canvas size and plot margins in pixels (user units of the viewBox).
@@ -98,6 +99,10 @@ struct head_picture {
     head_class taxonomy = head_class::undefined;   ///< the head's class (method §2)
     std::array<double, 10> ap_decile{};  ///< method §6 decile profile
     std::int64_t context_length = 0;     ///< L of the profile's quantiles
+    /// The split of AP_drop (docs/beyond-split.md): bias part, content part,
+    /// the both-removed remainder (ap_drop_bias, ap_drop_content, ap_drop_neither).
+    std::array<double, 3> drop_split{qkgeom::detail::nan, qkgeom::detail::nan, qkgeom::detail::nan};
+    double ap_drop = qkgeom::detail::nan;  ///< AP_drop (method §6)
 };
 
 /// \brief Extract the picture data of one head.
@@ -125,6 +130,9 @@ inline head_picture picture_data(head_analysis const& h) {
     p.taxonomy = h.pca.taxonomy;
     p.ap_decile = h.plasticity.ap_decile;
     p.context_length = h.plasticity.context_length;
+    auto const& sp = h.plasticity.split;
+    p.drop_split = {sp.ap_drop_bias, sp.ap_drop_content, sp.ap_drop_neither};
+    p.ap_drop = h.plasticity.ap_drop;
     return p;
 }
 
@@ -779,6 +787,119 @@ inline std::string taxonomy_svg(model_pictures const& m, picture_options const& 
     return doc.finish();
 }
 
+namespace detail {
+
+/// Per layer (ascending; −1 for heads without one) and for the model (last
+/// entry, layer = INT64_MAX): the mean over heads of the three parts of
+/// AP_drop and of AP_drop, over the heads whose three parts are finite.
+struct split_means {
+    std::int64_t layer = 0;
+    std::int64_t n_heads = 0;
+    std::array<double, 3> part{0.0, 0.0, 0.0};
+    double ap_drop = 0;
+};
+
+inline std::vector<split_means> split_by_layer(model_pictures const& m) {
+    std::map<std::int64_t, split_means> by;
+    split_means all;
+    all.layer = std::numeric_limits<std::int64_t>::max();
+    for (auto const& h : m.heads) {
+        auto const& s = h.drop_split;
+        if (!std::isfinite(s[0]) || !std::isfinite(s[1]) || !std::isfinite(s[2]) || !std::isfinite(h.ap_drop))
+            continue;
+        for (split_means* e : {&by[h.id.layer], &all}) {
+            for (std::size_t k = 0; k < 3; ++k) e->part[k] += s[k];
+            e->ap_drop += h.ap_drop;
+            ++e->n_heads;
+        }
+    }
+    std::vector<split_means> out;
+    for (auto& [layer, e] : by) {
+        e.layer = layer;
+        out.push_back(e);
+    }
+    out.push_back(all);
+    for (auto& e : out) {
+        if (e.n_heads == 0) continue;
+        for (auto& v : e.part) v /= double(e.n_heads);
+        e.ap_drop /= double(e.n_heads);
+    }
+    return out;
+}
+
+}  // namespace detail
+
+/// \brief The split of AP_drop (docs/beyond-split.md) per layer and for the
+/// model: per layer a stacked bar of the mean bias part, content part and
+/// both-removed remainder over the layer's heads (<rect class="part"
+/// data-part="bias|content|neither" data-value>; positive parts stack up from
+/// 0, negative parts down), and a marker at the mean AP_drop (<circle
+/// class="total">), which the three parts sum to. The last bar ("all") is the
+/// model. Heads whose parts are not all finite are left out (the subtitle
+/// counts the heads drawn).
+/// \param[in] m the model's picture data (may hold no heads: an empty plot).
+/// \param[in] opt frame and y domain.
+/// \returns the SVG document.
+inline std::string split_svg(model_pictures const& m, picture_options const& opt = {}) {
+    svg_frame f = opt.frame;
+    double const legend_room = 150;
+    svg_frame inner = f;
+    inner.right += legend_room;
+    auto const groups = detail::split_by_layer(m);
+    detail::extent ey;
+    ey.add(0.0);
+    for (auto const& g : groups) {
+        if (g.n_heads == 0) continue;
+        double up = 0, down = 0;
+        for (double v : g.part) (v > 0 ? up : down) += v;
+        ey.add(up);
+        ey.add(down);
+        ey.add(g.ap_drop);
+    }
+    std::array<double, 2> const yd = opt.y_domain ? *opt.y_domain : detail::nice_domain(ey.lo, ey.hi);
+    double const nb = double(groups.size());
+    detail::scale const sx{-0.5, nb - 0.5, inner.left, inner.width - inner.right};
+    detail::scale const sy{yd[0], yd[1], inner.height - inner.bottom, inner.top};
+    detail::svg_doc doc(f, "Where AP_drop comes from — " + m.model,
+                        detail::plural(std::size_t(groups.back().n_heads), "head") +
+                            "; per layer the mean bias part, content part and remainder; dot: mean AP_drop");
+    std::vector<double> xt;
+    double const step = std::max(1.0, detail::nice_step(std::max(1.0, nb - 1), 10));
+    for (double v = 0; v <= nb - 2 + 1e-9; v += step) xt.push_back(v);
+    doc.begin_plot(sx, sy, xt, detail::ticks(yd[0], yd[1], 5), "layer (last bar: all heads)",
+                   "AP_drop and its parts");
+    static constexpr std::array<std::string_view, 3> names{"bias", "content", "neither"};
+    static constexpr std::array<std::string_view, 3> colours{"#d62728", "#1f77b4", "#bbbbbb"};
+    double const bw = std::max(2.0, 0.7 * (sx(1.0) - sx(0.0)));
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+        auto const& g = groups[i];
+        double const x = sx(double(i));
+        if (i + 1 == groups.size()) doc.text(x, sy.r0 + 30, "all", "middle", "class=\"all\"");
+        if (g.n_heads == 0) continue;
+        double up = 0, down = 0;
+        for (std::size_t k = 0; k < 3; ++k) {
+            double const v = g.part[k];
+            double& at = v > 0 ? up : down;
+            double const y0 = sy(at), y1 = sy(at + v);
+            at += v;
+            doc.rect(x - bw / 2, std::min(y0, y1), bw, std::abs(y1 - y0), colours[k],
+                     "class=\"part\" data-part=\"" + std::string(names[k]) + "\" data-layer=\"" +
+                         (i + 1 == groups.size() ? std::string("all") : std::to_string(g.layer)) +
+                         "\" data-value=\"" + detail::label(v, 17) + "\"");
+        }
+        doc.circle(x, sy(g.ap_drop), 3.5, "#000000",
+                   "class=\"total\" data-value=\"" + detail::label(g.ap_drop, 17) + "\"");
+    }
+    doc.line(sx.r0, sy(0.0), sx.r1, sy(0.0), "#333333", 1.0, "class=\"zero\"");
+    doc.end_plot();
+    doc.legend(inner.width - inner.right + 20, inner.top + 12,
+               {{std::string(colours[0]), "bias part"},
+                {std::string(colours[1]), "content part"},
+                {std::string(colours[2]), "remainder (neither)"},
+                {"#000000", "AP_drop"}});
+    return doc.finish();
+}
+
 /// \brief Model comparison (method §6 "Model level"): the decile AP profile
 /// averaged over heads, one line per model (<path class="model">) with a
 /// marker per finite decile; x = decile centre as a fraction of the context
@@ -836,13 +957,14 @@ struct picture_file {
     double width = 0, height = 0;  ///< the canvas size (picture_options::frame)
 };
 
-/// \brief Write the four per-model pictures into `out_dir` (which must
+/// \brief Write the five per-model pictures into `out_dir` (which must
 /// exist): plasticity_profile.svg, plasticity_heatmap.svg,
-/// component_weights.svg, taxonomy_scatter.svg. Existing files are overwritten.
+/// component_weights.svg, taxonomy_scatter.svg, plasticity_split.svg.
+/// Existing files are overwritten.
 /// \param[in] out_dir the directory; it must exist (it is not created).
 /// \param[in] m the model's picture data.
-/// \param[in] opt frame, domains and thresholds, used for all four.
-/// \returns the four files, in that order.
+/// \param[in] opt frame, domains and thresholds, used for all five.
+/// \returns the five files, in that order.
 /// \throws std::runtime_error naming a file that cannot be opened or written
 ///         (files written before it are left in place).
 inline std::vector<picture_file> write_pictures(std::filesystem::path const& out_dir, model_pictures const& m,
@@ -861,6 +983,8 @@ inline std::vector<picture_file> write_pictures(std::filesystem::path const& out
         "Component weights of " + m.model + ": mean and min-max over heads per query coordinate");
     one(taxonomy_svg_file, taxonomy_svg(m, opt),
         "Head taxonomy of " + m.model + ": PC0 r_q against r_k per head with the threshold lines");
+    one(split_svg_file, split_svg(m, opt),
+        "Split of AP_drop of " + m.model + ": bias part, content part and remainder per layer and for the model");
     return out;
 }
 
