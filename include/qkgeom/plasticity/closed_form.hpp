@@ -363,6 +363,19 @@ struct dense_group_t {
     }
 };
 
+/// The split pass (docs/beyond-split.md) of one Gram-tile column recorded by
+/// `record_column`: pairs (i[a], j), a < n, skip[a] = 0, pair by pair (O(d)
+/// each). Evaluators without `split_pair` evaluate no split.
+template <class Evaluator>
+void split_column(Evaluator& ev, bucket_eval const& e, index_t const* i, index_t j, unsigned char const* skip, index_t n,
+                  cell_acc& acc) {
+    if constexpr (requires { ev.split_pair(e, index_t{}, index_t{}, acc); }) {
+        if (!e.split.on) return;
+        for (index_t a = 0; a < n; ++a)
+            if (skip[a] == 0) ev.split_pair(e, i[a], j, acc);
+    }
+}
+
 /// All pairs of one group of keys (indices `idx`, one example) for one query
 /// bucket, exactly. Dense groups use the tiled Gram path.
 template <class Evaluator>
@@ -430,12 +443,7 @@ void evaluate_group_exact(Evaluator& ev, key_store const& k, bucket_eval const& 
             if (!empirical) {
                 ev.record_column(e, tpos.data() + a0, tpos[static_cast<std::size_t>(ib)], ppbuf.data(), skip.data(),
                                  a_end, acc);
-                if constexpr (requires { ev.split_pair(e, index_t{}, index_t{}, acc); }) {
-                    if (e.split.on)  // the split pass per pair (O(d); docs/beyond-split.md, limits)
-                        for (index_t a = 0; a < a_end; ++a)
-                            if (skip[static_cast<std::size_t>(a)] == 0)
-                                ev.split_pair(e, idx[static_cast<std::size_t>(a0 + a)], idx[static_cast<std::size_t>(ib)], acc);
-                }
+                split_column(ev, e, idx.data() + a0, idx[static_cast<std::size_t>(ib)], skip.data(), a_end, acc);
                 continue;
             }
             for (index_t a = 0; a < a_end; ++a)
