@@ -316,12 +316,57 @@ TEST_CASE("report.svg: model comparison, one line per model, NaN deciles are gap
     CHECK(d0.pts[0].second == Approx(py).margin(0.006));
 }
 
+TEST_CASE("report.svg: the split of AP_drop, layer means stacked by sign, totals", "[report][svg]") {
+    // Layer 0: two heads, layer 2: one head, one head with a NaN part (left out).
+    auto head = [](std::int64_t layer, std::int64_t q, double bias, double content, double neither) {
+        qkgeom::head_analysis h;
+        h.id = {layer, q, q};
+        h.plasticity.split.ap_drop_bias = bias;
+        h.plasticity.split.ap_drop_content = content;
+        h.plasticity.split.ap_drop_neither = neither;
+        h.plasticity.ap_drop = bias + content + neither;
+        return h;
+    };
+    std::vector<qkgeom::head_analysis> hs{head(0, 0, 0.10, 0.02, -0.01), head(0, 1, 0.30, 0.06, 0.01),
+                                          head(2, 0, -0.05, 0.20, 0.0), head(2, 1, NaN, 0.1, 0.1)};
+    auto const m = rep::collect_pictures("m", hs);
+    rep::picture_options opt;
+    opt.y_domain = {-0.1, 0.4};
+    std::string const svg = rep::split_svg(m, opt);
+    REQUIRE(xml_error(svg).empty());
+    auto const parts = elements(svg, "rect", "part");
+    REQUIRE(parts.size() == 9);  // layers 0, 2 and all, three parts each
+    auto const value = [&](std::size_t i) { return std::stod(attr(parts[i], "data-value")); };
+    // Layer 0: means 0.2, 0.04, 0; layer 2: −0.05, 0.2, 0; all: (0.35/3, 0.28/3, 0).
+    CHECK(attr(parts[0], "data-layer") == "0");
+    CHECK(value(0) == Approx(0.2));
+    CHECK(value(1) == Approx(0.04));
+    CHECK(value(2) == Approx(0.0).margin(1e-15));
+    CHECK(attr(parts[3], "data-layer") == "2");
+    CHECK(value(3) == Approx(-0.05));
+    CHECK(attr(parts[8], "data-layer") == "all");
+    CHECK(value(6) == Approx(0.35 / 3));
+    CHECK(value(7) == Approx(0.28 / 3));
+    auto const totals = elements(svg, "circle", "total");
+    REQUIRE(totals.size() == 3);
+    for (std::size_t g = 0; g < 3; ++g)  // the parts sum to the mean AP_drop
+        CHECK(std::stod(attr(totals[g], "data-value")) == Approx(value(3 * g) + value(3 * g + 1) + value(3 * g + 2)));
+    // Positive parts stack up from 0, negative parts hang below it: layer 2's
+    // bias bar (−0.05) spans 0 … −0.05 and its content bar 0 … 0.2.
+    double const y0 = pixel(0, 0.0, {0, 1}, {-0.1, 0.4}, 150).second;
+    double const yneg = pixel(0, -0.05, {0, 1}, {-0.1, 0.4}, 150).second;
+    double const ypos = pixel(0, 0.2, {0, 1}, {-0.1, 0.4}, 150).second;
+    CHECK(std::stod(attr(parts[3], "y")) == Approx(y0).margin(0.006));
+    CHECK(std::stod(attr(parts[3], "height")) == Approx(yneg - y0).margin(0.012));
+    CHECK(std::stod(attr(parts[4], "y")) == Approx(ypos).margin(0.006));
+}
+
 TEST_CASE("report.html: self-contained page with the table, pictures and links", "[report][html]") {
     std::vector<qkgeom::head_analysis> hs{make_head(0, {100, 300}, {0.9, 0.8})};
     temp_dir tmp;
     auto const m = rep::collect_pictures("m&m <1>", hs);
     auto const files = rep::write_pictures(tmp.path, m);
-    REQUIRE(files.size() == 4);
+    REQUIRE(files.size() == 5);
     for (auto const& f : files) {
         std::ifstream in(f.path);
         std::string const text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -343,7 +388,7 @@ TEST_CASE("report.html: self-contained page with the table, pictures and links",
     CHECK(html.find("report &lt;x&gt;") != std::string::npos);
     CHECK(html.find("m&amp;m &lt;1&gt;") != std::string::npos);
     auto const imgs = elements(html, "img");
-    REQUIRE(imgs.size() == 4);
+    REQUIRE(imgs.size() == 5);
     for (auto const& i : imgs) {
         CHECK(attr(i, "src").rfind("sub%20dir/", 0) == 0);
         CHECK(attr(i, "width") == "720");
