@@ -159,6 +159,7 @@ struct geometry {
     std::vector<index_t> perm;             // permuted column → original coordinate
     std::vector<index_t> col1, col2;       // per pair: its columns in the permuted order
     std::vector<index_t> band_col, band_width;  // per band: first column, columns
+    std::vector<index_t> band_of;               // per permuted column: its band
     std::vector<rope_band> bands;
 };
 
@@ -204,6 +205,7 @@ inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, do
         for (index_t j = g.r; j < d; ++j) g.perm.push_back(j);
         g.bands.push_back(b);
     }
+    for (std::size_t k = 0; k < g.bands.size(); ++k) g.band_of.insert(g.band_of.end(), std::size_t(g.band_width[k]), index_t(k));
     return g;
 }
 
@@ -239,8 +241,7 @@ struct trig_table {
             double& x1 = row[g.col1[std::size_t(i)]];
             double& x2 = row[g.col2[std::size_t(i)]];
             double const y1 = c * x1 + s * x2, y2 = c * x2 - s * x1;
-            m1[i] += c * x1 - s * x2;
-            m2[i] += s * x1 + c * x2;
+            if (m1) m1[i] += c * x1 - s * x2, m2[i] += s * x1 + c * x2;
             x1 = y1;
             x2 = y2;
         }
@@ -261,27 +262,35 @@ sorted_rows read_sorted(std::string_view fn, std::string_view kind_name, token_r
                         geometry const& g) {
     auto const reader = as_matrix(rows.vectors);
     index_t const n = reader.rows();
-    std::vector<index_t> order(static_cast<std::size_t>(n));
-    std::iota(order.begin(), order.end(), index_t{0});
     bool const ex = !rows.example_id.empty();
-    std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
-        if (rows.bucket[a] != rows.bucket[b]) return rows.bucket[a] < rows.bucket[b];
-        return ex && rows.example_id[a] < rows.example_id[b];
+    struct key {
+        std::int64_t bucket, example;
+        index_t row;
+    };
+    std::vector<key> order;
+    order.reserve(static_cast<std::size_t>(n));
+    for (index_t i = 0; i < n; ++i) order.push_back({rows.bucket[i], ex ? rows.example_id[i] : 0, i});
+    std::sort(order.begin(), order.end(), [](key const& a, key const& b) {
+        return a.bucket != b.bucket ? a.bucket < b.bucket : a.example != b.example ? a.example < b.example : a.row < b.row;
     });
     sorted_rows s;
     s.x.resize(n, g.d);
+    s.position.reserve(std::size_t(n)), s.bucket.reserve(std::size_t(n)), s.example.reserve(std::size_t(n));
     std::vector<double> buf(std::size_t(g.d));
+    index_t const* perm = g.perm.data();
     for (index_t r = 0; r < n; ++r) {
-        index_t const i = order[std::size_t(r)];
+        index_t const i = order[std::size_t(r)].row;
         reader.read_row(i, buf.data());
-        for (index_t j = 0; j < g.d; ++j) {
-            double const v = buf[std::size_t(g.perm[std::size_t(j)])];
-            if (!(std::abs(v) < input_limit))
-                fail_arg(fn, std::string(kind_name) + ": a row holds NaN, Inf or a value >= 2^128 at row " + std::to_string(i) +
-                                 ", column " + std::to_string(g.perm[std::size_t(j)]) + "; value",
-                         v);
-            s.x(r, j) = v;
-        }
+        double* out = s.x.row(r).data();
+        double big = 0;  // NaN makes the comparison below fail
+        for (index_t j = 0; j < g.d; ++j) big = std::max(big, std::abs(buf[std::size_t(j)]));
+        for (index_t j = 0; j < g.d; ++j) out[j] = buf[std::size_t(perm[j])];
+        if (!(big < input_limit) || std::isnan(Eigen::Map<Eigen::VectorXd const>(buf.data(), g.d).sum()))
+            for (index_t j = 0; j < g.d; ++j)
+                if (!(std::abs(buf[std::size_t(j)]) < input_limit))
+                    fail_arg(fn, std::string(kind_name) + ": a row holds NaN, Inf or a value >= 2^128 at row " +
+                                     std::to_string(i) + ", column " + std::to_string(j) + "; value",
+                             buf[std::size_t(j)]);
         s.position.push_back(rows.position[i]);
         s.bucket.push_back(rows.bucket[i]);
         s.example.push_back(ex ? rows.example_id[i] : std::int64_t(i));
@@ -370,16 +379,24 @@ struct content_acc {
             cluster_of.push_back(std::lower_bound(ids.begin(), ids.end(), e) - ids.begin());
         a.assign(std::size_t(n_clusters * n_bands), 0.0);
     }
-    /// Adds the residuals of a bucket's unrotated rows `u` (first row = sorted row r0).
-    template <class U>
-    void add_bucket(U const& u, index_t r0, geometry const& g) {
-        Eigen::RowVectorXd const mean = u.colwise().mean();
-        for (index_t r = 0; r < u.rows(); ++r) {
+    /// Adds the residuals of the unrotated rows r0 .. r0 + n − 1 of `s`
+    /// (permuted columns) from their mean `usum`/n; `buf` has ≥ r entries.
+    /// `u` holds the bucket's unrotated rotary columns (n × r, row-major).
+    void add_bucket(sorted_rows const& s, index_t r0, index_t n, geometry const& g, std::vector<double> const& u,
+                    std::vector<double> const& usum) {
+        std::vector<double> mean(usum.size());
+        for (std::size_t j = 0; j < usum.size(); ++j) mean[j] = usum[j] / double(n);
+        for (index_t r = 0; r < n; ++r) {
+            double const* row = s.x.row(r0 + r).data();
+            double const* ur = u.data() + r * g.r;
             double* acc = a.data() + cluster_of[std::size_t(r0 + r)] * n_bands;
-            for (index_t k = 0; k < n_bands; ++k)
-                acc[k] += (u.row(r).segment(g.band_col[std::size_t(k)], g.band_width[std::size_t(k)]) -
-                           mean.segment(g.band_col[std::size_t(k)], g.band_width[std::size_t(k)]))
-                              .squaredNorm();
+            for (index_t k = 0; k < n_bands; ++k) {
+                index_t const c0 = g.band_col[std::size_t(k)], c1 = c0 + g.band_width[std::size_t(k)];
+                double const* src = c0 < g.r ? ur : row;
+                double e2 = 0;
+                for (index_t j = c0; j < c1; ++j) e2 += (src[j] - mean[std::size_t(j)]) * (src[j] - mean[std::size_t(j)]);
+                acc[k] += e2;
+            }
         }
     }
     /// Shares and their linearised cluster standard errors:
@@ -436,18 +453,25 @@ void kind_pass(sorted_rows const& s, geometry const& g, trig_table const& tt, ro
     std::vector<double> span;
     for (double f : g.freq) span.push_back(f * (hi - lo));
     pair_energy rot(g.half), raw(g.half);
-    Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> u;
+    std::vector<double> u, usum(std::size_t(g.d));  // the bucket's unrotated rotary columns, their sums
     for (auto const& [r0, n] : s.segment) {
         if (n < opt.min_bucket_rows) continue;
-        u = s.x.middleRows(r0, n);
+        std::fill(usum.begin(), usum.end(), 0.0);
+        u.resize(std::size_t(n * g.r));
         for (index_t r = 0; r < n; ++r) {
-            raw.add(&u(r, 0), g);
-            tt.unrotate(&u(r, 0), s.position[std::size_t(r0 + r)], g, rot.r1.data(), rot.r2.data());
-            rot.add(&u(r, 0), g);
+            double const* row = s.x.row(r0 + r).data();
+            double* ur = u.data() + r * g.r;
+            raw.add(row, g);
+            std::copy(row, row + g.r, ur);
+            tt.unrotate(ur, s.position[std::size_t(r0 + r)], g, rot.r1.data(), rot.r2.data());
+            rot.add(ur, g);
+            if (!content) continue;
+            for (index_t j = 0; j < g.r; ++j) usum[std::size_t(j)] += ur[j];
+            for (index_t j = g.r; j < g.d; ++j) usum[std::size_t(j)] += row[j];
         }
         rot.close(double(n));
         raw.close(double(n));
-        if (content) content->add_bucket(u, r0, g);
+        if (content) content->add_bucket(s, r0, n, g, u, usum);
     }
     double nu = 0, de = 0, nr = 0, dr = 0, unused = nan;
     finish_frame(rot, N, span, opt.min_angle_span, opt.min_energy_z, pairs, query, false, nu, de, out.powered_pairs,
@@ -467,6 +491,25 @@ void kind_pass(sorted_rows const& s, geometry const& g, trig_table const& tt, ro
 }
 
 using dmat = Eigen::MatrixXd;
+using rmat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// out.rows(o .. o + m) = scale · (x.rows(r .. r + m) − their mean).
+inline void center_rows(rmat const& x, index_t r, index_t m, rmat& out, index_t o, double scale) {
+    Eigen::RowVectorXd mean = Eigen::RowVectorXd::Zero(x.cols());
+    for (index_t i = r; i < r + m; ++i) mean += x.row(i);
+    mean /= double(m);
+    for (index_t i = 0; i < m; ++i) out.row(o + i) = (x.row(r + i) - mean) * scale;
+}
+
+/// Σ_ij A_ij B_ij of two symmetric matrices given by their lower triangles.
+inline double sym_dot(dmat const& A, dmat const& B) {
+    double diag = 0, off = 0;
+    for (index_t j = 0; j < A.cols(); ++j) {
+        diag += A(j, j) * B(j, j);
+        for (index_t i = j + 1; i < A.rows(); ++i) off += A(i, j) * B(i, j);
+    }
+    return diag + 2 * off;
+}
 
 /// Per key cell (key bucket): the band blocks of D_c = Σ_pairs Δ Δᵀ over the
 /// pairs of one example's keys in the cell (Σ_{i<j} (x_i − x_j)(x_i − x_j)ᵀ =
@@ -486,7 +529,7 @@ key_prefix key_pairs(sorted_rows const& k, geometry const& g) {
     for (index_t b = 0; b < nb; ++b)
         kp.pref.back().push_back(dmat::Zero(g.band_width[std::size_t(b)], g.band_width[std::size_t(b)]));
     kp.pairs.push_back(0);
-    dmat z;
+    rmat z;
     for (auto const& [r0, n] : k.segment) {
         z.resize(n, g.d);
         index_t nz = 0;
@@ -496,8 +539,7 @@ key_prefix key_pairs(sorted_rows const& k, geometry const& g) {
             while (e < r0 + n && k.example[std::size_t(e)] == k.example[std::size_t(r)]) ++e;
             index_t const m = e - r;
             if (m >= 2) {
-                Eigen::RowVectorXd const mean = k.x.middleRows(r, m).colwise().mean();
-                z.middleRows(nz, m) = (k.x.middleRows(r, m).rowwise() - mean) * std::sqrt(double(m));
+                center_rows(k.x, r, m, z, nz, std::sqrt(double(m)));
                 nz += m;
                 pairs += std::int64_t(m) * (m - 1) / 2;
             }
@@ -506,10 +548,9 @@ key_prefix key_pairs(sorted_rows const& k, geometry const& g) {
         kp.cell.push_back(k.bucket[std::size_t(r0)]);
         kp.pairs.push_back(kp.pairs.back() + pairs);
         kp.pref.push_back(kp.pref.back());
-        for (index_t b = 0; b < nb; ++b) {
-            auto const zb = z.block(0, g.band_col[std::size_t(b)], nz, g.band_width[std::size_t(b)]);
-            kp.pref.back()[std::size_t(b)].noalias() += zb.transpose() * zb;
-        }
+        for (index_t b = 0; b < nb && nz > 0; ++b)  // lower triangles only
+            kp.pref.back()[std::size_t(b)].selfadjointView<Eigen::Lower>().rankUpdate(
+                z.block(0, g.band_col[std::size_t(b)], nz, g.band_width[std::size_t(b)]).transpose());
     }
     return kp;
 }
@@ -528,6 +569,7 @@ void v_shares(sorted_rows const& q, key_prefix const& kp, geometry const& g, cap
     index_t const nb = index_t(g.bands.size());
     std::vector<double> const tau = segment_tau(q);
     std::vector<double> f0(std::size_t(nb), 0.0), f4(f0), w0(f0), w4(f0);
+    rmat xc;
     for (std::size_t s = 0; s < q.segment.size(); ++s) {
         auto const [r0, n] = q.segment[s];
         if (n < opt.min_bucket_rows) continue;
@@ -543,13 +585,14 @@ void v_shares(sorted_rows const& q, key_prefix const& kp, geometry const& g, cap
                                     kp.cell.begin());
         bb.n_pairs = kp.pairs[hi] - kp.pairs[lo];
         if (bb.n_pairs > 0) {
-            auto const x = q.x.middleRows(r0, n);
-            dmat const xc = x.rowwise() - x.colwise().mean();
+            xc.resize(n, g.d);
+            center_rows(q.x, r0, n, xc, 0, 1.0);
             std::vector<double> V(static_cast<std::size_t>(nb));
             for (index_t b = 0; b < nb; ++b) {
-                auto const xb = xc.middleCols(g.band_col[std::size_t(b)], g.band_width[std::size_t(b)]);
-                dmat const C = xb.transpose() * xb;
-                V[std::size_t(b)] = C.cwiseProduct(kp.pref[hi][std::size_t(b)] - kp.pref[lo][std::size_t(b)]).sum();
+                index_t const w = g.band_width[std::size_t(b)];
+                dmat C = dmat::Zero(w, w);
+                C.selfadjointView<Eigen::Lower>().rankUpdate(xc.middleCols(g.band_col[std::size_t(b)], w).transpose());
+                V[std::size_t(b)] = sym_dot(C, kp.pref[hi][std::size_t(b)]) - sym_dot(C, kp.pref[lo][std::size_t(b)]);
             }
             double const tot = std::accumulate(V.begin(), V.end(), 0.0);
             if (tot > 0)
