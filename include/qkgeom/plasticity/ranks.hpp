@@ -451,11 +451,11 @@ struct rank_rows {
     std::span<std::int64_t const> position;
     index_t d = 0;
 
-    /// K(a, :) = H k_row.
-    void rotated(index_t row, Eigen::MatrixXd& K, index_t a, Eigen::VectorXd& buf) const {
+    /// Kt(:, a) = H k_row (keys as columns: contiguous).
+    void rotated(index_t row, Eigen::MatrixXd& Kt, index_t a, Eigen::VectorXd& buf) const {
         rows.read_row(row, buf.data());
         if (!H.is_identity()) buf -= (H.gamma * H.u.dot(buf)) * H.u;
-        K.row(a) = buf.transpose();
+        Kt.col(a) = buf;
     }
 };
 
@@ -533,28 +533,27 @@ inline std::pair<double, double> mean_se(std::vector<double> const& v) {
     return {mu, std::sqrt(ss / (n - 1) / n)};
 }
 
-/// Scores of one set under a bucket model: s = K̃ w, C = K̃ V K̃ᵀ. False when
-/// two keys of the set are identical (their scores always tie).
+/// Scores of one set under a bucket model: s = K̃ w, C = K̃ V K̃ᵀ (the keys
+/// held as the columns of Kt = K̃ᵀ). False when two keys of the set are
+/// identical (their scores always tie).
 template <class Reader>
 bool set_scores(rank_rows<Reader> const& kr, bucket_semantics const& bm, std::vector<index_t> const& rows,
-                Eigen::MatrixXd const& V, Eigen::VectorXd& s, Eigen::MatrixXd& C, Eigen::MatrixXd& K,
-                Eigen::VectorXd& buf) {
+                Eigen::MatrixXd const& V, Eigen::VectorXd& s, Eigen::MatrixXd& C, Eigen::MatrixXd& Kt,
+                Eigen::MatrixXd& W, Eigen::VectorXd& buf) {
     auto const m = static_cast<index_t>(rows.size());
-    K.resize(m, kr.d);
+    Kt.resize(kr.d, m);
     buf.resize(kr.d);
     for (index_t a = 0; a < m; ++a) {
-        kr.rotated(rows[static_cast<std::size_t>(a)], K, a, buf);
+        kr.rotated(rows[static_cast<std::size_t>(a)], Kt, a, buf);
         for (index_t c = 0; c < a; ++c)
-            if (K.row(a) == K.row(c)) return false;
+            if (Kt.col(a) == Kt.col(c)) return false;
     }
-    s.noalias() = K * bm.mean;
-    if (V.size() != 0) {
-        Eigen::MatrixXd const B = K * V;
-        C.noalias() = B.lazyProduct(K.transpose());
-    } else {
-        Eigen::MatrixXd const B = K * bm.var.asDiagonal();
-        C.noalias() = B.lazyProduct(K.transpose());
-    }
+    s.noalias() = Kt.transpose() * bm.mean;
+    if (V.size() != 0) W.noalias() = V * Kt;
+    else W = Kt.array().colwise() * bm.var.array();
+    C.resize(m, m);
+    for (index_t a = 0; a < m; ++a)
+        for (index_t c = a; c < m; ++c) C(a, c) = C(c, a) = Kt.col(a).dot(W.col(c));
     return true;
 }
 
@@ -579,13 +578,13 @@ void rank_bucket_eval(rank_rows<Reader> const& ks, rank_key_index const& ix, buc
     std::vector<double> flips, kends;
     double int_var = 0;
     Eigen::VectorXd s, buf;
-    Eigen::MatrixXd C, K;
+    Eigen::MatrixXd C, K, W;
     orthant_work w;
     std::vector<double> t(static_cast<std::size_t>(o.keys_per_set));
     for (std::int64_t n = 0; n < o.sets_per_bucket; ++n) {
         rank_set set = draw_rank_set(ix, src, cum, o.keys_per_set, gen);
         set.q_bucket = bm.bucket;
-        if (!set_scores(ks, bm, set.rows, V, s, C, K, buf)) {
+        if (!set_scores(ks, bm, set.rows, V, s, C, K, W, buf)) {
             ++rb.n_sets_identical;
             continue;
         }
