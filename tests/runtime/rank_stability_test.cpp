@@ -404,6 +404,12 @@ TEST_CASE("rank_stability: bad options name the field; results are reproducible"
     CHECK_THROWS_AS(qkgeom::score_rank_stability(VectorXd::Zero(3), MatrixXd::Zero(2, 2),
                                                  std::vector<double>(3, 0.0), {}, 0),
                     std::invalid_argument);
+    VectorXd nan_mean = VectorXd::Zero(3);
+    nan_mean(1) = std::nan("");
+    CHECK_THROWS_WITH(qkgeom::score_rank_stability(nan_mean, MatrixXd::Identity(3, 3), std::vector<double>(3, 0.0), {}, 0),
+                      Catch::Contains("mean"));
+    CHECK_THROWS_WITH(qkgeom::score_rank_stability(VectorXd::Zero(1), MatrixXd::Identity(1, 1), std::vector<double>(1, 0.0), {}, 0),
+                      Catch::Contains("mean"));
     auto hb = h;
     hb.keys.bucket = qkgeom::token_buckets(std::vector<std::int64_t>(std::size_t(hb.keys.vectors.rows()), 0));
     CHECK_THROWS_AS(qkgeom::rank_stability(hb.model, hb.keys, hb.facts, {0, 0, 0}), std::invalid_argument);

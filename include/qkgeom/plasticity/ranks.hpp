@@ -27,7 +27,6 @@
 #include <qkgeom/householder.hpp>
 #include <qkgeom/plasticity/aggregate.hpp>
 #include <qkgeom/plasticity/pair_plan.hpp>
-#include <qkgeom/plasticity/rows.hpp>
 #include <qkgeom/tensor.hpp>
 
 #include <Eigen/Core>
@@ -85,7 +84,7 @@ struct rank_set {
 /// \brief Why a query bucket has no value.
 enum class rank_bucket_status {
     ok,           ///< values from n_sets drawn sets
-    no_model,     ///< the bucket has no Gaussian model (< 2 queries, method §9.8)
+    no_model,     ///< the bucket has no Gaussian model (< 2 queries, method §9.8; non-finite variances)
     no_key_set,   ///< no admissible example / group holds m keys
 };
 
@@ -389,9 +388,12 @@ template <class = void>
 rank_set_stats score_rank_stability(Eigen::VectorXd const& mean, Eigen::MatrixXd const& cov,
                                     std::span<double const> positions, rank_options const& opt, std::uint64_t seed) {
     constexpr std::string_view fn = "qkgeom::score_rank_stability";
+    if (mean.size() < 2 || mean.size() > 64) detail::fail_arg(fn, "mean: need 2 to 64 scores; size", mean.size());
     rank_options o = opt;
     o.keys_per_set = mean.size();
     detail::check_rank_options(fn, o);
+    if (!mean.allFinite()) detail::fail_arg(fn, "mean: values must be finite; size", mean.size());
+    if (cov.size() != 0 && !cov.allFinite()) detail::fail_arg(fn, "cov: values must be finite; rows", cov.rows());
     if (cov.rows() != mean.size() || cov.cols() != mean.size()) detail::fail_arg(fn, "cov must be m x m; rows", cov.rows());
     if (static_cast<index_t>(positions.size()) != mean.size())
         detail::fail_arg(fn, "positions must have m entries; entries", positions.size());
@@ -660,7 +662,10 @@ rank_result evaluate_ranks(householder_result const& model, rank_rows<Reader> co
         rb.n_queries = bm.n_queries;
         rb.tau = bm.tau;
         rb.quintile = quantile_of(bm.tau, std::max<std::int64_t>(1, bm.n_queries), res.context_length, 5);
-        if (!bm.used) rb.status = rank_bucket_status::no_model;
+        // no model: < 2 queries (method §9.8), or variances not finite (global_linear, < 2 queries in the head)
+        bool const model_ok = bm.used && bm.var.size() == ks.d && bm.var.allFinite() && bm.mean.allFinite() &&
+                              (bm.cov.size() == 0 || bm.cov.allFinite());
+        if (!model_ok) rb.status = rank_bucket_status::no_model;
         else rank_bucket_eval(ks, ix, bm, facts, o, stream, lat, rb, res);
         res.n_buckets_no_model += rb.status == rank_bucket_status::no_model ? 1 : 0;
         res.n_buckets_no_key_set += rb.status == rank_bucket_status::no_key_set ? 1 : 0;
