@@ -248,20 +248,52 @@ struct trig_table {
     }
 };
 
-/// One kind's rows in permuted columns, sorted by (bucket, example id, row),
-/// with the bucket segments [start, start + count).
+using dmat = Eigen::MatrixXd;
+using rmat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// One kind's rows sorted by (bucket, example id, row), with the bucket
+/// segments [start, start + count) of the sorted order. The vectors stay in
+/// the caller's matrix: `gather` reads a segment (permuted columns, widened
+/// to double, validated) into a reused buffer.
+template <class Reader>
 struct sorted_rows {
-    Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> x;
+    Reader reader;
+    std::string_view fn;
+    std::string_view kind_name;
+    geometry const* g = nullptr;
+    std::vector<index_t> order;  // sorted position → row of the input
     std::vector<std::int64_t> position, bucket, example;
     std::vector<std::pair<index_t, index_t>> segment;  // (start, count) per bucket
     std::int64_t max_position = 0;
+
+    /// out.topRows(n) = the sorted rows r0 .. r0 + n − 1 in permuted columns
+    /// (`out` grows, never shrinks: one allocation for the largest bucket).
+    void gather(index_t r0, index_t n, rmat& out) const {
+        if (out.rows() < n || out.cols() != g->d) out.resize(n, g->d);
+        std::vector<double> buf(std::size_t(g->d));
+        index_t const* perm = g->perm.data();
+        for (index_t r = 0; r < n; ++r) {
+            index_t const i = order[std::size_t(r0 + r)];
+            reader.read_row(i, buf.data());
+            double* o = out.row(r).data();
+            int bad = 0;  // NaN fails the comparison
+            for (index_t j = 0; j < g->d; ++j) bad |= !(std::abs(buf[std::size_t(j)]) < input_limit);
+            for (index_t j = 0; j < g->d; ++j) o[j] = buf[std::size_t(perm[j])];
+            if (!bad) continue;
+            for (index_t j = 0; j < g->d; ++j)
+                if (!(std::abs(buf[std::size_t(j)]) < input_limit))
+                    fail_arg(fn, std::string(kind_name) + ": a row holds NaN, Inf or a value >= 2^128 at row " +
+                                     std::to_string(i) + ", column " + std::to_string(j) + "; value",
+                             buf[std::size_t(j)]);
+        }
+    }
 };
 
 template <class M>
-sorted_rows read_sorted(std::string_view fn, std::string_view kind_name, token_rows<M> const& rows,
-                        geometry const& g) {
-    auto const reader = as_matrix(rows.vectors);
-    index_t const n = reader.rows();
+auto read_sorted(std::string_view fn, std::string_view kind_name, token_rows<M> const& rows, geometry const& g) {
+    using reader_t = std::remove_cv_t<decltype(as_matrix(rows.vectors))>;
+    sorted_rows<reader_t> s{as_matrix(rows.vectors), fn, kind_name, &g, {}, {}, {}, {}, {}, 0};
+    index_t const n = s.reader.rows();
     bool const ex = !rows.example_id.empty();
     struct key {
         std::int64_t bucket, example;
@@ -273,24 +305,11 @@ sorted_rows read_sorted(std::string_view fn, std::string_view kind_name, token_r
     std::sort(order.begin(), order.end(), [](key const& a, key const& b) {
         return a.bucket != b.bucket ? a.bucket < b.bucket : a.example != b.example ? a.example < b.example : a.row < b.row;
     });
-    sorted_rows s;
-    s.x.resize(n, g.d);
+    s.order.reserve(std::size_t(n));
     s.position.reserve(std::size_t(n)), s.bucket.reserve(std::size_t(n)), s.example.reserve(std::size_t(n));
-    std::vector<double> buf(std::size_t(g.d));
-    index_t const* perm = g.perm.data();
     for (index_t r = 0; r < n; ++r) {
         index_t const i = order[std::size_t(r)].row;
-        reader.read_row(i, buf.data());
-        double* out = s.x.row(r).data();
-        double big = 0;  // NaN makes the comparison below fail
-        for (index_t j = 0; j < g.d; ++j) big = std::max(big, std::abs(buf[std::size_t(j)]));
-        for (index_t j = 0; j < g.d; ++j) out[j] = buf[std::size_t(perm[j])];
-        if (!(big < input_limit) || std::isnan(Eigen::Map<Eigen::VectorXd const>(buf.data(), g.d).sum()))
-            for (index_t j = 0; j < g.d; ++j)
-                if (!(std::abs(buf[std::size_t(j)]) < input_limit))
-                    fail_arg(fn, std::string(kind_name) + ": a row holds NaN, Inf or a value >= 2^128 at row " +
-                                     std::to_string(i) + ", column " + std::to_string(j) + "; value",
-                             buf[std::size_t(j)]);
+        s.order.push_back(i);
         s.position.push_back(rows.position[i]);
         s.bucket.push_back(rows.bucket[i]);
         s.example.push_back(ex ? rows.example_id[i] : std::int64_t(i));
@@ -370,24 +389,24 @@ struct content_acc {
     std::vector<std::int64_t> cluster_of;  // per sorted row: dense cluster id
     index_t n_clusters = 0, n_bands = 0;
     std::vector<double> a;                 // [cluster * n_bands + band]
-    content_acc(sorted_rows const& q, index_t bands) : n_bands(bands) {
-        std::vector<std::int64_t> ids = q.example;
+    content_acc(std::vector<std::int64_t> const& example, index_t bands) : n_bands(bands) {
+        std::vector<std::int64_t> ids = example;
         std::sort(ids.begin(), ids.end());
         ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
         n_clusters = index_t(ids.size());
-        for (auto e : q.example)
+        for (auto e : example)
             cluster_of.push_back(std::lower_bound(ids.begin(), ids.end(), e) - ids.begin());
         a.assign(std::size_t(n_clusters * n_bands), 0.0);
     }
     /// Adds the residuals of the unrotated rows r0 .. r0 + n − 1 of `s`
     /// (permuted columns) from their mean `usum`/n; `buf` has ≥ r entries.
     /// `u` holds the bucket's unrotated rotary columns (n × r, row-major).
-    void add_bucket(sorted_rows const& s, index_t r0, index_t n, geometry const& g, std::vector<double> const& u,
+    void add_bucket(rmat const& blk, index_t r0, index_t n, geometry const& g, std::vector<double> const& u,
                     std::vector<double> const& usum) {
         std::vector<double> mean(usum.size());
         for (std::size_t j = 0; j < usum.size(); ++j) mean[j] = usum[j] / double(n);
         for (index_t r = 0; r < n; ++r) {
-            double const* row = s.x.row(r0 + r).data();
+            double const* row = blk.row(r).data();
             double const* ur = u.data() + r * g.r;
             double* acc = a.data() + cluster_of[std::size_t(r0 + r)] * n_bands;
             for (index_t k = 0; k < n_bands; ++k) {
@@ -426,7 +445,8 @@ struct content_acc {
 };
 
 /// Mean position of each segment and the used segments (≥ min rows).
-inline std::vector<double> segment_tau(sorted_rows const& s) {
+template <class S>
+std::vector<double> segment_tau(S const& s) {
     std::vector<double> tau;
     for (auto const& [r0, n] : s.segment) {
         double t = 0;
@@ -437,8 +457,8 @@ inline std::vector<double> segment_tau(sorted_rows const& s) {
 }
 
 /// The coherence check of one kind (and, for queries, the content residuals).
-template <class = void>
-void kind_pass(sorted_rows const& s, geometry const& g, trig_table const& tt, rope_band_options const& opt,
+template <class S>
+void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_options const& opt,
                std::vector<rope_pair_check>& pairs, bool query, rope_kind_check& out, double& num, double& den,
                double& num_raw, double& den_raw, content_acc* content) {
     std::vector<double> const tau = segment_tau(s);
@@ -454,12 +474,14 @@ void kind_pass(sorted_rows const& s, geometry const& g, trig_table const& tt, ro
     for (double f : g.freq) span.push_back(f * (hi - lo));
     pair_energy rot(g.half), raw(g.half);
     std::vector<double> u, usum(std::size_t(g.d));  // the bucket's unrotated rotary columns, their sums
+    rmat blk;
     for (auto const& [r0, n] : s.segment) {
+        s.gather(r0, n, blk);  // every row is validated, used or not
         if (n < opt.min_bucket_rows) continue;
         std::fill(usum.begin(), usum.end(), 0.0);
         u.resize(std::size_t(n * g.r));
         for (index_t r = 0; r < n; ++r) {
-            double const* row = s.x.row(r0 + r).data();
+            double const* row = blk.row(r).data();
             double* ur = u.data() + r * g.r;
             raw.add(row, g);
             std::copy(row, row + g.r, ur);
@@ -471,7 +493,7 @@ void kind_pass(sorted_rows const& s, geometry const& g, trig_table const& tt, ro
         }
         rot.close(double(n));
         raw.close(double(n));
-        if (content) content->add_bucket(s, r0, n, g, u, usum);
+        if (content) content->add_bucket(blk, r0, n, g, u, usum);
     }
     double nu = 0, de = 0, nr = 0, dr = 0, unused = nan;
     finish_frame(rot, N, span, opt.min_angle_span, opt.min_energy_z, pairs, query, false, nu, de, out.powered_pairs,
@@ -489,9 +511,6 @@ void kind_pass(sorted_rows const& s, geometry const& g, trig_table const& tt, ro
                  : out.coherence >= opt.consistent_above ? rope_status::consistent
                                                          : rope_status::undetermined;
 }
-
-using dmat = Eigen::MatrixXd;
-using rmat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 /// out.rows(o .. o + m) = scale · (x.rows(r .. r + m) − their mean).
 inline void center_rows(rmat const& x, index_t r, index_t m, rmat& out, index_t o, double scale) {
@@ -521,17 +540,18 @@ struct key_prefix {
     std::vector<std::int64_t> pairs;            // prefix pair counts
 };
 
-template <class = void>
-key_prefix key_pairs(sorted_rows const& k, geometry const& g) {
+template <class S>
+key_prefix key_pairs(S const& k, geometry const& g) {
     index_t const nb = index_t(g.bands.size());
     key_prefix kp;
     kp.pref.emplace_back();
     for (index_t b = 0; b < nb; ++b)
         kp.pref.back().push_back(dmat::Zero(g.band_width[std::size_t(b)], g.band_width[std::size_t(b)]));
     kp.pairs.push_back(0);
-    rmat z;
+    rmat z, blk;
     for (auto const& [r0, n] : k.segment) {
-        z.resize(n, g.d);
+        k.gather(r0, n, blk);
+        if (z.rows() < n) z.resize(n, g.d);  // grows only
         index_t nz = 0;
         std::int64_t pairs = 0;
         for (index_t r = r0; r < r0 + n;) {
@@ -539,7 +559,7 @@ key_prefix key_pairs(sorted_rows const& k, geometry const& g) {
             while (e < r0 + n && k.example[std::size_t(e)] == k.example[std::size_t(r)]) ++e;
             index_t const m = e - r;
             if (m >= 2) {
-                center_rows(k.x, r, m, z, nz, std::sqrt(double(m)));
+                center_rows(blk, r - r0, m, z, nz, std::sqrt(double(m)));
                 nz += m;
                 pairs += std::int64_t(m) * (m - 1) / 2;
             }
@@ -563,13 +583,13 @@ inline int quintile_of(double tau, std::int64_t L) {
 
 /// Per query bucket with ≥ min rows: V_bB = tr(Σ_b,BB D_b,BB), the v shares,
 /// and the head summary per band (quintiles 0 and 4, query-count weighted).
-template <class = void>
-void v_shares(sorted_rows const& q, key_prefix const& kp, geometry const& g, capture_facts const& facts,
+template <class S>
+void v_shares(S const& q, key_prefix const& kp, geometry const& g, capture_facts const& facts,
               rope_band_options const& opt, rope_band_result& res) {
     index_t const nb = index_t(g.bands.size());
     std::vector<double> const tau = segment_tau(q);
     std::vector<double> f0(std::size_t(nb), 0.0), f4(f0), w0(f0), w4(f0);
-    rmat xc;
+    rmat xc, blk;
     for (std::size_t s = 0; s < q.segment.size(); ++s) {
         auto const [r0, n] = q.segment[s];
         if (n < opt.min_bucket_rows) continue;
@@ -585,13 +605,14 @@ void v_shares(sorted_rows const& q, key_prefix const& kp, geometry const& g, cap
                                     kp.cell.begin());
         bb.n_pairs = kp.pairs[hi] - kp.pairs[lo];
         if (bb.n_pairs > 0) {
-            xc.resize(n, g.d);
-            center_rows(q.x, r0, n, xc, 0, 1.0);
+            q.gather(r0, n, blk);
+            if (xc.rows() < n) xc.resize(n, g.d);  // grows only
+            center_rows(blk, 0, n, xc, 0, 1.0);
             std::vector<double> V(static_cast<std::size_t>(nb));
             for (index_t b = 0; b < nb; ++b) {
                 index_t const w = g.band_width[std::size_t(b)];
                 dmat C = dmat::Zero(w, w);
-                C.selfadjointView<Eigen::Lower>().rankUpdate(xc.middleCols(g.band_col[std::size_t(b)], w).transpose());
+                C.selfadjointView<Eigen::Lower>().rankUpdate(xc.topRows(n).middleCols(g.band_col[std::size_t(b)], w).transpose());
                 V[std::size_t(b)] = sym_dot(C, kp.pref[hi][std::size_t(b)]) - sym_dot(C, kp.pref[lo][std::size_t(b)]);
             }
             double const tot = std::accumulate(V.begin(), V.end(), 0.0);
@@ -696,19 +717,22 @@ rope_band_result rope_bands(head_capture<QM, KM> const& head, rope_band_options 
     res.bands = g.bands;
     for (index_t i = 0; i < g.half; ++i)
         res.pairs.push_back({i, g.freq[std::size_t(i)], 2 * std::numbers::pi / g.freq[std::size_t(i)], {}, {}});
-    rd::sorted_rows const q = rd::read_sorted(fn, "queries", head.queries, g);
-    rd::sorted_rows const k = rd::read_sorted(fn, "keys", head.keys, g);
+    auto const q = rd::read_sorted(fn, "queries", head.queries, g);
+    auto const k = rd::read_sorted(fn, "keys", head.keys, g);
     res.context_length = head.facts.context_length > 0 ? head.facts.context_length
                                                        : std::max(q.max_position, k.max_position) + 1;
     res.clusters_are_examples = !head.queries.example_id.empty();
     index_t used = 0;
     for (auto const& sg : q.segment) used += sg.second >= opt.min_bucket_rows ? 1 : 0;
     if (used < 2) {
+        rd::rmat blk;
+        for (auto const& [r0, n] : q.segment) q.gather(r0, n, blk);  // validates the rows
+        for (auto const& [r0, n] : k.segment) k.gather(r0, n, blk);
         res.status = rope_status::too_few_rows;
         return res;
     }
     rd::trig_table const tt(g.freq, std::max(q.max_position, k.max_position));
-    rd::content_acc content(q, index_t(g.bands.size()));
+    rd::content_acc content(q.example, index_t(g.bands.size()));
     double num = 0, den = 0, num_raw = 0, den_raw = 0;
     rd::kind_pass(q, g, tt, opt, res.pairs, true, res.queries, num, den, num_raw, den_raw, &content);
     rd::kind_pass(k, g, tt, opt, res.pairs, false, res.keys, num, den, num_raw, den_raw, nullptr);
