@@ -150,14 +150,13 @@ struct rope_band_result {
 namespace detail {
 namespace rope {
 
-/// The geometry: scaled frequencies, band layout, column permutation
-/// (band by band; in a rotary band the first coordinates of its pairs, then
-/// the second ones) and each pair's two columns in the permuted order.
+/// The geometry: scaled frequencies, band layout, column permutation (pair
+/// i at columns 2i, 2i + 1, so that a band is a contiguous block; the
+/// unrotated coordinates last).
 struct geometry {
     index_t d = 0, r = 0, half = 0;
     std::vector<double> freq;              // per pair, radians per token
     std::vector<index_t> perm;             // permuted column → original coordinate
-    std::vector<index_t> col1, col2;       // per pair: its columns in the permuted order
     std::vector<index_t> band_col, band_width;  // per band: first column, columns
     std::vector<index_t> band_of;               // per permuted column: its band
     std::vector<rope_band> bands;
@@ -170,8 +169,6 @@ inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, do
     g.half = g.r / 2;
     for (index_t i = 0; i < g.half; ++i)
         g.freq.push_back(std::pow(s.theta, -2.0 * double(i) / double(g.r)) / scale);
-    g.col1.resize(std::size_t(g.half));
-    g.col2.resize(std::size_t(g.half));
     index_t const nb = std::min(n_bands, g.half);
     for (index_t k = 0; k < nb; ++k) {
         index_t const p0 = k * g.half / nb, p1 = (k + 1) * g.half / nb;
@@ -185,12 +182,11 @@ inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, do
         b.wavelength_hi = 2 * std::numbers::pi / b.freq_lo;
         g.band_col.push_back(index_t(g.perm.size()));
         g.band_width.push_back(b.n_coords);
-        for (int half_of = 0; half_of < 2; ++half_of)
-            for (index_t i = p0; i < p1; ++i) {
-                bool const rh = s.pairing == rope_pairing::rotate_half;
-                (half_of == 0 ? g.col1 : g.col2)[std::size_t(i)] = index_t(g.perm.size());
-                g.perm.push_back(rh ? i + half_of * g.half : 2 * i + half_of);
-            }
+        for (index_t i = p0; i < p1; ++i) {  // pair i at permuted columns 2i, 2i + 1
+            bool const rh = s.pairing == rope_pairing::rotate_half;
+            g.perm.push_back(rh ? i : 2 * i);
+            g.perm.push_back(rh ? i + g.half : 2 * i + 1);
+        }
         g.bands.push_back(b);
     }
     if (g.r < d) {
@@ -232,14 +228,14 @@ struct trig_table {
     }
     /// Undoes R(t) on the pairs of `row` (permuted columns): x ← R(t)ᵀ x; adds
     /// R(t)·x (the opposite sense: the mirror check) to `m1`, `m2`.
-    void unrotate(double* row, std::int64_t t, geometry const& g, double* m1, double* m2) const {
+    void unrotate(double* row, std::int64_t t, double* m1, double* m2) const {
         std::size_t const a = std::size_t(t % K) * std::size_t(half), h = std::size_t(t / K) * std::size_t(half);
         for (index_t i = 0; i < half; ++i) {
             double const c1 = lc[a + std::size_t(i)], s1 = ls[a + std::size_t(i)];
             double const c2 = hc[h + std::size_t(i)], s2 = hs[h + std::size_t(i)];
             double const c = c1 * c2 - s1 * s2, s = s1 * c2 + c1 * s2;
-            double& x1 = row[g.col1[std::size_t(i)]];
-            double& x2 = row[g.col2[std::size_t(i)]];
+            double& x1 = row[2 * i];  // geometry: pair i at columns 2i, 2i + 1
+            double& x2 = row[2 * i + 1];
             double const y1 = c * x1 + s * x2, y2 = c * x2 - s * x1;
             if (m1) m1[i] += c * x1 - s * x2, m2[i] += s * x1 + c * x2;
             x1 = y1;
@@ -330,9 +326,9 @@ struct pair_energy {
     explicit pair_energy(index_t half)
         : s1(std::size_t(half)), s2(s1), ss(s1), den(s1), m1(s1), m2(s1), var_sum(s1), noise2(s1), ss_all(s1),
           r1(s1), r2(s1) {}
-    void add(double const* row, geometry const& g) {
+    void add(double const* row) {
         for (std::size_t i = 0; i < s1.size(); ++i) {
-            double const a = row[g.col1[i]], b = row[g.col2[i]];
+            double const a = row[2 * i], b = row[2 * i + 1];  // geometry: pair i at 2i, 2i + 1
             s1[i] += a;
             s2[i] += b;
             ss[i] += a * a + b * b;
@@ -483,10 +479,10 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
         for (index_t r = 0; r < n; ++r) {
             double const* row = blk.row(r).data();
             double* ur = u.data() + r * g.r;
-            raw.add(row, g);
+            raw.add(row);
             std::copy(row, row + g.r, ur);
-            tt.unrotate(ur, s.position[std::size_t(r0 + r)], g, rot.r1.data(), rot.r2.data());
-            rot.add(ur, g);
+            tt.unrotate(ur, s.position[std::size_t(r0 + r)], rot.r1.data(), rot.r2.data());
+            rot.add(ur);
             if (!content) continue;
             for (index_t j = 0; j < g.r; ++j) usum[std::size_t(j)] += ur[j];
             for (index_t j = g.r; j < g.d; ++j) usum[std::size_t(j)] += row[j];
