@@ -14,6 +14,7 @@
 #include <qkgeom/config.hpp>
 #include <qkgeom/errors.hpp>
 #include <qkgeom/head.hpp>
+#include <qkgeom/moments.hpp>
 #include <qkgeom/plasticity/pair_plan.hpp>
 #include <qkgeom/tensor.hpp>
 
@@ -579,9 +580,47 @@ inline int quintile_of(double tau, std::int64_t L) {
 
 /// Per query bucket with ≥ min rows: V_bB = tr(Σ_b,BB D_b,BB), the v shares,
 /// and the head summary per band (quintiles 0 and 4, query-count weighted).
+/// The lower triangle of band b's block of the query scatter Σ (x − x̄)(x − x̄)ᵀ
+/// of one bucket: from `m` (the caller's moments of the same rows) when
+/// given, else from the rows (gathered into `blk`, centred into `xc`).
+template <class S>
+void bucket_scatter(S const& q, index_t r0, index_t n, geometry const& g, moments const* m, index_t b, dmat& C,
+                    rmat& blk, rmat& xc, bool fresh) {
+    index_t const c0 = g.band_col[std::size_t(b)], w = g.band_width[std::size_t(b)];
+    C = dmat::Zero(w, w);
+    if (m) {
+        for (index_t j = 0; j < w; ++j)
+            for (index_t i = j; i < w; ++i) {
+                index_t const a = g.perm[std::size_t(c0 + i)], e = g.perm[std::size_t(c0 + j)];
+                C(i, j) = m->c_xx(std::max(a, e), std::min(a, e));  // moments keep the lower triangle
+            }
+        return;
+    }
+    if (fresh) {
+        q.gather(r0, n, blk);
+        if (xc.rows() < n) xc.resize(n, g.d);  // grows only
+        center_rows(blk, 0, n, xc, 0, 1.0);
+    }
+    C.selfadjointView<Eigen::Lower>().rankUpdate(xc.topRows(n).middleCols(c0, w).transpose());
+}
+
+/// The moments of query bucket `bucket` in `qm` (null when qm is null);
+/// throws when they do not hold the same number of rows as the queries.
+inline moments const* bucket_moments(std::string_view fn, bucketed_moments const* qm, std::int64_t bucket,
+                                     index_t n) {
+    if (!qm) return nullptr;
+    auto const it = qm->buckets.find(bucket);
+    std::int64_t const have = it == qm->buckets.end() ? 0 : it->second.n;
+    if (have != n || (it != qm->buckets.end() && it->second.c_xx.rows() != qm->d))
+        fail_arg(fn, "query_moments: bucket " + std::to_string(bucket) + " holds " + std::to_string(have) +
+                         " rows, the queries " + std::to_string(n) + " (not the moments of these rows); rows",
+                 have);
+    return &it->second;
+}
+
 template <class S>
 void v_shares(S const& q, key_prefix const& kp, geometry const& g, capture_facts const& facts,
-              rope_band_options const& opt, rope_band_result& res) {
+              rope_band_options const& opt, bucketed_moments const* qm, rope_band_result& res) {
     index_t const nb = index_t(g.bands.size());
     std::vector<double> const tau = segment_tau(q);
     std::vector<double> f0(std::size_t(nb), 0.0), f4(f0), w0(f0), w4(f0);
@@ -600,15 +639,12 @@ void v_shares(S const& q, key_prefix const& kp, geometry const& g, capture_facts
                                                          [&](std::int64_t c) { return !in_window(facts, bb.bucket, c); }) -
                                     kp.cell.begin());
         bb.n_pairs = kp.pairs[hi] - kp.pairs[lo];
+        moments const* m = bucket_moments(q.fn, qm, bb.bucket, n);
         if (bb.n_pairs > 0) {
-            q.gather(r0, n, blk);
-            if (xc.rows() < n) xc.resize(n, g.d);  // grows only
-            center_rows(blk, 0, n, xc, 0, 1.0);
             std::vector<double> V(static_cast<std::size_t>(nb));
+            dmat C;
             for (index_t b = 0; b < nb; ++b) {
-                index_t const w = g.band_width[std::size_t(b)];
-                dmat C = dmat::Zero(w, w);
-                C.selfadjointView<Eigen::Lower>().rankUpdate(xc.topRows(n).middleCols(g.band_col[std::size_t(b)], w).transpose());
+                bucket_scatter(q, r0, n, g, m, b, C, blk, xc, b == 0);
                 V[std::size_t(b)] = sym_dot(C, kp.pref[hi][std::size_t(b)]) - sym_dot(C, kp.pref[lo][std::size_t(b)]);
             }
             double const tot = std::accumulate(V.begin(), V.end(), 0.0);
@@ -677,6 +713,10 @@ inline double check_spec(std::string_view fn, rope_spec const& s, index_t d) {
 /// \param[in] head the head (positions, buckets, key example ids; query
 ///            example ids, when present, are the SE clusters).
 /// \param[in] opt  the options (bands, power and decision thresholds).
+/// \param[in] query_moments optional: the per-bucket moments of exactly these
+///            query rows as captured (`head_moments::q`, as analyze_head
+///            computes them); their centred scatters replace the v shares'
+///            pass over the query rows (same result to rounding).
 /// \returns the result; status not_applicable (facts.rope empty),
 ///          unsupported_scaling (a scaling other than "none" / "linear") or
 ///          too_few_rows (fewer than 2 query buckets with min_bucket_rows rows)
@@ -685,10 +725,12 @@ inline double check_spec(std::string_view fn, rope_spec const& s, index_t d) {
 ///         invalid RoPE settings (rotary_dim odd, negative or > d, theta not
 ///         finite and > 0, a scaling factor ≠ 1 with "none" or ≤ 0 with
 ///         "linear"), queries and keys of different widths, bad annotations
-///         (as analyze_head) or a row holding NaN/Inf.
-/// \throws std::bad_alloc if the sorted rows (n × d doubles per kind) cannot be allocated.
+///         (as analyze_head), a row holding NaN, Inf or a value >= 2^128, or
+///         `query_moments` whose bucket row counts differ from the queries'.
+/// \throws std::bad_alloc if the index arrays or the per-bucket buffers cannot be allocated.
 template <RowMatrix QM, RowMatrix KM>
-rope_band_result rope_bands(head_capture<QM, KM> const& head, rope_band_options const& opt = {}) {
+rope_band_result rope_bands(head_capture<QM, KM> const& head, rope_band_options const& opt = {},
+                            bucketed_moments const* query_moments = nullptr) {
     constexpr std::string_view fn = "qkgeom::rope_bands";
     namespace rd = detail::rope;
     rd::check_options(fn, opt);
@@ -697,6 +739,9 @@ rope_band_result rope_bands(head_capture<QM, KM> const& head, rope_band_options 
         detail::fail_arg(fn, "queries and keys differ in head dimension: queries have " + std::to_string(d) +
                                  " columns, keys have",
                          dk);
+    if (query_moments && query_moments->d != d)
+        detail::fail_arg(fn, "query_moments: head dimension differs from the rows' " + std::to_string(d) + "; d",
+                         query_moments->d);
     detail::check_facts(fn, head.facts);
     detail::check_annotations(fn, "queries", as_matrix(head.queries.vectors).rows(), head.queries.position,
                               head.queries.bucket, head.queries.example_id, false, head.facts);
@@ -735,7 +780,7 @@ rope_band_result rope_bands(head_capture<QM, KM> const& head, rope_band_options 
     content.finish(res.bands);
     if (res.queries.powered_pairs + res.keys.powered_pairs > 0) res.coherence = num / den;
     if (res.queries.powered_pairs_raw + res.keys.powered_pairs_raw > 0) res.coherence_raw = num_raw / den_raw;
-    rd::v_shares(q, rd::key_pairs(k, g), g, head.facts, opt, res);
+    rd::v_shares(q, rd::key_pairs(k, g), g, head.facts, opt, query_moments, res);
     auto const any = [&](rope_status s) { return res.queries.status == s || res.keys.status == s; };
     res.status = any(rope_status::inconsistent) ? rope_status::inconsistent
                  : any(rope_status::consistent) ? rope_status::consistent

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <ranges>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -280,6 +281,18 @@ TEST_CASE("rope_bands: v shares against brute force over the pairs", "[rope]") {
         for (std::size_t band = 0; band < 4; ++band)
             CHECK(bb.v_share[band] == Approx(V[band] / tot).epsilon(1e-10));
     }
+    // the same from the caller's query moments (analyze_head's head_moments::q)
+    qkgeom::bucketed_moments qm(kd);
+    qm.add(h.queries.vectors, h.queries.position, h.queries.bucket);
+    auto const rm = qkgeom::rope_bands(h, opt, &qm);
+    REQUIRE(rm.buckets.size() == r.buckets.size());
+    for (std::size_t i = 1; i < r.buckets.size(); ++i)
+        for (std::size_t band = 0; band < 4; ++band)
+            CHECK(rm.buckets[i].v_share[band] == Approx(r.buckets[i].v_share[band]).epsilon(1e-10));
+    qkgeom::bucketed_moments other(kd);  // moments of other rows: refused
+    other.add(h.keys.vectors.topRows(100), h.keys.position.values() | std::views::take(100),
+              h.keys.bucket.values() | std::views::take(100));
+    CHECK_THROWS_WITH(qkgeom::rope_bands(h, opt, &other), Catch::Contains("query_moments"));
     // head summary: quintile 0 = buckets 0..3 (τ < 819.2), quintile 4 = buckets 13..15
     double w = 0, acc = 0;
     for (auto const& bb : r.buckets)
