@@ -380,6 +380,64 @@ inline void finish_frame(pair_energy const& e, double N, std::vector<double> con
     }
 }
 
+/// out.rows(o .. o + m) = scale · (x.rows(r .. r + m) − their mean).
+inline void center_rows(rmat const& x, index_t r, index_t m, rmat& out, index_t o, double scale) {
+    Eigen::RowVectorXd mean = Eigen::RowVectorXd::Zero(x.cols());
+    for (index_t i = r; i < r + m; ++i) mean += x.row(i);
+    mean /= double(m);
+    for (index_t i = 0; i < m; ++i) out.row(o + i) = (x.row(r + i) - mean) * scale;
+}
+
+/// Σ_ij A_ij B_ij of two symmetric matrices given by their lower triangles.
+inline double sym_dot(dmat const& A, dmat const& B) {
+    double diag = 0, off = 0;
+    for (index_t j = 0; j < A.cols(); ++j) {
+        diag += A(j, j) * B(j, j);
+        for (index_t i = j + 1; i < A.rows(); ++i) off += A(i, j) * B(i, j);
+    }
+    return diag + 2 * off;
+}
+
+/// Per key cell (key bucket): the band blocks of D_c = Σ_pairs Δ Δᵀ over the
+/// pairs of one example's keys in the cell (Σ_{i<j} (x_i − x_j)(x_i − x_j)ᵀ =
+/// m Σ_i (x_i − x̄)(x_i − x̄)ᵀ per group of m keys), prefix-summed over the
+/// cells in ascending order: pref[c + 1] − pref[lo] sums cells lo..c.
+struct key_prefix {
+    std::vector<std::int64_t> cell;             // key bucket of each cell, ascending
+    std::vector<std::vector<dmat>> pref;        // [cells + 1][band]
+    std::vector<std::int64_t> pairs;            // prefix pair counts
+    rmat z;                                     // work: the centred, scaled keys of one cell
+
+    explicit key_prefix(geometry const& g) : pref(1), pairs(1, 0) {
+        for (auto w : g.band_width) pref.back().push_back(dmat::Zero(w, w));
+    }
+    /// Adds key cell r0 .. r0 + n − 1 of `k` (one key bucket, sorted by
+    /// example; its rows in `blk`).
+    template <class S>
+    void add_cell(S const& k, index_t r0, index_t n, rmat const& blk, geometry const& g) {
+        if (z.rows() < n) z.resize(n, g.d);  // grows only
+        index_t nz = 0;
+        std::int64_t np = 0;
+        for (index_t r = r0; r < r0 + n;) {
+            index_t e = r;
+            while (e < r0 + n && k.example[std::size_t(e)] == k.example[std::size_t(r)]) ++e;
+            index_t const m = e - r;
+            if (m >= 2) {
+                center_rows(blk, r - r0, m, z, nz, std::sqrt(double(m)));
+                nz += m;
+                np += std::int64_t(m) * (m - 1) / 2;
+            }
+            r = e;
+        }
+        cell.push_back(k.bucket[std::size_t(r0)]);
+        pairs.push_back(pairs.back() + np);
+        pref.push_back(pref.back());
+        for (std::size_t b = 0; b < g.bands.size() && nz > 0; ++b)  // lower triangles only
+            pref.back()[b].selfadjointView<Eigen::Lower>().rankUpdate(
+                z.block(0, g.band_col[b], nz, g.band_width[b]).transpose());
+    }
+};
+
 /// The queries' within-bucket residual energy of the unrotated rows, per
 /// band and per cluster (example id when the queries carry them, else row).
 struct content_acc {
@@ -457,7 +515,7 @@ std::vector<double> segment_tau(S const& s) {
 template <class S>
 void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_options const& opt,
                std::vector<rope_pair_check>& pairs, bool query, rope_kind_check& out, double& num, double& den,
-               double& num_raw, double& den_raw, content_acc* content) {
+               double& num_raw, double& den_raw, content_acc* content, key_prefix* keys) {
     std::vector<double> const tau = segment_tau(s);
     double lo = std::numeric_limits<double>::infinity(), hi = -lo, N = 0;
     for (std::size_t b = 0; b < s.segment.size(); ++b)
@@ -466,7 +524,7 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
             N += double(s.segment[b].second);
             ++out.buckets;
         }
-    if (out.buckets < 2) return;  // no check: undetermined, NaN
+    bool const check = out.buckets >= 2;  // else no check: undetermined, NaN
     std::vector<double> span;
     for (double f : g.freq) span.push_back(f * (hi - lo));
     pair_energy rot(g.half), raw(g.half);
@@ -474,7 +532,8 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
     rmat blk;
     for (auto const& [r0, n] : s.segment) {
         s.gather(r0, n, blk);  // every row is validated, used or not
-        if (n < opt.min_bucket_rows) continue;
+        if (keys) keys->add_cell(s, r0, n, blk, g);
+        if (!check || n < opt.min_bucket_rows) continue;
         std::fill(usum.begin(), usum.end(), 0.0);
         u.resize(std::size_t(n * g.r));
         for (index_t r = 0; r < n; ++r) {
@@ -492,6 +551,7 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
         raw.close(double(n));
         if (content) content->add_bucket(blk, r0, n, g, u, usum);
     }
+    if (!check) return;
     double nu = 0, de = 0, nr = 0, dr = 0, unused = nan;
     finish_frame(rot, N, span, opt.min_angle_span, opt.min_energy_z, pairs, query, false, nu, de, out.powered_pairs,
                  out.coherence_min, out.mirror_max);
@@ -509,70 +569,7 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
                                                          : rope_status::undetermined;
 }
 
-/// out.rows(o .. o + m) = scale · (x.rows(r .. r + m) − their mean).
-inline void center_rows(rmat const& x, index_t r, index_t m, rmat& out, index_t o, double scale) {
-    Eigen::RowVectorXd mean = Eigen::RowVectorXd::Zero(x.cols());
-    for (index_t i = r; i < r + m; ++i) mean += x.row(i);
-    mean /= double(m);
-    for (index_t i = 0; i < m; ++i) out.row(o + i) = (x.row(r + i) - mean) * scale;
-}
-
-/// Σ_ij A_ij B_ij of two symmetric matrices given by their lower triangles.
-inline double sym_dot(dmat const& A, dmat const& B) {
-    double diag = 0, off = 0;
-    for (index_t j = 0; j < A.cols(); ++j) {
-        diag += A(j, j) * B(j, j);
-        for (index_t i = j + 1; i < A.rows(); ++i) off += A(i, j) * B(i, j);
-    }
-    return diag + 2 * off;
-}
-
-/// Per key cell (key bucket): the band blocks of D_c = Σ_pairs Δ Δᵀ over the
-/// pairs of one example's keys in the cell (Σ_{i<j} (x_i − x_j)(x_i − x_j)ᵀ =
-/// m Σ_i (x_i − x̄)(x_i − x̄)ᵀ per group of m keys), prefix-summed over the
-/// cells in ascending order: pref[c + 1] − pref[lo] sums cells lo..c.
-struct key_prefix {
-    std::vector<std::int64_t> cell;             // key bucket of each cell, ascending
-    std::vector<std::vector<dmat>> pref;        // [cells + 1][band]
-    std::vector<std::int64_t> pairs;            // prefix pair counts
-};
-
-template <class S>
-key_prefix key_pairs(S const& k, geometry const& g) {
-    index_t const nb = index_t(g.bands.size());
-    key_prefix kp;
-    kp.pref.emplace_back();
-    for (index_t b = 0; b < nb; ++b)
-        kp.pref.back().push_back(dmat::Zero(g.band_width[std::size_t(b)], g.band_width[std::size_t(b)]));
-    kp.pairs.push_back(0);
-    rmat z, blk;
-    for (auto const& [r0, n] : k.segment) {
-        k.gather(r0, n, blk);
-        if (z.rows() < n) z.resize(n, g.d);  // grows only
-        index_t nz = 0;
-        std::int64_t pairs = 0;
-        for (index_t r = r0; r < r0 + n;) {
-            index_t e = r;
-            while (e < r0 + n && k.example[std::size_t(e)] == k.example[std::size_t(r)]) ++e;
-            index_t const m = e - r;
-            if (m >= 2) {
-                center_rows(blk, r - r0, m, z, nz, std::sqrt(double(m)));
-                nz += m;
-                pairs += std::int64_t(m) * (m - 1) / 2;
-            }
-            r = e;
-        }
-        kp.cell.push_back(k.bucket[std::size_t(r0)]);
-        kp.pairs.push_back(kp.pairs.back() + pairs);
-        kp.pref.push_back(kp.pref.back());
-        for (index_t b = 0; b < nb && nz > 0; ++b)  // lower triangles only
-            kp.pref.back()[std::size_t(b)].selfadjointView<Eigen::Lower>().rankUpdate(
-                z.block(0, g.band_col[std::size_t(b)], nz, g.band_width[std::size_t(b)]).transpose());
-    }
-    return kp;
-}
-
-/// ⌊5 S / (n L)⌋ of a bucket with position sum S over n queries, clamped to 4 (method §9.12).
+/// ⌊5 τ_b / L⌋ clamped to [0, 4] (method §9.12).
 inline int quintile_of(double tau, std::int64_t L) {
     auto const q = static_cast<std::int64_t>(std::floor(5.0 * tau / double(L)));
     return int(std::clamp<std::int64_t>(q, 0, 4));
@@ -775,12 +772,13 @@ rope_band_result rope_bands(head_capture<QM, KM> const& head, rope_band_options 
     rd::trig_table const tt(g.freq, std::max(q.max_position, k.max_position));
     rd::content_acc content(q.example, index_t(g.bands.size()));
     double num = 0, den = 0, num_raw = 0, den_raw = 0;
-    rd::kind_pass(q, g, tt, opt, res.pairs, true, res.queries, num, den, num_raw, den_raw, &content);
-    rd::kind_pass(k, g, tt, opt, res.pairs, false, res.keys, num, den, num_raw, den_raw, nullptr);
+    rd::key_prefix kp(g);
+    rd::kind_pass(q, g, tt, opt, res.pairs, true, res.queries, num, den, num_raw, den_raw, &content, nullptr);
+    rd::kind_pass(k, g, tt, opt, res.pairs, false, res.keys, num, den, num_raw, den_raw, nullptr, &kp);
     content.finish(res.bands);
     if (res.queries.powered_pairs + res.keys.powered_pairs > 0) res.coherence = num / den;
     if (res.queries.powered_pairs_raw + res.keys.powered_pairs_raw > 0) res.coherence_raw = num_raw / den_raw;
-    rd::v_shares(q, rd::key_pairs(k, g), g, head.facts, opt, query_moments, res);
+    rd::v_shares(q, kp, g, head.facts, opt, query_moments, res);
     auto const any = [&](rope_status s) { return res.queries.status == s || res.keys.status == s; };
     res.status = any(rope_status::inconsistent) ? rope_status::inconsistent
                  : any(rope_status::consistent) ? rope_status::consistent
