@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <limits>
 #include <random>
-#include <ranges>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -290,8 +289,10 @@ TEST_CASE("rope_bands: v shares against brute force over the pairs", "[rope]") {
         for (std::size_t band = 0; band < 4; ++band)
             CHECK(rm.buckets[i].v_share[band] == Approx(r.buckets[i].v_share[band]).epsilon(1e-10));
     qkgeom::bucketed_moments other(kd);  // moments of other rows: refused
-    other.add(h.keys.vectors.topRows(100), h.keys.position.values() | std::views::take(100),
-              h.keys.bucket.values() | std::views::take(100));
+    qkgeom::row_matrix const some_keys = h.keys.vectors.topRows(100);
+    std::vector<std::int64_t> const some_pos(h.keys.position.begin(), h.keys.position.begin() + 100);
+    std::vector<std::int64_t> const some_bucket(h.keys.bucket.begin(), h.keys.bucket.begin() + 100);
+    other.add(some_keys, qkgeom::token_positions(some_pos), qkgeom::token_buckets(some_bucket));
     CHECK_THROWS_WITH(qkgeom::rope_bands(h, opt, &other), Catch::Contains("query_moments"));
     // head summary: quintile 0 = buckets 0..3 (τ < 819.2), quintile 4 = buckets 13..15
     double w = 0, acc = 0;
