@@ -208,28 +208,36 @@ inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, do
 
 /// cos/sin of t·θ_i for integer t in [0, max_t]: t = a + K·h, two tables of
 /// K = ⌈√(max_t + 1)⌉ angles per pair, combined by the angle-addition formula.
+/// Positions ≥ 2^24 (tables over 4,096 angles per pair) are computed directly.
 struct trig_table {
+    static constexpr std::int64_t direct_from = std::int64_t{1} << 24;
     index_t K = 1, half = 0;
     std::vector<double> lc, ls, hc, hs;  // [a * half + i], [h * half + i]
-    trig_table(std::vector<double> const& freq, std::int64_t max_t) : half(index_t(freq.size())) {
+    std::vector<double> freq;            // direct computation (max_t ≥ direct_from)
+    trig_table(std::vector<double> const& f, std::int64_t max_t) : half(index_t(f.size())) {
+        if (max_t >= direct_from) {
+            freq = f;
+            return;
+        }
         K = std::max<index_t>(1, index_t(std::ceil(std::sqrt(double(max_t) + 1.0))));
         index_t const H = max_t / K + 1;
         lc.resize(std::size_t(K * half)), ls.resize(lc.size());
         hc.resize(std::size_t(H * half)), hs.resize(hc.size());
         for (index_t a = 0; a < K; ++a)
             for (index_t i = 0; i < half; ++i) {
-                lc[std::size_t(a * half + i)] = std::cos(double(a) * freq[std::size_t(i)]);
-                ls[std::size_t(a * half + i)] = std::sin(double(a) * freq[std::size_t(i)]);
+                lc[std::size_t(a * half + i)] = std::cos(double(a) * f[std::size_t(i)]);
+                ls[std::size_t(a * half + i)] = std::sin(double(a) * f[std::size_t(i)]);
             }
         for (index_t h = 0; h < H; ++h)
             for (index_t i = 0; i < half; ++i) {
-                hc[std::size_t(h * half + i)] = std::cos(double(h * K) * freq[std::size_t(i)]);
-                hs[std::size_t(h * half + i)] = std::sin(double(h * K) * freq[std::size_t(i)]);
+                hc[std::size_t(h * half + i)] = std::cos(double(h * K) * f[std::size_t(i)]);
+                hs[std::size_t(h * half + i)] = std::sin(double(h * K) * f[std::size_t(i)]);
             }
     }
     /// Undoes R(t) on the pairs of `row` (permuted columns): x ← R(t)ᵀ x; adds
     /// R(t)·x (the opposite sense: the mirror check) to `m1`, `m2`.
     void unrotate(double* row, std::int64_t t, double* m1, double* m2) const {
+        if (!freq.empty()) return unrotate_direct(row, t, m1, m2);
         std::size_t const a = std::size_t(t % K) * std::size_t(half), h = std::size_t(t / K) * std::size_t(half);
         for (index_t i = 0; i < half; ++i) {
             double const c1 = lc[a + std::size_t(i)], s1 = ls[a + std::size_t(i)];
@@ -241,6 +249,15 @@ struct trig_table {
             if (m1) m1[i] += c * x1 - s * x2, m2[i] += s * x1 + c * x2;
             x1 = y1;
             x2 = y2;
+        }
+    }
+    void unrotate_direct(double* row, std::int64_t t, double* m1, double* m2) const {
+        for (index_t i = 0; i < half; ++i) {
+            double const c = std::cos(double(t) * freq[std::size_t(i)]), s = std::sin(double(t) * freq[std::size_t(i)]);
+            double const x1 = row[2 * i], x2 = row[2 * i + 1];
+            if (m1) m1[i] += c * x1 - s * x2, m2[i] += s * x1 + c * x2;
+            row[2 * i] = c * x1 + s * x2;
+            row[2 * i + 1] = c * x2 - s * x1;
         }
     }
 };
