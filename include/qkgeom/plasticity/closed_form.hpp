@@ -112,8 +112,10 @@ inline void split_record(split_model const& sm, double d1, double w0, double s0,
     ++acc.n;
 }
 
-/// The split bucket of `acc` (its cells: `cell_means` of the four profiles
-/// already averaged by the plasticity rule; `n_cells` non-empty cells).
+/// The split bucket of query bucket `b`: `pooled` the sums over its pairs,
+/// `cell_sum` the sums over its `n_cells` non-empty cells of the four
+/// profiles' cell means (AP_b = their mean, method §9.10–9.11); the
+/// frozen-content fields stay NaN unless `frozen`.
 inline split_bucket finish_split_bucket(std::int64_t b, split_acc const& pooled, double const cell_sum[4],
                                         std::int64_t n_cells, bool frozen) {
     split_bucket sb;
