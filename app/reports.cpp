@@ -73,6 +73,7 @@ std::vector<std::string> csv_links(std::string const& dir) {
     for (auto f : {qkgeom::report::head_metrics_file, qkgeom::report::head_bucket_plasticity_file, qkgeom::report::head_profile_file,
                    qkgeom::report::head_component_weights_file, qkgeom::report::qk_pca_file,
                    qkgeom::report::model_report_file, qkgeom::report::layer_report_file,
+                   qkgeom::report::head_rope_bands_file, qkgeom::report::head_rope_bucket_bands_file,
                    qkgeom::report::gqa_groups_file})
         out.push_back(dir + std::string(f));
     return out;

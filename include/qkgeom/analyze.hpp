@@ -7,9 +7,12 @@
 #include <qkgeom/householder.hpp>
 #include <qkgeom/moments.hpp>
 #include <qkgeom/pca.hpp>
+#include <qkgeom/plasticity/ranks.hpp>
+#include <qkgeom/rope_bands.hpp>
 #include <qkgeom/rotation.hpp>
 #include <qkgeom/tensor.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -29,6 +32,9 @@ struct analysis_options {
     plasticity_options plasticity{};    ///< options of `attention_plasticity`
     bool diagnostics = true;  ///< row-based normality diagnostics (needs query rows)
     double ks_alpha = 0.05;   ///< level of sem_frac_ks_reject, in (0, 1) (checked only when diagnostics run)
+    bool ranks_on = true;     ///< top-1 flip and Kendall of m keys (`head_analysis::ranks`, docs/beyond-ranks.md)
+    rank_options ranks{};     ///< options of `rank_stability`
+    rope_band_options rope{}; ///< options of `rope_bands` (runs when the facts carry a RoPE and query rows exist)
 };
 
 /// \brief Degeneracy flags of a head (method §9.17): each names why some
@@ -49,14 +55,15 @@ enum class head_flag : std::uint32_t {
     pos_residual_degenerate = 1u << 10,  ///< pos_ diagnostics NaN (σ²_pos numerically zero, < 3 rows)
     sem_degenerate = 1u << 11,        ///< sem_ diagnostics NaN (no non-constant semantic coordinate, < 3 rows)
     no_plasticity_pairs = 1u << 12,   ///< no key pair evaluated: the ap_ columns are NaN
+    rope_inconsistent = 1u << 13,     ///< the RoPE check failed: the rows do not fit the recorded RoPE (docs/beyond-rope.md)
 };
 
 /// \brief Names of the head flags, in bit order (the flags column's words).
-inline constexpr std::array<std::string_view, 13> head_flag_names{
+inline constexpr std::array<std::string_view, 14> head_flag_names{
     "q_constant",       "k_constant",         "q_positions_constant",    "k_positions_constant",
     "pca_degenerate",   "pc0_q_flat",         "pc0_k_flat",              "drift_degenerate",
     "separation_degenerate", "q_beta_zero",   "pos_residual_degenerate", "sem_degenerate",
-    "no_plasticity_pairs"};
+    "no_plasticity_pairs", "rope_inconsistent"};
 
 /// \brief Everything qkgeom computes for one head pair.
 ///
@@ -73,6 +80,9 @@ struct head_analysis {
     householder_result householder;     ///< method §4
     normality_diagnostics diagnostics;  ///< NaN when computed from moments or with `diagnostics` off
     plasticity_result plasticity;       ///< method §5–6; empirical values NaN when computed from moments
+    rank_result ranks;                  ///< beyond pairs: top-1 flip and Kendall of m keys (docs/beyond-ranks.md)
+    rope_band_result rope;              ///< RoPE check and frequency bands (docs/beyond-rope.md); not_applicable
+                                        ///< without facts.rope or query rows
     std::uint32_t flags = 0;            ///< `head_flag` bits set by analyze_head (method §9.17)
 
     /// \brief Whether a flag is set.
@@ -135,6 +145,7 @@ std::uint32_t flags_of(head_moments const& hm, head_analysis const& h, bool diag
     set(head_flag::pos_residual_degenerate, diagnosed && h.diagnostics.pos_degenerate);
     set(head_flag::sem_degenerate, diagnosed && h.diagnostics.sem_degenerate);
     set(head_flag::no_plasticity_pairs, h.plasticity.n_pairs == 0);
+    set(head_flag::rope_inconsistent, h.rope.status == rope_status::inconsistent);
     return f;
 }
 
@@ -215,6 +226,9 @@ head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options co
                                                  opt.ks_alpha, true);
     out.plasticity =
         detail::plasticity_of(out.householder, &head.queries, head.keys, head.facts, opt.plasticity, true, head.id);
+    if (opt.ranks_on)
+        out.ranks = detail::rank_stability_of(out.householder, head.keys, head.facts, head.id, opt.ranks, true);
+    out.rope = rope_bands(head, opt.rope, &hm.q);  // the query moments: no second pass over the rows
     out.flags = detail::flags_of(hm, out, opt.diagnostics);
     return out;
 }
@@ -247,6 +261,7 @@ head_analysis analyze_head(head_moments const& hm, token_rows<KM> const& keys, c
     detail::check_moments_and_keys("qkgeom::analyze_head", hm, kr.cols(), kr.rows());
     head_analysis out = detail::closed_forms(hm, opt);
     out.plasticity = attention_plasticity(out.householder, keys, facts, hm.id, opt.plasticity);
+    if (opt.ranks_on) out.ranks = rank_stability(out.householder, keys, facts, hm.id, opt.ranks);
     out.flags = detail::flags_of(hm, out, false);
     return out;
 }
@@ -257,7 +272,7 @@ head_analysis analyze_head(head_moments const& hm, token_rows<KM> const& keys, c
 // ---------------------------------------------------------------------------
 
 /// \brief Names of the numeric head metrics, in column order (method §7).
-inline constexpr std::array<std::string_view, 39> head_metric_names{
+inline constexpr std::array<std::string_view, 54> head_metric_names{
     "n_q_tokens",          "n_k_tokens",          "d_model",
     "q_R2_pos",            "q_beta_norm",         "alpha_pos",
     "sigma2_pos",          "pos_skew",            "pos_excess_kurtosis",
@@ -270,11 +285,18 @@ inline constexpr std::array<std::string_view, 39> head_metric_names{
     "position_r",          "bias_strength",       "separation_strength",
     "var_frac_a",          "var_frac_b",          "plane_var_fraction",
     "content_var_b",       "residual_pos_cov",    "pc0_r_q",
-    "pc0_r_k",             "q_pos_var_frac",      "k_pos_var_frac"};
+    "pc0_r_k",             "q_pos_var_frac",      "k_pos_var_frac",
+    // beyond the thesis (docs/beyond-*.md)
+    "ap_drop_bias",        "ap_drop_content",     "ap_drop_neither",
+    "ap_drop_no_drift",    "ap_drop_frozen_content",
+    "top1_flip",           "top1_flip_first_20pct", "top1_flip_last_20pct",
+    "top1_flip_drop",      "rank_kendall",        "rank_kendall_first_20pct",
+    "rank_kendall_last_20pct", "rank_kendall_drop",
+    "rope_coherence",      "rope_coherence_raw"};
 
 /// \brief The numeric head metrics of one head, in `head_metric_names` order.
 /// \param[in] h the head's analysis.
-/// \returns the 39 values; NaN where the analysis left a field NaN.
+/// \returns the 54 values; NaN where the analysis left a field NaN.
 inline std::array<double, head_metric_names.size()> head_metric_values(head_analysis const& h) {
     auto const& d = h.diagnostics;
     auto const& p = h.plasticity;
@@ -317,7 +339,65 @@ inline std::array<double, head_metric_names.size()> head_metric_values(head_anal
             h.pca.pc0_r_q,
             h.pca.pc0_r_k,
             h.pca.q_pos_var_frac,
-            h.pca.k_pos_var_frac};
+            h.pca.k_pos_var_frac,
+            p.split.ap_drop_bias,
+            p.split.ap_drop_content,
+            p.split.ap_drop_neither,
+            p.split.ap_drop_no_drift,
+            p.split.ap_drop_frozen_content,
+            h.ranks.top1_flip,
+            h.ranks.top1_flip_first_20pct,
+            h.ranks.top1_flip_last_20pct,
+            h.ranks.top1_flip_drop,
+            h.ranks.kendall,
+            h.ranks.kendall_first_20pct,
+            h.ranks.kendall_last_20pct,
+            h.ranks.kendall_drop,
+            h.rope.coherence,
+            h.rope.coherence_raw};
+}
+
+/// \brief Names of the per-query-bucket values beyond the thesis (columns of
+/// head_profile.csv after `decile`): the split of the profile
+/// (docs/beyond-split.md) and the rank stability of m keys
+/// (docs/beyond-ranks.md).
+inline constexpr std::array<std::string_view, 11> profile_beyond_names{
+    "pos_mean_rms", "content_mean_rms", "pos_var",   "content_var",  "ap_no_drift",    "ap_frozen_content",
+    "ap_neither",   "top1_flip",        "top1_flip_se", "rank_kendall", "rank_kendall_se"};
+
+/// \brief The per-bucket values of `profile_beyond_names` for entry `i` of
+/// `h.plasticity.profile` (the split entry of the same index, the rank
+/// entry of the same q_bucket); NaN where an analysis was off or has none.
+/// \param[in] h the head's analysis.
+/// \param[in] i an index into h.plasticity.profile.
+/// \returns the 11 values.
+inline std::array<double, profile_beyond_names.size()> profile_beyond_values(head_analysis const& h, std::size_t i) {
+    std::array<double, profile_beyond_names.size()> v;
+    v.fill(detail::nan);
+    auto const& sp = h.plasticity.split.profile;
+    if (i < sp.size()) {
+        auto const& s = sp[i];
+        v[0] = s.pos_mean_rms;
+        v[1] = s.content_mean_rms;
+        v[2] = s.pos_var;
+        v[3] = s.content_var;
+        v[4] = s.ap_no_drift;
+        v[5] = s.ap_frozen_content;
+        v[6] = s.ap_neither;
+    }
+    if (i < h.plasticity.profile.size()) {
+        std::int64_t const b = h.plasticity.profile[i].q_bucket;
+        auto const& rp = h.ranks.profile;
+        auto const it = std::lower_bound(rp.begin(), rp.end(), b,
+                                         [](rank_bucket const& r, std::int64_t x) { return r.q_bucket < x; });
+        if (it != rp.end() && it->q_bucket == b) {
+            v[7] = it->top1_flip;
+            v[8] = it->top1_flip_se;
+            v[9] = it->kendall;
+            v[10] = it->kendall_se;
+        }
+    }
+    return v;
 }
 
 /// \brief Averages over a set of heads (method §6 "Model level"). Each mean is

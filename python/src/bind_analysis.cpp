@@ -61,6 +61,7 @@ column_map head_metrics_getters() {
     }
     m["taxonomy"] = str_col([](row_ref r) { return std::string(qkgeom::to_string(r.h->pca.taxonomy)); });
     m["flags"] = str_col([](row_ref r) { return qkgeom::head_flags_text(*r.h); });
+    m["rope_status"] = str_col([](row_ref r) { return std::string(qkgeom::rope_status_name(r.h->rope.status)); });
     return with_id(std::move(m));
 }
 
@@ -218,6 +219,8 @@ py::list profile_of(head_analysis const& h) {
         d["n_cells"] = b.n_cells;
         d["quintile"] = b.quintile;
         d["decile"] = b.decile;
+        auto const extra = qkgeom::profile_beyond_values(h, std::size_t(&b - h.plasticity.profile.data()));
+        for (std::size_t k = 0; k < extra.size(); ++k) d[py::str(std::string(qkgeom::profile_beyond_names[k]))] = extra[k];
         out.append(d);
     }
     return out;

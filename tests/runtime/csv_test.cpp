@@ -120,7 +120,11 @@ strings const head_metrics_cols{
     "mu_k_b",         "alpha_q",         "alpha_k",          "r_q_a",             "r_k_a",
     "position_r",     "bias_strength",   "separation_strength", "var_frac_a",     "var_frac_b",
     "plane_var_fraction", "content_var_b", "residual_pos_cov", "pc0_r_q",         "pc0_r_k",
-    "q_pos_var_frac", "k_pos_var_frac",  "taxonomy",         "flags"};
+    "q_pos_var_frac", "k_pos_var_frac",
+    "ap_drop_bias",   "ap_drop_content", "ap_drop_neither",  "ap_drop_no_drift",  "ap_drop_frozen_content",
+    "top1_flip",      "top1_flip_first_20pct", "top1_flip_last_20pct", "top1_flip_drop", "rank_kendall",
+    "rank_kendall_first_20pct", "rank_kendall_last_20pct", "rank_kendall_drop", "rope_coherence",
+    "rope_coherence_raw", "taxonomy",    "flags",            "rope_status"};
 
 strings const summary_tail{
     "n_heads",
@@ -132,6 +136,10 @@ strings const summary_tail{
     "mean_position_r", "mean_bias_strength", "mean_separation_strength", "mean_var_frac_a", "mean_var_frac_b",
     "mean_plane_var_fraction", "mean_content_var_b", "mean_residual_pos_cov", "mean_pc0_r_q", "mean_pc0_r_k",
     "mean_q_pos_var_frac", "mean_k_pos_var_frac",
+    "mean_ap_drop_bias", "mean_ap_drop_content", "mean_ap_drop_neither", "mean_ap_drop_no_drift",
+    "mean_ap_drop_frozen_content", "mean_top1_flip", "mean_top1_flip_first_20pct", "mean_top1_flip_last_20pct",
+    "mean_top1_flip_drop", "mean_rank_kendall", "mean_rank_kendall_first_20pct", "mean_rank_kendall_last_20pct",
+    "mean_rank_kendall_drop", "mean_rope_coherence", "mean_rope_coherence_raw",
     "ap_quintile_0", "ap_quintile_1", "ap_quintile_2", "ap_quintile_3", "ap_quintile_4",
     "ap_decile_0", "ap_decile_1", "ap_decile_2", "ap_decile_3", "ap_decile_4",
     "ap_decile_5", "ap_decile_6", "ap_decile_7", "ap_decile_8", "ap_decile_9",
@@ -286,7 +294,10 @@ TEST_CASE("csv: head_bucket_plasticity.csv: one row per cell", "[csv]") {
 TEST_CASE("csv: head_profile.csv: one row per profile bucket", "[csv]") {
     auto const t = written([](std::ostream& os) { rep::write_head_profile(os, span()); });
     strings const cols{"layer",      "q_head",    "k_head",    "q_bucket", "tau",   "n_queries",
-                       "plasticity", "std_error", "empirical", "quintile", "decile"};
+                       "plasticity", "std_error", "empirical", "quintile", "decile",
+                       "pos_mean_rms", "content_mean_rms", "pos_var", "content_var", "ap_no_drift",
+                       "ap_frozen_content", "ap_neither", "top1_flip", "top1_flip_se", "rank_kendall",
+                       "rank_kendall_se"};
     CHECK(t.header == cols);
     CHECK(rep::head_profile_columns() == cols);
     std::size_t r = 0, finite = 0;
@@ -304,6 +315,18 @@ TEST_CASE("csv: head_profile.csv: one row per profile bucket", "[csv]") {
             CHECK(same(row[8], b.ap_empirical));
             CHECK(to_int(row[9]) == b.quintile);
             CHECK(to_int(row[10]) == b.decile);
+            // The split entry of the same index, the rank entry of the same bucket.
+            auto const i = std::size_t(&b - h.plasticity.profile.data());
+            REQUIRE(i < h.plasticity.split.profile.size());
+            auto const& sp = h.plasticity.split.profile[i];
+            CHECK(same(row[11], sp.pos_mean_rms));
+            CHECK(same(row[14], sp.content_var));
+            CHECK(same(row[17], sp.ap_neither));
+            for (auto const& rb : h.ranks.profile)
+                if (rb.q_bucket == b.q_bucket) {
+                    CHECK(same(row[18], rb.top1_flip));
+                    CHECK(same(row[21], rb.kendall_se));
+                }
             finite += std::isfinite(b.ap);
         }
     }
@@ -393,7 +416,7 @@ TEST_CASE("csv: write_reports writes every file, unwritable paths throw naming t
     }
     CHECK(names == strings{"head_metrics.csv", "head_bucket_plasticity.csv", "head_profile.csv",
                            "head_component_weights.csv", "qk_pca.csv", "model_report.csv", "layer_report.csv",
-                           "gqa_groups.csv"});
+                           "head_rope_bands.csv", "head_rope_bucket_bands.csv", "gqa_groups.csv"});
     // The files hold exactly what the stream writers write.
     auto const same_text = [&](std::string const& file, auto&& write) {
         std::ostringstream os;

@@ -43,6 +43,8 @@ inline constexpr std::string_view head_component_weights_file = "head_component_
 inline constexpr std::string_view qk_pca_file = "qk_pca.csv";
 inline constexpr std::string_view model_report_file = "model_report.csv";
 inline constexpr std::string_view layer_report_file = "layer_report.csv";
+inline constexpr std::string_view head_rope_bands_file = "head_rope_bands.csv";
+inline constexpr std::string_view head_rope_bucket_bands_file = "head_rope_bucket_bands.csv";
 
 /// \brief The six head classes in column order of the taxonomy counts.
 inline constexpr std::array<head_class, 6> taxonomy_classes{head_class::position_dominated, head_class::q_positional,
@@ -105,6 +107,7 @@ inline std::vector<std::string> head_metrics_columns() {
     for (auto n : head_metric_names) c.emplace_back(n);
     c.emplace_back("taxonomy");
     c.emplace_back("flags");
+    c.emplace_back("rope_status");
     return c;
 }
 
@@ -118,8 +121,27 @@ inline std::vector<std::string> head_bucket_plasticity_columns() {
 /// plasticity profile, `plasticity_bucket`).
 /// \returns the column names, in file order (docs/outputs.md).
 inline std::vector<std::string> head_profile_columns() {
-    return {"layer",     "q_head",    "k_head",    "q_bucket", "tau",   "n_queries",
-            "plasticity", "std_error", "empirical", "quintile", "decile"};
+    std::vector<std::string> c{"layer",      "q_head",    "k_head",    "q_bucket", "tau",   "n_queries",
+                               "plasticity", "std_error", "empirical", "quintile", "decile"};
+    for (auto n : profile_beyond_names) c.emplace_back(n);
+    return c;
+}
+
+/// \brief Columns of head_rope_bands.csv (one row per frequency band of every
+/// head the RoPE analysis ran on, docs/beyond-rope.md).
+/// \returns the column names, in file order.
+inline std::vector<std::string> head_rope_bands_columns() {
+    return {"layer",         "q_head",        "k_head",            "rope_status",          "band",
+            "rotary",        "first_pair",    "n_pairs",           "n_coords",             "freq_lo",
+            "freq_hi",       "wavelength_lo", "wavelength_hi",     "content_var_share",    "content_var_share_se",
+            "v_share_first_20pct", "v_share_last_20pct"};
+}
+
+/// \brief Columns of head_rope_bucket_bands.csv (one row per query bucket and
+/// band: the band's share of the score-difference variance v).
+/// \returns the column names, in file order.
+inline std::vector<std::string> head_rope_bucket_bands_columns() {
+    return {"layer", "q_head", "k_head", "q_bucket", "tau", "quintile", "n_queries", "n_pairs", "band", "v_share"};
 }
 
 /// \brief Columns of head_component_weights.csv.
@@ -244,6 +266,7 @@ inline void write_head_metrics(std::ostream& os, std::span<head_analysis const> 
         }
         w.raw(to_string(h.pca.taxonomy));
         w.raw(head_flags_text(h));  // names of [a-z0-9_] joined by ';': never needs quoting
+        w.raw(rope_status_name(h.rope.status));
         w.end();
     }
     detail::check_stream(os, "qkgeom::report::write_head_metrics");
@@ -277,9 +300,47 @@ inline void write_head_profile(std::ostream& os, std::span<head_analysis const> 
     for (auto const& h : heads)
         for (auto const& b : h.plasticity.profile) {
             w.id(h.id).integer(b.q_bucket).num(b.tau).integer(b.n_queries).num(b.ap).num(b.std_error);
-            w.num(b.ap_empirical).integer(b.quintile).integer(b.decile).end();
+            w.num(b.ap_empirical).integer(b.quintile).integer(b.decile);
+            for (double x : profile_beyond_values(h, std::size_t(&b - h.plasticity.profile.data()))) w.num(x);
+            w.end();
         }
     detail::check_stream(os, "qkgeom::report::write_head_profile");
+}
+
+/// \brief head_rope_bands.csv: one row per band of `h.rope.bands` of every
+/// head (heads whose RoPE analysis did not run have no bands: no rows).
+/// \param[out] os the stream; a header row, then the rows, are appended.
+/// \param[in] heads the analysed heads, written in the given order.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
+inline void write_head_rope_bands(std::ostream& os, std::span<head_analysis const> heads) {
+    detail::header(os, head_rope_bands_columns());
+    detail::row_writer w(os);
+    for (auto const& h : heads)
+        for (std::size_t k = 0; k < h.rope.bands.size(); ++k) {
+            auto const& b = h.rope.bands[k];
+            w.id(h.id).raw(rope_status_name(h.rope.status)).integer(std::int64_t(k)).integer(b.rotary ? 1 : 0);
+            w.integer(b.first_pair).integer(b.n_pairs).integer(b.n_coords).num(b.freq_lo).num(b.freq_hi);
+            w.num(b.wavelength_lo).num(b.wavelength_hi).num(b.content_var_share).num(b.content_var_share_se);
+            w.num(b.v_share_first_20pct).num(b.v_share_last_20pct).end();
+        }
+    detail::check_stream(os, "qkgeom::report::write_head_rope_bands");
+}
+
+/// \brief head_rope_bucket_bands.csv: per head, query bucket and band the
+/// band's share of v (`h.rope.buckets[i].v_share[band]`).
+/// \param[out] os the stream; a header row, then the rows, are appended.
+/// \param[in] heads the analysed heads, written in the given order.
+/// \throws std::runtime_error when the stream is in a failed state afterwards.
+inline void write_head_rope_bucket_bands(std::ostream& os, std::span<head_analysis const> heads) {
+    detail::header(os, head_rope_bucket_bands_columns());
+    detail::row_writer w(os);
+    for (auto const& h : heads)
+        for (auto const& b : h.rope.buckets)
+            for (std::size_t k = 0; k < b.v_share.size(); ++k) {
+                w.id(h.id).integer(b.bucket).num(b.tau).integer(b.quintile).integer(b.n_queries).integer(b.n_pairs);
+                w.integer(std::int64_t(k)).num(b.v_share[k]).end();
+            }
+    detail::check_stream(os, "qkgeom::report::write_head_rope_bucket_bands");
 }
 
 /// \brief head_component_weights.csv: one row per query coordinate of every head
@@ -401,6 +462,22 @@ inline void write_head_profile(std::filesystem::path const& path, std::span<head
     detail::to_file(path, "qkgeom::report::write_head_profile",
                     [&](std::ostream& os) { write_head_profile(os, heads); });
 }
+/// \brief head_rope_bands.csv, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] heads the analysed heads.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
+inline void write_head_rope_bands(std::filesystem::path const& path, std::span<head_analysis const> heads) {
+    detail::to_file(path, "qkgeom::report::write_head_rope_bands",
+                    [&](std::ostream& os) { write_head_rope_bands(os, heads); });
+}
+/// \brief head_rope_bucket_bands.csv, written to a file.
+/// \param[in] path the file, created or truncated.
+/// \param[in] heads the analysed heads.
+/// \throws std::runtime_error naming the path when it cannot be opened or written.
+inline void write_head_rope_bucket_bands(std::filesystem::path const& path, std::span<head_analysis const> heads) {
+    detail::to_file(path, "qkgeom::report::write_head_rope_bucket_bands",
+                    [&](std::ostream& os) { write_head_rope_bucket_bands(os, heads); });
+}
 /// \brief head_component_weights.csv, written to a file.
 /// \param[in] path the file, created or truncated.
 /// \param[in] heads the analysed heads.
@@ -499,7 +576,8 @@ inline void write_gqa_groups(std::filesystem::path const& path, std::span<gqa_me
 /// \brief Create `out_dir` (and its parents) and write every file into it:
 /// head_metrics.csv, head_bucket_plasticity.csv, head_profile.csv,
 /// head_component_weights.csv, qk_pca.csv, model_report.csv (one row named
-/// `model_name`), layer_report.csv and, when every head has a recorded
+/// `model_name`), layer_report.csv, head_rope_bands.csv,
+/// head_rope_bucket_bands.csv and, when every head has a recorded
 /// identity (layer, q_head, k_head ≥ 0, as every capture records),
 /// gqa_groups.csv (`gqa_groups`). Existing files of those names are
 /// overwritten.
@@ -527,6 +605,8 @@ inline std::vector<std::filesystem::path> write_reports(std::filesystem::path co
     write_qk_pca(p(qk_pca_file), heads);
     write_model_report(p(model_report_file), model_name, m.all);
     write_layer_report(p(layer_report_file), m);
+    write_head_rope_bands(p(head_rope_bands_file), heads);
+    write_head_rope_bucket_bands(p(head_rope_bucket_bands_file), heads);
     bool const ids = std::all_of(heads.begin(), heads.end(), [](head_analysis const& h) {
         return h.id.layer >= 0 && h.id.q_head >= 0 && h.id.k_head >= 0;
     });
