@@ -119,6 +119,10 @@ def main():
     study = get(rows, "bm_model_study/runs:10")
     r = study / (10 * api) if study and api else None
     check("study of 10 runs / 10 analyses (1 thread)", fmt(r, "{:.3f}"), "<= 1.05", None if r is None else r <= 1.05)
+    b0, b1 = get(rows, "bm_head_analyze_beyond/beyond:0"), get(rows, "bm_head_analyze_beyond/beyond:1")
+    r = b1 / b0 if b0 and b1 else None
+    check("head with the analyses beyond the thesis / without", fmt(r, "{:.3f}"), "<= 1.20",
+          None if r is None else r <= 1.20)
     if args.peak_rss_kb is not None:
         gb = args.peak_rss_kb * 1024 / 1e9
         check(f"peak RSS, {args.peak_rss_label} (GB)", fmt(gb, "{:.2f}"), "<= 2.0", gb <= 2.0)
@@ -159,7 +163,7 @@ def main():
               f" baseline {fmt(base and base / base_heads, '{:.2f}')} s/head vs {m1 / heads:.3f} s/head")
     for name in ("bm_head_moments", "bm_diagnostics", "bm_plasticity_same_bucket", "bm_plasticity_prefix",
                  "bm_plasticity_same_bucket_no_empirical", "bm_head_analyze/prefix:0", "bm_head_analyze/prefix:1",
-                 "bm_head_analyze_generic"):
+                 "bm_head_analyze_generic", "bm_head_analyze_beyond/beyond:0", "bm_head_analyze_beyond/beyond:1"):
         t = get(rows, name)
         if t is not None:
             print(f"    {name:<42s} {t * 1e3:9.1f} ms")

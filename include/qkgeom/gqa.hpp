@@ -221,13 +221,13 @@ gqa_metric_row gqa_row(std::int64_t layer, std::size_t m, gqa_sums const& s) {
 
 /// The heads sorted by (layer, k_head, q_head), after checking every id.
 template <class = void>
-std::vector<head_analysis const*> gqa_sorted(std::span<head_analysis const> heads) {
+std::vector<head_analysis const*> gqa_sorted(std::span<head_analysis const* const> heads) {
     constexpr std::string_view fn = "qkgeom::gqa_groups";
     std::vector<head_analysis const*> p;
     p.reserve(heads.size());
     std::set<std::pair<std::int64_t, std::int64_t>> seen;
     for (std::size_t i = 0; i < heads.size(); ++i) {
-        head_id const& id = heads[i].id;
+        head_id const& id = heads[i]->id;
         std::string const f = "heads[" + std::to_string(i) + "].id.";
         if (id.layer < 0) fail_arg(fn, f + "layer: not recorded (< 0); GQA groups need the layer", id.layer);
         if (id.k_head < 0) fail_arg(fn, f + "k_head: not recorded (< 0); GQA groups need the key head", id.k_head);
@@ -235,7 +235,7 @@ std::vector<head_analysis const*> gqa_sorted(std::span<head_analysis const> head
         if (!seen.emplace(id.layer, id.q_head).second)
             fail_arg(fn, f + "q_head: a second head with the same (layer, q_head) in layer " +
                              std::to_string(id.layer) + "; q_head", id.q_head);
-        p.push_back(&heads[i]);
+        p.push_back(heads[i]);
     }
     std::sort(p.begin(), p.end(), [](auto const* a, auto const* b) {
         return std::tuple(a->id.layer, a->id.k_head, a->id.q_head) <
@@ -272,7 +272,7 @@ std::vector<head_analysis const*> gqa_sorted(std::span<head_analysis const> head
 ///         the same (layer, q_head).
 /// \throws std::bad_alloc if the work arrays cannot be allocated.
 template <class = void>
-std::vector<gqa_metric_row> gqa_groups(std::span<head_analysis const> heads) {
+std::vector<gqa_metric_row> gqa_groups(std::span<head_analysis const* const> heads) {
     auto const sorted = detail::gqa_sorted(heads);
     std::vector<gqa_metric_row> rows;
     std::array<detail::gqa_sums, gqa_metric_names.size()> model{};
@@ -291,4 +291,17 @@ std::vector<gqa_metric_row> gqa_groups(std::span<head_analysis const> heads) {
     for (std::size_t m = 0; m < gqa_metric_names.size(); ++m) rows.push_back(detail::gqa_row(-1, m, model[m]));
     return rows;
 }
+
+/// \brief GQA groups of heads held by value (as `gqa_groups` over pointers).
+/// \param[in] heads the analysed heads of a model, in any order.
+/// \returns as the pointer overload.
+/// \throws as the pointer overload (`heads[i]` indexes this span).
+template <class = void>
+std::vector<gqa_metric_row> gqa_groups(std::span<head_analysis const> heads) {
+    std::vector<head_analysis const*> p;
+    p.reserve(heads.size());
+    for (auto const& h : heads) p.push_back(&h);
+    return gqa_groups(std::span<head_analysis const* const>(p));
+}
+
 }  // namespace qkgeom

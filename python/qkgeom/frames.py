@@ -60,6 +60,15 @@ def qk_pca_frame(heads) -> pd.DataFrame:
     return _frame("qk_pca", heads)
 
 
+def gqa_groups_frame(heads) -> pd.DataFrame:
+    """gqa_groups.csv: per layer (then the model, layer -1) and metric, the within / between
+    key-head-group variance ratio of the query heads (docs/beyond-gqa.md)."""
+    cols = _qkgeom._gqa_groups(_heads(heads))
+    if list(cols) != list(_qkgeom._gqa_groups_columns):
+        raise RuntimeError("qkgeom: gqa_groups columns differ from report::gqa_groups_columns()")
+    return pd.DataFrame(cols)
+
+
 def frames(heads) -> dict:
     """Every per-head table: ``{file stem: DataFrame}`` (head_metrics, head_bucket_plasticity,
     head_component_weights, qk_pca)."""

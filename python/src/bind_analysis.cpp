@@ -296,6 +296,40 @@ void bind_analysis(py::module_& m) {
         py::arg("kind"), py::arg("heads"),
         "{column: ndarray} of one CSV table (head_metrics, head_bucket_plasticity, head_component_weights, "
         "qk_pca) over the heads, in file order; the same doubles the CSV holds.");
+    m.def(
+        "_gqa_groups",
+        [](py::handle heads) {
+            auto const hs = head_list(heads);
+            auto const rows = qkgeom::gqa_groups(std::span<head_analysis const* const>(hs));
+            py::dict out;
+            auto col = [&](char const* name, auto get) {
+                py::list l;
+                for (auto const& r : rows) l.append(get(r));
+                out[name] = l;
+            };
+            col("layer", [](auto const& r) { return r.layer; });
+            col("metric", [](auto const& r) { return r.metric; });
+            col("n_groups", [](auto const& r) { return r.n_groups; });
+            col("n_shared_groups", [](auto const& r) { return r.n_shared_groups; });
+            col("n_heads", [](auto const& r) { return r.n_heads; });
+            col("n_excluded", [](auto const& r) { return r.n_excluded; });
+            col("df_within", [](auto const& r) { return r.df_within; });
+            col("df_between", [](auto const& r) { return r.df_between; });
+            col("within_var", [](auto const& r) { return r.within_var; });
+            col("between_var", [](auto const& r) { return r.between_var; });
+            col("ratio", [](auto const& r) { return r.ratio; });
+            col("p_value", [](auto const& r) { return r.p_value; });
+            col("status", [](auto const& r) { return r.status; });
+            return out;
+        },
+        py::arg("heads"),
+        "gqa_groups.csv as {column: list} over the heads (docs/beyond-gqa.md); the columns are "
+        "report::gqa_groups_columns(), checked at import.");
+    {
+        py::list names;
+        for (auto const& n : r::gqa_groups_columns()) names.append(n);
+        m.attr("_gqa_groups_columns") = names;
+    }
     m.attr("head_flag_names") = [] {
         py::list l;
         for (auto n : qkgeom::head_flag_names) l.append(py::str(std::string(n)));

@@ -41,6 +41,8 @@ def compare_all(heads, out, what):
     check(sorted(fr) == sorted(TABLES), f"{what}: frames() keys {sorted(fr)}")
     for t in TABLES:
         compare_frame_csv(check, fr[t], os.path.join(out, f"{t}.csv"), f"{what} / {t}.csv")
+    compare_frame_csv(check, qf.gqa_groups_frame(heads), os.path.join(out, "gqa_groups.csv"),
+                      f"{what} / gqa_groups.csv")
 
 
 def load_entry(data, name):
