@@ -218,8 +218,14 @@ public:
         c[1] = t.dot(vdelta_.head(d - 1));
         if (sm.frozen) {
             c[2] = sm.wf.tail(d - 1).dot(t);
-            vdelta_.noalias() = sm.covf * t;
-            c[3] = t.dot(vdelta_.head(d - 1));
+            if (sm.pref != nullptr) {  // Σ_ref δ₂:d = P_i − P_j
+                double const* pi = sm.pref + i * (d - 1);
+                double const* pj = sm.pref + j * (d - 1);
+                for (index_t l = 0; l < d - 1; ++l) c[3] += t(l) * (pi[l] - pj[l]);
+            } else {
+                vdelta_.noalias() = sm.covf * t;
+                c[3] = t.dot(vdelta_.head(d - 1));
+            }
         }
         split_record(sm, delta_(0), e.w(0), e.V(0, 0), c, acc.split);
     }

@@ -57,10 +57,11 @@ struct split_reference {
     double alpha_pos = nan;
     Eigen::VectorXd mean, var;  ///< (d) coordinates 1..d−1 hold the reference; 0 unused
     Eigen::MatrixXd cov;        ///< (d−1)² under `full`, else empty
+    row_block pref;             ///< full: K̃[:, 1:] Σ_ref, one row per key (split_model::pref); else empty
 };
 
 template <class = void>
-split_reference split_reference_of(householder_result const& model, std::int64_t L, bool on) {
+split_reference split_reference_of(householder_result const& model, key_store const& ks, std::int64_t L, bool on) {
     split_reference r;
     r.on = on;
     r.alpha_pos = model.alpha_pos;
@@ -85,6 +86,7 @@ split_reference split_reference_of(householder_result const& model, std::int64_t
         r.var /= wsum;
         if (r.cov.size() != 0) r.cov /= wsum;
     }
+    if (r.cov.size() != 0 && ks.d > 1) r.pref.noalias() = ks.rot.rightCols(ks.d - 1) * r.cov;  // one GEMM per head
     return r;
 }
 
@@ -107,6 +109,7 @@ split_model split_model_of(bucket_semantics const& s, split_reference const& ref
     m.wf.tail(d - 1) = ref.mean.tail(d - 1);
     m.varf.tail(d - 1) = ref.var.tail(d - 1);
     m.covf = ref.cov;
+    if (ref.pref.size() != 0) m.pref = ref.pref.data();
     return m;
 }
 
@@ -216,7 +219,7 @@ plasticity_result evaluate_plasticity(householder_result const& model, key_store
 
     empirical_check emp(ks, qs, plan, opt);
     pair_evaluator ev(ks, res.heatmap, res.n_pairs_skipped, emp);
-    split_reference const ref = split_reference_of(model, res.context_length, opt.split_profile);
+    split_reference const ref = split_reference_of(model, ks, res.context_length, opt.split_profile);
     for (std::size_t i = 0; i < model.buckets.size(); ++i)
         evaluate_query_bucket(ev, emp, model.buckets[i], plan.queries[i], plan, ks, opt, res, ref);
     aggregate(res, opt.weighting);

@@ -73,6 +73,9 @@ struct split_model {
     double alpha_pos = nan;
     Eigen::VectorXd wf, varf;
     Eigen::MatrixXd covf;
+    /// full: row i = Σ_ref k̃_i[1:] (row-major, d − 1 columns; the head's
+    /// P = K̃[:, 1:] Σ_ref), so Σ_ref δ₂:d = P_i − P_j in O(d); null otherwise.
+    double const* pref = nullptr;
 };
 
 /// Sums of one cell (or bucket) of the split pass.
