@@ -91,10 +91,12 @@ per bucket per sequence (method §0.1). Its benchmark 'demo_score' is made up.
 
 Reports of analyze, and of each demo run in OUT/runs/<run>/ (docs/outputs.md):
 head_metrics.csv, head_bucket_plasticity.csv, head_profile.csv,
-head_component_weights.csv, qk_pca.csv, model_report.csv, layer_report.csv.
+head_component_weights.csv, qk_pca.csv, model_report.csv, layer_report.csv,
+head_rope_bands.csv, head_rope_bucket_bands.csv, gqa_groups.csv.
 Pictures (docs/pictures.md) next to the CSVs: plasticity_profile.svg,
-plasticity_heatmap.svg, component_weights.svg, taxonomy_scatter.svg; analyze
-also writes OUT/model_comparison.svg and OUT/index.html.
+plasticity_heatmap.svg, component_weights.svg, taxonomy_scatter.svg,
+plasticity_split.svg; analyze also writes OUT/model_comparison.svg and
+OUT/index.html.
 Study reports (study, demo; docs/study.md): OUT/study_*.csv (models with
 bootstrap intervals, profiles, trajectory and bias decomposition, taxonomy,
 layer depth, correlations with exact permutation p-values, per length, per-head

@@ -1231,7 +1231,9 @@ TEST_CASE("bad input is a clear error", "[plasticity][errors]") {
     badq.queries.bucket.values()[0] = 7;
     CHECK_THROWS_WITH(run(model, badq, none),
                       Contains("queries: bucket does not match position") && Contains("bucket (value 7)"));
-    CHECK_THROWS_WITH(run(model, with_facts(h, {.buckets = bucket_spec{bucket_scheme::uniform, 32, 3.0}}), none),
+    qkgeom::capture_facts wrong_width;
+    wrong_width.buckets = bucket_spec{bucket_scheme::uniform, 32, 3.0};
+    CHECK_THROWS_WITH(run(model, with_facts(h, wrong_width), none),
                       Contains("does not match position") && Contains("width 32"));
     // NaN / Inf in a key
     auto nan_key = labels;

@@ -283,13 +283,20 @@ inline std::array<std::size_t, 3> id_columns(csv_table const& t) {
 /// head_metrics.csv → heads, in file order; `index` maps each id to its head.
 inline void read_head_metrics(csv_table const& t, run_heads& out, std::map<head_id, std::size_t>& index) {
     auto const id_col = id_columns(t);
-    std::array<std::size_t, head_metric_names.size()> mcol{};
-    for (std::size_t m = 0; m < mcol.size(); ++m) mcol[m] = t.column(head_metric_names[m]);
+    // The 39 metrics of the thesis are required; the columns beyond it
+    // (issue 17, from "ap_drop_bias" on) are read when present and NaN in
+    // analysis folders written before them.
+    constexpr std::size_t n_required = 39;
+    static_assert(head_metric_names[n_required] == "ap_drop_bias");
+    std::array<std::optional<std::size_t>, head_metric_names.size()> mcol{};
+    for (std::size_t m = 0; m < mcol.size(); ++m)
+        mcol[m] = m < n_required ? std::optional<std::size_t>(t.column(head_metric_names[m])) : t.find(head_metric_names[m]);
     std::size_t const tax = t.column("taxonomy");
     for (std::size_t r = 0; r < t.rows.size(); ++r) {
         head_row h;
         h.id = read_id(t, r, id_col);
-        for (std::size_t m = 0; m < mcol.size(); ++m) h.metrics[m] = t.number(r, mcol[m]);
+        for (std::size_t m = 0; m < mcol.size(); ++m)
+            h.metrics[m] = mcol[m] ? t.number(r, *mcol[m]) : std::numeric_limits<double>::quiet_NaN();
         h.taxonomy = parse_class(t, r, tax);
         if (!index.emplace(h.id, out.heads.size()).second)
             fail_line(t.file, t.lines[r],

@@ -161,12 +161,17 @@ inline std::vector<std::filesystem::path> capture_files(std::filesystem::path co
 /// \brief The cache key of a capture analysed with some options.
 /// \param[in] fingerprint capture_fingerprint of the capture.
 /// \param[in] options the options text (options_text plus overrides).
-/// \returns 32 hexadecimal digits.
+/// \returns 32 hexadecimal digits (the hash also covers the qkgeom version
+///          and the number of head metrics and per-bucket values written).
 [[nodiscard]] inline std::string cache_key(std::string const& fingerprint, std::string const& options) {
     detail::content_hash h;
     h.add_text(fingerprint);
     h.add_text(options);
     h.add_text(QKGEOM_VERSION_STRING);
+    // The output schema: an analysis with more columns (a new analysis) gets
+    // new keys, so older cache entries are not reused without its numbers.
+    h.add_text(std::to_string(head_metric_names.size()) + " metrics, " +
+               std::to_string(profile_beyond_names.size()) + " profile values");
     return h.hex();
 }
 
