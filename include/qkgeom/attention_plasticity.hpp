@@ -36,14 +36,13 @@ inline void check_plasticity_options(std::string_view fn, plasticity_options con
     if (opt.max_exact_pairs < 0) fail_arg(fn, "max_exact_pairs must be >= 0", opt.max_exact_pairs);
 }
 
-/// The keys of a head, widened and rotated (k̃ = H k, H never formed
-/// densely). Unless `checked` (the caller validated values and annotations,
-/// e.g. analyze_head), the finite values and the annotations against the
-/// facts are validated here; shapes always are. `with_range`: fold the
-/// f32 range of the rows into the read (the empirical check needs it).
+/// The key rows against a head's model: d ≥ 1 and the keys' width; unless
+/// `checked`, their values (finite) and annotations (against the facts);
+/// shapes always. Shared by the plasticity and the rank stability.
+/// \returns d.
 template <RowMatrix KM>
-key_store read_keys(std::string_view fn, householder_result const& model, token_rows<KM> const& keys,
-                    capture_facts const& facts, bool checked, bool with_range) {
+index_t check_keys_for_model(std::string_view fn, householder_result const& model, token_rows<KM> const& keys,
+                             capture_facts const& facts, bool checked) {
     index_t const d = model.beta.size();
     if (d < 1) fail_arg(fn, "the Householder model is empty (d)", d);
     auto const kr = as_matrix(keys.vectors);
@@ -54,6 +53,19 @@ key_store read_keys(std::string_view fn, householder_result const& model, token_
     auto const kp = as_indices(keys.position);
     check_batch(std::string(fn) + ": keys", d, kr, kp, static_cast<decltype(kp) const*>(nullptr), !checked);
     if (!checked) check_annotations(fn, "keys", kr.rows(), keys.position, keys.bucket, keys.example_id, true, facts);
+    return d;
+}
+
+/// The keys of a head, widened and rotated (k̃ = H k, H never formed
+/// densely). Unless `checked` (the caller validated values and annotations,
+/// e.g. analyze_head), the finite values and the annotations against the
+/// facts are validated here; shapes always are. `with_range`: fold the
+/// f32 range of the rows into the read (the empirical check needs it).
+template <RowMatrix KM>
+key_store read_keys(std::string_view fn, householder_result const& model, token_rows<KM> const& keys,
+                    capture_facts const& facts, bool checked, bool with_range) {
+    index_t const d = check_keys_for_model(fn, model, keys, facts, checked);
+    auto const kr = as_matrix(keys.vectors);
     key_store ks;
     ks.d = d;
     ks.position = keys.position.values();

@@ -685,16 +685,8 @@ rank_result rank_stability_of(householder_result const& model, token_rows<KM> co
     constexpr std::string_view fn = "qkgeom::rank_stability";
     check_rank_options(fn, opt);
     if (!checked) check_facts(fn, facts);
-    index_t const d = model.beta.size();
-    if (d < 1) fail_arg(fn, "the Householder model is empty (d)", d);
+    index_t const d = check_keys_for_model(fn, model, keys, facts, checked);
     auto const kr = as_matrix(keys.vectors);
-    if (kr.cols() != d)
-        fail_arg(fn, "keys: head dimension differs from the queries' model: model has d = " + std::to_string(d) +
-                         ", keys have",
-                 kr.cols());
-    auto const kp = as_indices(keys.position);
-    check_batch(std::string(fn) + ": keys", d, kr, kp, static_cast<decltype(kp) const*>(nullptr), !checked);
-    if (!checked) check_annotations(fn, "keys", kr.rows(), keys.position, keys.bucket, keys.example_id, true, facts);
     if (keys.bucket.size() != kr.rows()) fail_arg(fn, "keys: buckets: length differs from the rows; length", keys.bucket.size());
     if (keys.example_id.size() != kr.rows())
         fail_arg(fn, "keys: example ids: length differs from the rows; length", keys.example_id.size());
