@@ -50,7 +50,8 @@ STEPS = [1000, 2000, 3000, 4000]
 BENCHMARK = "demo_score"
 RECORD_ROWS = 4  # version, command line, input, options
 # The single-model page (report/html.hpp).
-PER_MODEL = ["plasticity_profile.svg", "plasticity_heatmap.svg", "component_weights.svg", "taxonomy_scatter.svg"]
+PER_MODEL = ["plasticity_profile.svg", "plasticity_heatmap.svg", "component_weights.svg", "taxonomy_scatter.svg",
+             "plasticity_split.svg"]
 
 
 def fail(msg):

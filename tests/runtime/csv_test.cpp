@@ -216,10 +216,11 @@ TEST_CASE("csv: head_metrics.csv has the documented columns and one exact row pe
             CHECK(same(row[3 + j], v[j]));
             saw_nan = saw_nan || row[3 + j] == "nan";
         }
-        auto const& taxonomy = row[row.size() - 2];
+        auto const& taxonomy = row[row.size() - 3];
         CHECK(classes.count(taxonomy) == 1);
         CHECK(taxonomy == qkgeom::to_string(h.pca.taxonomy));
-        CHECK(row.back() == qkgeom::head_flags_text(h));
+        CHECK(row[row.size() - 2] == qkgeom::head_flags_text(h));
+        CHECK(row.back() == qkgeom::rope_status_name(h.rope.status));
     }
     CHECK(saw_nan);  // layer 1 has no diagnostics
     CHECK(std::isfinite(heads()[0].householder.q_R2_pos));

@@ -499,7 +499,9 @@ public:
     ///         std::logic_error in the moments modes; as synchronize().
     [[nodiscard]] auto head(head_id const& h) {
         auto out = store().head(h);
-        out.facts.context_length = manifest_.context_length;
+        auto const f = io::facts_of(manifest_, h.layer);  // the manifest's context length and RoPE, as read back
+        out.facts.context_length = f.context_length;
+        out.facts.rope = f.rope;
         return out;
     }
 
