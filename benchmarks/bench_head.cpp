@@ -108,7 +108,9 @@ BENCHMARK(bm_head_analyze)->ArgName("prefix")->Arg(0)->Arg(1)->Unit(benchmark::k
 /// arg 1 = all of them (the defaults, with the head's RoPE recorded in its
 /// facts as a capture records it: rotate_half over the 64 rotary
 /// dimensions, theta 10000, so the RoPE check and bands run). The ratio
-/// 1 / 0 is the "≤ 20 % over analyze_head" (summarise.py).
+/// 1 / 0 is the "≤ 20 % over analyze_head" (summarise.py); args 2,
+/// 3, 4 run one analysis each (the split, the rank stability, the RoPE
+/// bands) for the breakdown.
 void bm_head_analyze_beyond(benchmark::State& st) {
     static head_data const h = [] {
         head_data x = realistic_head();
@@ -120,15 +122,15 @@ void bm_head_analyze_beyond(benchmark::State& st) {
     }();
     auto opt = cli_options(model_shape{});
     head_data const* used = &h;
-    if (st.range(0) == 0) {
-        opt.plasticity.split_profile = false;
-        opt.ranks_on = false;
-        used = &realistic_head();  // no RoPE facts: rope_bands returns at once
-    }
+    // 0: none; 1: all; 2: the split only; 3: the rank stability only; 4: RoPE bands only.
+    auto const arg = st.range(0);
+    opt.plasticity.split_profile = arg == 1 || arg == 2;
+    opt.ranks_on = arg == 1 || arg == 3;
+    if (arg != 1 && arg != 4) used = &realistic_head();  // no RoPE facts: rope_bands returns at once
     for (auto _ : st) benchmark::DoNotOptimize(analyze(*used, opt).plasticity.ap_overall);
     head_counters(st, *used);
 }
-BENCHMARK(bm_head_analyze_beyond)->ArgName("beyond")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_head_analyze_beyond)->ArgName("beyond")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
 
 /// The same head (same_bucket) with the dispatched kernels capped at the
 /// generic level (SSE2 without -march): the gain of the runtime dispatch,

@@ -163,7 +163,8 @@ def main():
               f" baseline {fmt(base and base / base_heads, '{:.2f}')} s/head vs {m1 / heads:.3f} s/head")
     for name in ("bm_head_moments", "bm_diagnostics", "bm_plasticity_same_bucket", "bm_plasticity_prefix",
                  "bm_plasticity_same_bucket_no_empirical", "bm_head_analyze/prefix:0", "bm_head_analyze/prefix:1",
-                 "bm_head_analyze_generic", "bm_head_analyze_beyond/beyond:0", "bm_head_analyze_beyond/beyond:1"):
+                 "bm_head_analyze_generic", "bm_head_analyze_beyond/beyond:0", "bm_head_analyze_beyond/beyond:1",
+                 "bm_head_analyze_beyond/beyond:2", "bm_head_analyze_beyond/beyond:3", "bm_head_analyze_beyond/beyond:4"):
         t = get(rows, name)
         if t is not None:
             print(f"    {name:<42s} {t * 1e3:9.1f} ms")
