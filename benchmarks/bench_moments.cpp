@@ -1,7 +1,10 @@
 // Moment accumulation (method §1) and the reference points measured in the same
 // run: the machine's Eigen GEMM rate and a plain streaming read of the same
 // bytes; plus the scaling of moments over rows (1K…1M per head) and over d
-// (32…256).
+// (32…256); the machine's double-precision FMA peak per instruction-set level
+// (bm_fma_peak/<level>, simd::fma_peak_probe) and the moments at every level
+// (bm_moments_isa/<level>/d:<d>, capped with simd::scoped_limit), so that the
+// moments' rate is read as a fraction of the peak of the same run.
 //
 // Flop counts. The accumulator's dominant cost is a symmetric rank-k update of
 // the lower half of the co-moment, n·d·(d+1) flops actually needed (a multiply
@@ -11,7 +14,10 @@
 
 #include <benchmark/benchmark.h>
 
+#include <qkgeom/simd/moment_kernels.hpp>
+
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -59,6 +65,58 @@ void bm_moments_accumulate(benchmark::State& st) {
     moments_counters(st, n, d);
 }
 BENCHMARK(bm_moments_accumulate)->ArgName("d")->Arg(64)->Arg(128)->Unit(benchmark::kMicrosecond);
+
+/// The double-precision FMA peak of one level: independent FMA chains
+/// (simd::fma_peak_probe), GFLOP/s of CPU time. Skipped (with an error row)
+/// when QKGEOM_ISA caps the level below the one asked for.
+void bm_fma_peak(benchmark::State& st, qkgeom::simd::isa level) {
+    qkgeom::simd::scoped_limit const cap(level);
+    if (qkgeom::simd::active() != level) {
+        st.SkipWithError("level capped by QKGEOM_ISA");
+        return;
+    }
+    double flops = 0;
+    for (auto _ : st) {
+        auto const r = qkgeom::simd::fma_peak_probe(1 << 16);
+        benchmark::DoNotOptimize(r.checksum);
+        flops += r.flops;
+    }
+    st.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsRate);
+}
+
+/// bm_moments_accumulate at one level (simd::scoped_limit).
+void bm_moments_isa(benchmark::State& st, qkgeom::simd::isa level, index_t d) {
+    qkgeom::simd::scoped_limit const cap(level);
+    if (qkgeom::simd::active() != level) {
+        st.SkipWithError("level capped by QKGEOM_ISA");
+        return;
+    }
+    index_t const n = 8192;
+    auto const c = make_capture(n, d);
+    for (auto _ : st) {
+        qkgeom::bucketed_moments bm(d);
+        bm.add(c.x, c.t, c.bucket);
+        benchmark::DoNotOptimize(bm.buckets.begin()->second.c_xx.data());
+    }
+    moments_counters(st, n, d);
+}
+
+/// Registers bm_fma_peak/<level> and bm_moments_isa/<level>/d:{64,128} for
+/// every level this CPU has (simd::detected() and below).
+int register_levels() {
+    for (int l = 0; l <= int(qkgeom::simd::detected()); ++l) {
+        auto const level = qkgeom::simd::isa(l);
+        std::string const name = qkgeom::simd::isa_name(level);
+        benchmark::RegisterBenchmark(("bm_fma_peak/" + name).c_str(), bm_fma_peak, level)
+            ->Unit(benchmark::kMicrosecond);
+        for (index_t d : {64, 128})
+            benchmark::RegisterBenchmark(("bm_moments_isa/" + name + "/d:" + std::to_string(d)).c_str(),
+                                         bm_moments_isa, level, d)
+                ->Unit(benchmark::kMicrosecond);
+    }
+    return 0;
+}
+[[maybe_unused]] int const registered_levels = register_levels();
 
 /// Reference: the machine's Eigen GEMM rate, double (what the moments accumulate
 /// in), a square 512³ product.

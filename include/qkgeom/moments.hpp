@@ -21,6 +21,8 @@
 #include <qkgeom/config.hpp>
 #include <qkgeom/errors.hpp>
 #include <qkgeom/head.hpp>
+#include <qkgeom/simd.hpp>
+#include <qkgeom/simd/moment_kernels.hpp>
 #include <qkgeom/tensor.hpp>
 
 #include <Eigen/Core>
@@ -200,38 +202,76 @@ struct moments {
     void add_block(double const* x, double const* t, index_t nb, Eigen::MatrixXd& scratch) {
         if (nb <= 0) return;
         index_t const d = dim();
-        using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-        Eigen::Map<RowMat const> X(x, nb, d);
         Eigen::Map<Eigen::VectorXd const> T(t, nb);
         double const inv = 1.0 / static_cast<double>(nb);
         // Two-pass block means, with the correction term of the second pass.
-        Eigen::RowVectorXd bx = X.colwise().sum() * inv;
         double bt = T.sum() * inv;
-        scratch.resize(d, nb);  // column-major d × nb = centred block, transposed
-        scratch = (X.rowwise() - bx).transpose();
-        Eigen::VectorXd const corr = scratch.rowwise().sum() * inv;
-        bx += corr.transpose();
-        scratch.colwise() -= corr;
         Eigen::VectorXd tc = T.array() - bt;
         double const tcorr = tc.sum() * inv;
         bt += tcorr;
         tc.array() -= tcorr;
+        Eigen::VectorXd bx(d), bxt(d);  // block mean x̄_B and C_xt,B = R τ
+        block_x(x, tc.data(), nb, bx, bxt, scratch);  // also c_xx (lower) += R Rᵀ
 
         double const na = static_cast<double>(n), nbd = static_cast<double>(nb), nt = na + nbd;
         double const f = na * nbd / nt;
         double const dt = bt - mean_t;
-        Eigen::VectorXd const dx = bx.transpose() - mean_x;
+        Eigen::VectorXd const dx = bx - mean_x;
 
         m2_t += tc.squaredNorm() + f * dt * dt;
         t_min = std::min(t_min, T.minCoeff());
         t_max = std::max(t_max, T.maxCoeff());
-        c_xt.noalias() += scratch * tc;
+        c_xt += bxt;
         c_xt += (f * dt) * dx;
-        c_xx.selfadjointView<Eigen::Lower>().rankUpdate(scratch);
         if (n > 0) c_xx.selfadjointView<Eigen::Lower>().rankUpdate(dx, f);
         mean_t += dt * (nbd / nt);
         mean_x += dx * (nbd / nt);
         n += nb;
+    }
+
+    /// \brief The row part of `add_block`: the corrected block mean `bx`, the
+    /// block's C_xt,B = R τ (`tc`: the nb centred positions) into `bxt`, and
+    /// R Rᵀ added to the lower triangle of `c_xx`, R the centred block.
+    ///
+    /// At `simd::active()` = avx2 or avx512 the fused centring and the
+    /// register-blocked rank-k update of simd/moment_kernels.hpp run; at the
+    /// generic level, Eigen (GEMV and `rankUpdate`). The levels agree to
+    /// rounding (docs/moments.md, "The kernels").
+    /// \param[in] x nb × d doubles, row-major.
+    /// \param[in] tc nb centred positions.
+    /// \param[in] nb the number of rows, ≥ 1.
+    /// \param[out] bx the block mean (d).
+    /// \param[out] bxt Σ rᵢ τᵢ (d).
+    /// \param[out] scratch work space (reuse it across calls).
+    /// \throws std::bad_alloc if the work space cannot be allocated.
+    template <class = void>  // instantiated on use
+    void block_x(double const* x, double const* tc, index_t nb, Eigen::VectorXd& bx, Eigen::VectorXd& bxt,
+                 Eigen::MatrixXd& scratch) {
+        index_t const d = dim();
+        simd::isa const level = d > 0 ? simd::active() : simd::isa::generic;
+        if (level != simd::isa::generic) {
+            index_t const w = detail::mom::panel_width(level), dp = (d + w - 1) / w * w;
+            index_t const need = detail::mom::work_size(level, d, nb);
+            if (scratch.size() < need) scratch.resize(need, 1);
+            double* pk = detail::mom::align64(scratch.data());
+            double* mb = pk + dp * nb;
+            detail::mom::centre_pack(level, x, tc, nb, d, pk, mb, mb + dp);
+            detail::mom::syrk_packed(level, pk, nb, d, c_xx.data(), d);
+            bx = Eigen::Map<Eigen::VectorXd const>(mb, d);
+            bxt = Eigen::Map<Eigen::VectorXd const>(mb + dp, d);
+            return;
+        }
+        using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+        Eigen::Map<RowMat const> X(x, nb, d);
+        double const inv = 1.0 / static_cast<double>(nb);
+        Eigen::RowVectorXd mx = X.colwise().sum() * inv;
+        scratch.resize(d, nb);  // column-major d × nb = centred block, transposed
+        scratch = (X.rowwise() - mx).transpose();
+        Eigen::VectorXd const corr = scratch.rowwise().sum() * inv;
+        bx = mx.transpose() + corr;
+        scratch.colwise() -= corr;
+        bxt.noalias() = scratch * Eigen::Map<Eigen::VectorXd const>(tc, nb);
+        c_xx.selfadjointView<Eigen::Lower>().rankUpdate(scratch);
     }
 
     /// \brief Copy the lower triangle of `c_xx` onto the upper one (restores

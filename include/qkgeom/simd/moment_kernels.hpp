@@ -1,0 +1,412 @@
+// qkgeom — the moments' kernels (method §1) and the FMA peak probe.
+// IWYU pragma: private, include <qkgeom/moments.hpp>
+// (SIMD kernels live in include/qkgeom/simd/; the dispatch is qkgeom/simd.hpp.)
+//
+// One block of nb ≤ 256 rows of dimension d (row-major doubles, already
+// widened) is absorbed into the moments in two dispatched steps, at the widest
+// level `simd::active()` allows (AVX-512: W = 8 doubles per zmm; AVX2 + FMA:
+// W = 4 per ymm):
+//
+//   centre_pack   three passes over the block, each O(nb·d): the column sums
+//                 (first-pass block mean x̃), then rᵢ = xᵢ − x̃ written into the
+//                 packed layout with their sums (ε·nb), then rᵢ ← rᵢ − ε with
+//                 the block's Σ rᵢ τᵢ (τ the centred positions): the two-pass
+//                 corrected block mean of moments.hpp, returned as x̃ + ε.
+//                 Packed layout: panels of W coordinates, panel p holds the
+//                 nb rows' coordinates pW … pW+W−1 row after row
+//                 (pk[(p·nb + k)·W + l] = r_k[pW + l]), coordinates ≥ d zero.
+//   syrk_packed   C (column-major, leading dimension ldc, lower triangle)
+//                 += Σ_k r_k r_kᵀ: per column panel q (W columns), the row
+//                 panels p ≥ q in register tiles of MV·W rows × W columns
+//                 (AVX-512: MV ≤ 3, 8 columns, 24 zmm accumulators; AVX2:
+//                 MV ≤ 3, 4 columns, 12 ymm) held over all nb rows, one FMA
+//                 per entry and row, then added to C under a mask that keeps
+//                 the lower triangle (i ≥ j) and i, j < d.
+//
+// The generic level is not here: moments.hpp keeps Eigen's rankUpdate for it.
+// The levels differ in rounding (FMA, summation order), not in formula: see
+// docs/moments.md for the tolerance the tests hold them to.
+#pragma once
+
+#include <qkgeom/config.hpp>
+#include <qkgeom/simd.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace qkgeom {
+namespace detail {
+namespace mom {
+
+/// Doubles per panel (one vector register) at a level; 1 for generic (unused).
+[[nodiscard]] constexpr index_t panel_width(simd::isa level) noexcept {
+    switch (level) {
+        case simd::isa::avx512: return 8;
+        case simd::isa::avx2: return 4;
+        default: return 1;
+    }
+}
+
+/// Doubles of work space `centre_pack` + `syrk_packed` need for d and nb:
+/// the packed block, three d-vectors (padded) and 64 bytes of alignment slack.
+[[nodiscard]] constexpr index_t work_size(simd::isa level, index_t d, index_t nb) noexcept {
+    index_t const w = panel_width(level);
+    index_t const dp = (d + w - 1) / w * w;
+    return dp * nb + 3 * dp + 8;
+}
+
+/// The first 64-byte aligned address at or after p.
+[[nodiscard]] inline double* align64(double* p) noexcept {
+    auto const a = reinterpret_cast<std::uintptr_t>(p);
+    return p + ((64 - a % 64) % 64) / sizeof(double);
+}
+
+/// Lanes [lo, hi) of a W-lane vector starting at row i0 of column j: the lower
+/// triangle (i ≥ j) and i < d, as a bit mask.
+[[nodiscard]] QKGEOM_ALWAYS_INLINE unsigned lane_mask(index_t i0, index_t j, index_t d, int w) noexcept {
+    index_t lo = j - i0, hi = d - i0;
+    lo = lo < 0 ? 0 : (lo > w ? w : lo);
+    hi = hi < 0 ? 0 : (hi > w ? w : hi);
+    if (hi <= lo) return 0u;
+    return ((1u << hi) - 1u) & ~((1u << lo) - 1u);
+}
+
+#if QKGEOM_SIMD_X86
+
+/// The few vector operations `centre_pack_body` needs, for zmm (8 doubles).
+struct vec512 {
+    using type = __m512d;
+    static constexpr int w = 8;
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type zero() noexcept { return _mm512_setzero_pd(); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type set1(double v) noexcept { return _mm512_set1_pd(v); }
+    /// The first n lanes (1 ≤ n ≤ 8) from p, zeros past them.
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type load_n(double const* p, index_t n) noexcept {
+        return n >= 8 ? _mm512_loadu_pd(p) : _mm512_maskz_loadu_pd(static_cast<__mmask8>((1u << n) - 1u), p);
+    }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type load(double const* p) noexcept { return _mm512_load_pd(p); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE void store(double* p, type v) noexcept { _mm512_store_pd(p, v); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm512_add_pd(a, b); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm512_sub_pd(a, b); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm512_mul_pd(a, b); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type fmadd(type a, type b, type c) noexcept {
+        return _mm512_fmadd_pd(a, b, c);
+    }
+};
+
+/// The same for ymm (4 doubles, AVX2 + FMA).
+struct vec256 {
+    using type = __m256d;
+    static constexpr int w = 4;
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type zero() noexcept { return _mm256_setzero_pd(); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type set1(double v) noexcept { return _mm256_set1_pd(v); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type load_n(double const* p, index_t n) noexcept {
+        if (n >= 4) return _mm256_loadu_pd(p);
+        __m256i const lane = _mm256_setr_epi64x(0, 1, 2, 3);
+        return _mm256_maskload_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), lane));
+    }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type load(double const* p) noexcept { return _mm256_load_pd(p); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE void store(double* p, type v) noexcept { _mm256_store_pd(p, v); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm256_add_pd(a, b); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm256_sub_pd(a, b); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm256_mul_pd(a, b); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type fmadd(type a, type b, type c) noexcept {
+        return _mm256_fmadd_pd(a, b, c);
+    }
+};
+
+/// Centre and pack one block (see the file comment), one panel of W
+/// coordinates at a time: x̃ = Σ x / nb; r = x − x̃ packed, ε = Σ r / nb; then,
+/// on the packed panel, r ← r − ε and Σ r τ. `x`: nb × d row-major; `tau`: nb
+/// centred positions; out: `pk` (dp·nb, 64-byte aligned), `mean` (x̃ + ε,
+/// dp; lanes past d are 0 since x loads as 0 there), `cxt` (Σ r τ, dp).
+/// Sums use two accumulators (rows k even / odd).
+/// (One definition per level: the body must carry its level's target attribute.)
+#define QKGEOM_MOM_CENTRE_PACK(NAME, TARGET_STRING, V)                                                               \
+QKGEOM_TARGET(TARGET_STRING)                                                                                  \
+inline void NAME(double const* x, double const* tau, index_t nb, index_t d, double* pk, double* mean, double* cxt) {  \
+    using T = typename V::type;                                                                                       \
+    constexpr int W = V::w;                                                                                           \
+    index_t const np = (d + W - 1) / W, nb2 = nb / 2 * 2;                                                             \
+    T const inv = V::set1(1.0 / static_cast<double>(nb));                                                             \
+    for (index_t p = 0; p < np; ++p) {                                                                                \
+        index_t const j0 = p * W, m = d - j0 < W ? d - j0 : W;                                                        \
+        double const* xp = x + j0;                                                                                    \
+        double* dst = pk + p * nb * W;                                                                                \
+        T s0 = V::zero(), s1 = V::zero();                                                                             \
+        for (index_t k = 0; k < nb2; k += 2) {                                                                        \
+            s0 = V::add(s0, V::load_n(xp + k * d, m));                                                                \
+            s1 = V::add(s1, V::load_n(xp + (k + 1) * d, m));                                                          \
+        }                                                                                                             \
+        if (nb2 < nb) s0 = V::add(s0, V::load_n(xp + nb2 * d, m));                                                    \
+        T const mx = V::mul(V::add(s0, s1), inv);                                                                     \
+        s0 = s1 = V::zero();                                                                                          \
+        for (index_t k = 0; k < nb2; k += 2) {                                                                        \
+            T const r0 = V::sub(V::load_n(xp + k * d, m), mx), r1 = V::sub(V::load_n(xp + (k + 1) * d, m), mx);       \
+            V::store(dst + k * W, r0);                                                                                \
+            V::store(dst + (k + 1) * W, r1);                                                                          \
+            s0 = V::add(s0, r0);                                                                                      \
+            s1 = V::add(s1, r1);                                                                                      \
+        }                                                                                                             \
+        if (nb2 < nb) {                                                                                               \
+            T const r0 = V::sub(V::load_n(xp + nb2 * d, m), mx);                                                      \
+            V::store(dst + nb2 * W, r0);                                                                              \
+            s0 = V::add(s0, r0);                                                                                      \
+        }                                                                                                             \
+        T const eps = V::mul(V::add(s0, s1), inv);                                                                    \
+        s0 = s1 = V::zero();                                                                                          \
+        for (index_t k = 0; k < nb2; k += 2) {                                                                        \
+            T const r0 = V::sub(V::load(dst + k * W), eps), r1 = V::sub(V::load(dst + (k + 1) * W), eps);             \
+            V::store(dst + k * W, r0);                                                                                \
+            V::store(dst + (k + 1) * W, r1);                                                                          \
+            s0 = V::fmadd(r0, V::set1(tau[k]), s0);                                                                   \
+            s1 = V::fmadd(r1, V::set1(tau[k + 1]), s1);                                                               \
+        }                                                                                                             \
+        if (nb2 < nb) {                                                                                               \
+            T const r0 = V::sub(V::load(dst + nb2 * W), eps);                                                         \
+            V::store(dst + nb2 * W, r0);                                                                              \
+            s0 = V::fmadd(r0, V::set1(tau[nb2]), s0);                                                                 \
+        }                                                                                                             \
+        V::store(mean + j0, V::add(mx, eps));                                                                         \
+        V::store(cxt + j0, V::add(s0, s1));                                                                           \
+    }                                                                                                                 \
+}
+
+QKGEOM_MOM_CENTRE_PACK(centre_pack_avx512, "avx512f", vec512)
+QKGEOM_MOM_CENTRE_PACK(centre_pack_avx2, "avx2,fma", vec256)
+#undef QKGEOM_MOM_CENTRE_PACK
+
+/// One AVX-512 register tile: rows i0 … i0+8·MV of the column panel at `b`
+/// (8 columns from j0), accumulated over the nb rows, added to C under the mask.
+template <int MV>
+QKGEOM_TARGET("avx512f")
+QKGEOM_ALWAYS_INLINE void tile_avx512(double const* a, double const* b, index_t nb, index_t ps, double* c,
+                                      index_t ldc, index_t i0, index_t j0, index_t d) {
+    __m512d acc[8][MV];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+#pragma GCC unroll 3
+        for (int v = 0; v < MV; ++v) acc[j][v] = _mm512_setzero_pd();
+    for (index_t k = 0; k < nb; ++k) {
+        __m512d av[MV];
+#pragma GCC unroll 3
+        for (int v = 0; v < MV; ++v) av[v] = _mm512_load_pd(a + v * ps + k * 8);
+        double const* bk = b + k * 8;
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+            __m512d const bj = _mm512_set1_pd(bk[j]);
+#pragma GCC unroll 3
+            for (int v = 0; v < MV; ++v) acc[j][v] = _mm512_fmadd_pd(av[v], bj, acc[j][v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+        index_t const col = j0 + j;
+        if (col >= d) break;
+#pragma GCC unroll 3
+        for (int v = 0; v < MV; ++v) {
+            index_t const ii = i0 + 8 * v;
+            unsigned const m = lane_mask(ii, col, d, 8);
+            double* cc = c + col * ldc + ii;
+            if (m == 0xffu) {
+                _mm512_storeu_pd(cc, _mm512_add_pd(_mm512_loadu_pd(cc), acc[j][v]));
+            } else if (m != 0u) {
+                auto const mk = static_cast<__mmask8>(m);
+                _mm512_mask_storeu_pd(cc, mk, _mm512_add_pd(_mm512_maskz_loadu_pd(mk, cc), acc[j][v]));
+            }
+        }
+    }
+}
+
+/// One AVX2 register tile: rows i0 … i0+4·MV, 4 columns from j0.
+template <int MV>
+QKGEOM_TARGET("avx2,fma")
+QKGEOM_ALWAYS_INLINE void tile_avx2(double const* a, double const* b, index_t nb, index_t ps, double* c, index_t ldc,
+                                    index_t i0, index_t j0, index_t d) {
+    __m256d acc[4][MV];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 3
+        for (int v = 0; v < MV; ++v) acc[j][v] = _mm256_setzero_pd();
+    for (index_t k = 0; k < nb; ++k) {
+        __m256d av[MV];
+#pragma GCC unroll 3
+        for (int v = 0; v < MV; ++v) av[v] = _mm256_load_pd(a + v * ps + k * 4);
+        double const* bk = b + k * 4;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+            __m256d const bj = _mm256_broadcast_sd(bk + j);
+#pragma GCC unroll 3
+            for (int v = 0; v < MV; ++v) acc[j][v] = _mm256_fmadd_pd(av[v], bj, acc[j][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        index_t const col = j0 + j;
+        if (col >= d) break;
+#pragma GCC unroll 3
+        for (int v = 0; v < MV; ++v) {
+            index_t const ii = i0 + 4 * v;
+            unsigned const m = lane_mask(ii, col, d, 4);
+            double* cc = c + col * ldc + ii;
+            if (m == 0xfu) {
+                _mm256_storeu_pd(cc, _mm256_add_pd(_mm256_loadu_pd(cc), acc[j][v]));
+            } else if (m != 0u) {
+                __m256i const mk = _mm256_setr_epi64x(-std::int64_t(m & 1u), -std::int64_t((m >> 1) & 1u),
+                                                      -std::int64_t((m >> 2) & 1u), -std::int64_t((m >> 3) & 1u));
+                _mm256_maskstore_pd(cc, mk, _mm256_add_pd(_mm256_maskload_pd(cc, mk), acc[j][v]));
+            }
+        }
+    }
+}
+
+/// Row panels per tile for the n panels left in a column: 3s, ending 2+2 or 2.
+[[nodiscard]] constexpr int tile_panels(index_t n) noexcept { return n == 1 ? 1 : (n == 2 || n == 4) ? 2 : 3; }
+
+QKGEOM_TARGET("avx512f")
+inline void syrk_avx512(double const* pk, index_t nb, index_t d, double* c, index_t ldc) {
+    index_t const np = (d + 7) / 8, ps = nb * 8;
+    for (index_t q = 0; q < np; ++q) {
+        for (index_t p = q; p < np;) {
+            int const mv = tile_panels(np - p);
+            double const* a = pk + p * ps;
+            double const* b = pk + q * ps;
+            if (mv == 3) tile_avx512<3>(a, b, nb, ps, c, ldc, p * 8, q * 8, d);
+            else if (mv == 2) tile_avx512<2>(a, b, nb, ps, c, ldc, p * 8, q * 8, d);
+            else tile_avx512<1>(a, b, nb, ps, c, ldc, p * 8, q * 8, d);
+            p += mv;
+        }
+    }
+}
+
+QKGEOM_TARGET("avx2,fma")
+inline void syrk_avx2(double const* pk, index_t nb, index_t d, double* c, index_t ldc) {
+    index_t const np = (d + 3) / 4, ps = nb * 4;
+    for (index_t q = 0; q < np; ++q) {
+        for (index_t p = q; p < np;) {
+            int const mv = tile_panels(np - p);
+            double const* a = pk + p * ps;
+            double const* b = pk + q * ps;
+            if (mv == 3) tile_avx2<3>(a, b, nb, ps, c, ldc, p * 4, q * 4, d);
+            else if (mv == 2) tile_avx2<2>(a, b, nb, ps, c, ldc, p * 4, q * 4, d);
+            else tile_avx2<1>(a, b, nb, ps, c, ldc, p * 4, q * 4, d);
+            p += mv;
+        }
+    }
+}
+
+#endif  // QKGEOM_SIMD_X86
+
+/// Centre and pack one block at `level` (avx2 or avx512; see the file comment).
+/// \pre level is avx2 or avx512 and ≤ simd::detected(); nb ≥ 1; `pk` 64-byte
+///      aligned with room for work_size(level, d, nb) − 8 doubles from pk.
+inline void centre_pack(simd::isa level, double const* x, double const* tau, index_t nb, index_t d, double* pk,
+                        double* mean, double* cxt) {
+#if QKGEOM_SIMD_X86
+    if (level == simd::isa::avx512) centre_pack_avx512(x, tau, nb, d, pk, mean, cxt);
+    else if (level == simd::isa::avx2) centre_pack_avx2(x, tau, nb, d, pk, mean, cxt);
+#else
+    (void)level, (void)x, (void)tau, (void)nb, (void)d, (void)pk, (void)mean, (void)cxt;
+#endif
+}
+
+/// C (lower triangle, column-major, leading dimension ldc) += Σ_k r_k r_kᵀ over
+/// the packed block `pk` of `centre_pack` at the same level.
+inline void syrk_packed(simd::isa level, double const* pk, index_t nb, index_t d, double* c, index_t ldc) {
+#if QKGEOM_SIMD_X86
+    if (level == simd::isa::avx512) syrk_avx512(pk, nb, d, c, ldc);
+    else if (level == simd::isa::avx2) syrk_avx2(pk, nb, d, c, ldc);
+#else
+    (void)level, (void)pk, (void)nb, (void)d, (void)c, (void)ldc;
+#endif
+}
+
+}  // namespace mom
+}  // namespace detail
+
+namespace simd {
+
+/// \brief What `fma_peak_probe` did: the double-precision flops it executed
+/// (a multiply and an add per lane per fused multiply-add) and a value that
+/// depends on all of them (keeps the work observable).
+struct fma_probe_result {
+    double flops = 0;     ///< flops executed
+    double checksum = 0;  ///< sum of the final accumulators
+};
+
+namespace detail {
+
+/// Independent chains x ← x·a + b (generic: SSE2 multiply then add, no FMA).
+inline double probe_generic(std::int64_t it, double a, double b) noexcept {
+    double acc[16];
+    for (int u = 0; u < 16; ++u) acc[u] = 1e-3 * u;
+    for (std::int64_t i = 0; i < it; ++i)
+#pragma GCC unroll 16
+        for (int u = 0; u < 16; ++u) acc[u] = acc[u] * a + b;
+    double s = 0;
+    for (double v : acc) s += v;
+    return s;
+}
+
+#if QKGEOM_SIMD_X86
+QKGEOM_TARGET("avx2,fma")
+inline double probe_avx2(std::int64_t it, double a, double b) noexcept {
+    __m256d acc[12];
+    __m256d const va = _mm256_set1_pd(a), vb = _mm256_set1_pd(b);
+#pragma GCC unroll 12
+    for (int u = 0; u < 12; ++u) acc[u] = _mm256_set1_pd(1e-3 * u);
+    for (std::int64_t i = 0; i < it; ++i)
+#pragma GCC unroll 12
+        for (int u = 0; u < 12; ++u) acc[u] = _mm256_fmadd_pd(acc[u], va, vb);
+    __m256d s = acc[0];
+#pragma GCC unroll 12
+    for (int u = 1; u < 12; ++u) s = _mm256_add_pd(s, acc[u]);
+    double out[4];
+    _mm256_storeu_pd(out, s);
+    return out[0] + out[1] + out[2] + out[3];
+}
+
+QKGEOM_TARGET("avx512f")
+inline double probe_avx512(std::int64_t it, double a, double b) noexcept {
+    __m512d acc[24];
+    __m512d const va = _mm512_set1_pd(a), vb = _mm512_set1_pd(b);
+#pragma GCC unroll 24
+    for (int u = 0; u < 24; ++u) acc[u] = _mm512_set1_pd(1e-3 * u);
+    for (std::int64_t i = 0; i < it; ++i)
+#pragma GCC unroll 24
+        for (int u = 0; u < 24; ++u) acc[u] = _mm512_fmadd_pd(acc[u], va, vb);
+    __m512d s = acc[0];
+#pragma GCC unroll 24
+    for (int u = 1; u < 24; ++u) s = _mm512_add_pd(s, acc[u]);
+    double out[8];
+    _mm512_storeu_pd(out, s);
+    return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+}
+#endif
+
+}  // namespace detail
+
+/// \brief Measures nothing itself: runs `iterations` rounds of independent
+/// double-precision multiply-add chains (x ← x·a + b) at the level
+/// `active()` allows — AVX-512: 24 zmm FMA chains, AVX2: 12 ymm FMA chains,
+/// generic: 16 scalar/SSE2 multiply-then-add chains — enough independent
+/// chains to keep every FMA (or multiply and add) port busy. Time it to get
+/// the machine's double-precision peak for that level (the moments'
+/// benchmark divides its rate by this one, docs/performance.md).
+/// \param[in] iterations rounds of the chains; ≤ 0 runs none.
+/// \returns the flops executed (2 per lane per multiply-add) and a checksum.
+[[nodiscard]] inline fma_probe_result fma_peak_probe(std::int64_t iterations) noexcept {
+    double const a = 0.999999, b = 1e-6;
+    std::int64_t const it = iterations > 0 ? iterations : 0;
+    auto const n = static_cast<double>(it);
+#if QKGEOM_SIMD_X86
+    switch (active()) {
+        case isa::avx512: return {n * 24 * 8 * 2, detail::probe_avx512(it, a, b)};
+        case isa::avx2: return {n * 12 * 4 * 2, detail::probe_avx2(it, a, b)};
+        default: break;
+    }
+#endif
+    return {n * 16 * 2, detail::probe_generic(it, a, b)};
+}
+
+}  // namespace simd
+}  // namespace qkgeom
