@@ -183,103 +183,151 @@ struct rank_lattice {
     }
 };
 
-/// Scratch of one orthant integral (no allocation per call once sized).
+/// Lattice points integrated together (independent evaluations, interleaved).
+inline constexpr int rank_lanes = 8;
+
+/// Scratch of the orthant integrals of one set: sized once, reused (no
+/// allocation per set once grown).
 struct orthant_work {
-    Eigen::MatrixXd L;
-    Eigen::VectorXd b, y;
+    int n = 0;                         ///< dimension of the current integral (m − 1)
+    std::vector<double> S, b;          ///< the full S (row-major n × n) and b of one key
+    std::vector<double> L, bp;         ///< lower Cholesky factor of the permuted S (row-major), permuted b
+    std::vector<double> key;           ///< the sort keys b_j / √S_jj
     std::vector<int> order;
     std::vector<unsigned char> fixed;  ///< conditional variance zero: an indicator, no integration variable
+    Eigen::MatrixXd shift;             ///< the shifts of the set (shifts × max(1, n − 1))
+    std::vector<double> f;             ///< integrand values, one per lattice point and antithetic
+    std::vector<double> est;           ///< one orthant probability per shift
+    Eigen::MatrixXd P;                 ///< the per-shift top-1 probabilities (shifts × m)
+
+    void resize(int dim) {
+        n = dim;
+        auto const nn = static_cast<std::size_t>(dim) * static_cast<std::size_t>(dim);
+        S.resize(nn);
+        L.resize(nn);
+        b.resize(static_cast<std::size_t>(dim));
+        bp.resize(static_cast<std::size_t>(dim));
+        key.resize(static_cast<std::size_t>(dim));
+        order.resize(static_cast<std::size_t>(dim));
+        fixed.resize(static_cast<std::size_t>(dim));
+    }
 };
 
-/// Permutes (b, S) so that the most restrictive limits b_j/√S_jj come first
-/// (Genz–Bretz), then the lower Cholesky factor L of the permuted S, with
-/// conditional variances ≤ 1e-12·max S_jj treated as zero (`fixed`).
-template <class = void>
-void orthant_factor(Eigen::VectorXd const& b, Eigen::MatrixXd const& S, orthant_work& w) {
-    auto const n = static_cast<int>(b.size());
-    w.order.resize(static_cast<std::size_t>(n));
+/// Permutes (b, S) of `w` so that the most restrictive limits b_j/√S_jj come
+/// first (Genz–Bretz), then the lower Cholesky factor L of the permuted S,
+/// with conditional variances ≤ 1e-12·max S_jj treated as zero (`fixed`).
+inline void orthant_factor(orthant_work& w) noexcept {
+    int const n = w.n;
+    auto const un = static_cast<std::size_t>(n);
     std::iota(w.order.begin(), w.order.end(), 0);
-    w.y.resize(n);  // the sort keys first, then the integration variables
-    for (int j = 0; j < n; ++j) {
-        double const s = S(j, j);
+    double scale = w.S[0];
+    for (std::size_t j = 0; j < un; ++j) {
+        double const s = w.S[j * un + j];
         double const big = std::numeric_limits<double>::infinity();
-        w.y(j) = s > 0 ? b(j) / std::sqrt(s) : (b(j) > 0 ? big : -big);
+        w.key[j] = s > 0 ? w.b[j] / std::sqrt(s) : (w.b[j] > 0 ? big : -big);
+        scale = std::max(scale, s);
     }
-    for (int k = 1; k < n; ++k)  // insertion sort (stable; n ≤ 63)
-        for (int j = k; j > 0 && w.y(w.order[static_cast<std::size_t>(j)]) < w.y(w.order[static_cast<std::size_t>(j - 1)]); --j)
-            std::swap(w.order[static_cast<std::size_t>(j)], w.order[static_cast<std::size_t>(j - 1)]);
-    double const scale = S.diagonal().maxCoeff();
-    w.L.setZero(n, n);
-    w.b.resize(n);
-    w.fixed.assign(static_cast<std::size_t>(n), 0);
-    for (int k = 0; k < n; ++k) {
-        int const ok = w.order[static_cast<std::size_t>(k)];
-        w.b(k) = b(ok);
-        for (int j = 0; j <= k; ++j) {
-            double v = S(ok, w.order[static_cast<std::size_t>(j)]);
-            for (int l = 0; l < j; ++l) v -= w.L(k, l) * w.L(j, l);
+    for (std::size_t k = 1; k < un; ++k)  // insertion sort (stable; n ≤ 63)
+        for (std::size_t j = k; j > 0 && w.key[static_cast<std::size_t>(w.order[j])] < w.key[static_cast<std::size_t>(w.order[j - 1])]; --j)
+            std::swap(w.order[j], w.order[j - 1]);
+    std::fill(w.L.begin(), w.L.end(), 0.0);
+    std::fill(w.fixed.begin(), w.fixed.end(), static_cast<unsigned char>(0));
+    for (std::size_t k = 0; k < un; ++k) {
+        auto const ok = static_cast<std::size_t>(w.order[k]);
+        w.bp[k] = w.b[ok];
+        double* const Lk = w.L.data() + k * un;
+        for (std::size_t j = 0; j <= k; ++j) {
+            double const* const Lj = w.L.data() + j * un;
+            double v = w.S[ok * un + static_cast<std::size_t>(w.order[j])];
+            for (std::size_t l = 0; l < j; ++l) v -= Lk[l] * Lj[l];
             if (j < k) {
-                w.L(k, j) = w.fixed[static_cast<std::size_t>(j)] != 0 ? 0.0 : v / w.L(j, j);
+                Lk[j] = w.fixed[j] != 0 ? 0.0 : v / Lj[j];
             } else if (v > 1e-12 * scale && scale > 0) {
-                w.L(k, k) = std::sqrt(v);
+                Lk[k] = std::sqrt(v);
             } else {
-                w.fixed[static_cast<std::size_t>(k)] = 1;
+                w.fixed[k] = 1;
             }
         }
     }
 }
 
-/// The integrand of Genz's separation of variables at one point x.
-inline double orthant_integrand(orthant_work& w, double const* x) noexcept {
-    auto const n = static_cast<int>(w.b.size());
-    double prod = 1.0;
+/// Genz's integrand of separation of variables at `count` ≤ rank_lanes points
+/// (coordinate k of point l at x[k·rank_lanes + l]), evaluated side by side;
+/// `e0` = e_0, the first factor, which does not depend on x.
+inline void orthant_integrand(orthant_work const& w, double e0, double const* x, int count, double* out) noexcept {
+    constexpr int W = rank_lanes;
+    int const n = w.n;
+    std::array<double, 64 * W> y;
+    std::array<double, W> prod, t;
+    for (int l = 0; l < count; ++l) prod[static_cast<std::size_t>(l)] = 1.0;
     for (int k = 0; k < n; ++k) {
-        double t = w.b(k);
-        for (int j = 0; j < k; ++j) t -= w.L(k, j) * w.y(j);
+        double const* const Lk = w.L.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(n);
+        double* const yk = y.data() + static_cast<std::size_t>(k) * W;
+        for (int l = 0; l < count; ++l) t[static_cast<std::size_t>(l)] = w.bp[static_cast<std::size_t>(k)];
+        for (int j = 0; j < k; ++j) {
+            double const c = Lk[j];
+            double const* const yj = y.data() + static_cast<std::size_t>(j) * W;
+            for (int l = 0; l < count; ++l) t[static_cast<std::size_t>(l)] -= c * yj[l];
+        }
         if (w.fixed[static_cast<std::size_t>(k)] != 0) {
-            if (!(t > 0)) return 0.0;
-            w.y(k) = 0.0;
+            for (int l = 0; l < count; ++l) {
+                if (!(t[static_cast<std::size_t>(l)] > 0)) prod[static_cast<std::size_t>(l)] = 0.0;
+                yk[l] = 0.0;
+            }
             continue;
         }
-        double const e = preference_probability(t / w.L(k, k));
-        prod *= e;
-        if (!(prod > 0)) return 0.0;
-        if (k + 1 < n) {
-            double const u = std::clamp(x[k] * e, std::numeric_limits<double>::min(), 1.0 - 0x1p-53);
-            w.y(k) = normal_quantile(u);
+        double const* const xk = x + static_cast<std::size_t>(k) * W;
+        for (int l = 0; l < count; ++l) {
+            double const e = k == 0 ? e0 : preference_probability(t[static_cast<std::size_t>(l)] / Lk[k]);
+            prod[static_cast<std::size_t>(l)] *= e;
+            if (k + 1 < n)
+                yk[l] = normal_quantile(std::clamp(xk[l] * e, std::numeric_limits<double>::min(), 1.0 - 0x1p-53));
         }
     }
-    return prod;
+    for (int l = 0; l < count; ++l) out[l] = prod[static_cast<std::size_t>(l)] > 0 ? prod[static_cast<std::size_t>(l)] : 0.0;
 }
 
-/// P(X < b), X ~ N(0, S) (n = b.size() ≥ 1), once per shift: `est[r]` for
-/// shift r, whose offsets are `shift.row(r)` (n − 1 of them).
+/// P(X < b), X ~ N(0, S) for the (b, S) of `w` (n ≥ 1), once per shift:
+/// `est[r]` for shift r, whose offsets are `w.shift.row(r)` (n − 1 of them).
 template <class = void>
-void orthant_probability(Eigen::VectorXd const& b, Eigen::MatrixXd const& S, rank_lattice const& lat,
-                         Eigen::MatrixXd const& shift, std::span<double> est, orthant_work& w) {
-    orthant_factor(b, S, w);
-    auto const n = static_cast<int>(b.size());
-    w.y.setZero(n);
+void orthant_probability(rank_lattice const& lat, std::span<double> est, orthant_work& w) {
+    constexpr int W = rank_lanes;
+    orthant_factor(w);
+    int const n = w.n;
+    double const e0 = w.fixed[0] != 0 ? 1.0 : preference_probability(w.bp[0] / w.L[0]);
+    if (w.fixed[0] != 0 && !(w.bp[0] > 0)) {  // an indicator that is 0: exact
+        std::fill(est.begin(), est.end(), 0.0);
+        return;
+    }
     int free_vars = 0;
     for (int k = 0; k + 1 < n; ++k) free_vars += w.fixed[static_cast<std::size_t>(k)] == 0 ? 1 : 0;
-    std::array<double, 64> x{};
+    std::array<double, 64 * W> x{};
     if (free_vars == 0) {  // the integrand does not depend on x: exact
-        double const v = orthant_integrand(w, x.data());
+        double v = 0;
+        orthant_integrand(w, e0, x.data(), 1, &v);
         std::fill(est.begin(), est.end(), v);
         return;
     }
+    auto const per_shift = 2 * lat.points;  // each point and its antithetic
+    auto const total = static_cast<std::int64_t>(est.size()) * per_shift;
+    w.f.resize(static_cast<std::size_t>(total));
+    for (std::int64_t c0 = 0; c0 < total; c0 += W) {
+        int const count = static_cast<int>(std::min<std::int64_t>(W, total - c0));
+        for (int l = 0; l < count; ++l) {
+            std::int64_t const idx = c0 + l, r = idx / per_shift;
+            auto const i = static_cast<double>((idx % per_shift) / 2 + 1);
+            bool const anti = idx % 2 == 1;
+            for (int k = 0; k + 1 < n; ++k) {
+                double const f = i * lat.q[static_cast<std::size_t>(k)] + w.shift(static_cast<index_t>(r), k);
+                double const v = std::abs(2.0 * (f - std::floor(f)) - 1.0);
+                x[static_cast<std::size_t>(k) * W + static_cast<std::size_t>(l)] = anti ? 1.0 - v : v;
+            }
+        }
+        orthant_integrand(w, e0, x.data(), count, w.f.data() + c0);
+    }
     for (std::size_t r = 0; r < est.size(); ++r) {
         double sum = 0;
-        for (std::int64_t i = 1; i <= lat.points; ++i) {
-            for (int k = 0; k + 1 < n; ++k) {
-                double const f = static_cast<double>(i) * lat.q[static_cast<std::size_t>(k)] +
-                                 shift(static_cast<index_t>(r), k);
-                x[static_cast<std::size_t>(k)] = std::abs(2.0 * (f - std::floor(f)) - 1.0);
-            }
-            sum += orthant_integrand(w, x.data());
-            for (int k = 0; k + 1 < n; ++k) x[static_cast<std::size_t>(k)] = 1.0 - x[static_cast<std::size_t>(k)];
-            sum += orthant_integrand(w, x.data());
-        }
+        for (std::int64_t a = 0; a < per_shift; ++a) sum += w.f[r * static_cast<std::size_t>(per_shift) + static_cast<std::size_t>(a)];
         est[r] = sum / (2.0 * static_cast<double>(lat.points));
     }
 }
@@ -305,44 +353,49 @@ double expected_kendall(Eigen::VectorXd const& s, Eigen::MatrixXd const& C, std:
 /// Keys whose winning probability is bounded by min_j Φ(z_ij) < this are not
 /// integrated (p_i = 0; the error in Σ p_i² is below 1e-14 per key).
 inline constexpr double rank_negligible = 1e-7;
+/// Φ⁻¹(rank_negligible): the bound is tested as min_j z_ij < this (no Φ).
+inline constexpr double rank_negligible_z = -5.1993375821928165;
 
-/// The per-shift top-1 probabilities P̂ (shifts × m), each row normalised to sum 1.
+/// The per-shift top-1 probabilities P̂ (shifts × m, held by `w`), each row
+/// normalised to sum 1.
 template <class = void>
-Eigen::MatrixXd top1_probabilities(Eigen::VectorXd const& s, Eigen::MatrixXd const& C, rank_lattice const& lat,
-                                   std::mt19937_64& gen, orthant_work& w) {
+Eigen::MatrixXd const& top1_probabilities(Eigen::VectorXd const& s, Eigen::MatrixXd const& C,
+                                          rank_lattice const& lat, std::mt19937_64& gen, orthant_work& w) {
     auto const m = s.size();
     auto const R = static_cast<index_t>(lat.shifts);
-    Eigen::MatrixXd P = Eigen::MatrixXd::Zero(R, m);
-    Eigen::MatrixXd shift(R, std::max<index_t>(1, m - 2));
-    for (index_t r = 0; r < shift.rows(); ++r)
-        for (index_t k = 0; k < shift.cols(); ++k) shift(r, k) = unit_interval(gen());
-    Eigen::VectorXd b(m - 1);
-    Eigen::MatrixXd S(m - 1, m - 1);
-    std::vector<double> est(static_cast<std::size_t>(R));
+    w.P.setZero(R, m);
+    w.shift.resize(R, std::max<index_t>(1, m - 2));
+    for (index_t r = 0; r < w.shift.rows(); ++r)
+        for (index_t k = 0; k < w.shift.cols(); ++k) w.shift(r, k) = unit_interval(gen());
+    w.resize(static_cast<int>(m - 1));
+    auto const n = static_cast<std::size_t>(m - 1);
+    w.est.resize(static_cast<std::size_t>(R));
+    std::span<double> const es(w.est);
     for (index_t i = 0; i < m; ++i) {
-        double bound = 1.0;
-        for (index_t j = 0, a = 0; j < m; ++j) {
+        bool negligible = false;
+        std::size_t a = 0;
+        for (index_t j = 0; j < m; ++j) {
             if (j == i) continue;
-            b(a) = s(i) - s(j);  // D_j = s_i − s_j ~ N(b, S): P(all D > 0) = P(X < b), X ~ N(0, S)
-            for (index_t k = 0, c = 0; k < m; ++k) {
+            w.b[a] = s(i) - s(j);  // D_j = s_i − s_j ~ N(b, S): P(all D > 0) = P(X < b), X ~ N(0, S)
+            std::size_t c = 0;
+            for (index_t k = 0; k < m; ++k) {
                 if (k == i) continue;
-                S(a, c++) = C(i, i) - C(i, k) - C(j, i) + C(j, k);
+                w.S[a * n + c++] = C(i, i) - C(i, k) - C(j, i) + C(j, k);
             }
-            double const sd = S(a, a) > 0 ? std::sqrt(S(a, a)) : 0.0;
-            bound = std::min(bound, sd > 0 ? preference_probability(b(a) / sd) : (b(a) > 0 ? 1.0 : 0.0));
+            double const v = w.S[a * n + a], sd = v > 0 ? std::sqrt(v) : 0.0;
+            negligible = negligible || (sd > 0 ? w.b[a] / sd < rank_negligible_z : !(w.b[a] > 0));
             ++a;
         }
-        if (bound < rank_negligible) continue;
-        orthant_probability(b, S, lat, shift, est, w);
-        for (index_t r = 0; r < R; ++r) P(r, i) = est[static_cast<std::size_t>(r)];
+        if (negligible) continue;
+        orthant_probability(lat, es, w);
+        for (index_t r = 0; r < R; ++r) w.P(r, i) = es[static_cast<std::size_t>(r)];
     }
     for (index_t r = 0; r < R; ++r) {
-        double const tot = P.row(r).sum();
-        if (tot > 0) P.row(r) /= tot;
+        double const tot = w.P.row(r).sum();
+        if (tot > 0) w.P.row(r) /= tot;
     }
-    return P;
+    return w.P;
 }
-
 /// 1 − Σ p_i² from the per-shift estimates: the U-statistic over shift pairs
 /// r ≠ r′ (unbiased for independent shifts), its integration standard error
 /// by linearisation, clipped to [0, 1 − 1/m].
