@@ -82,6 +82,16 @@ def main():
     r = mom / gemm if mom and gemm else None
     check("moments (d=128) GFLOP/s / GEMM GFLOP/s", fmt(r, "{:.2f}"), ">= 0.60", None if r is None else r >= 0.60)
 
+    # 1b. moments vs the double-precision FMA peak of the widest level (same run)
+    levels = [lv for lv in ("avx512", "avx2", "generic") if get(rows, f"bm_fma_peak/{lv}", "GFLOP/s")]
+    widest = levels[0] if levels else None
+    peak = get(rows, f"bm_fma_peak/{widest}", "GFLOP/s") if widest else None
+    for d in (64, 128):
+        m = get(rows, f"bm_moments_accumulate/d:{d}", "GFLOP/s")
+        r = m / peak if m and peak else None
+        check(f"moments (d={d}) GFLOP/s / FMA peak ({widest or 'widest level'})", fmt(r, "{:.2f}"), ">= 0.50",
+              None if r is None else r >= 0.50)
+
     # 2. dense Gram
     for keys in (4096, 16384, 65536):
         g = get(rows, f"bm_dense_gram/keys:{keys}", "gram_GFLOP/s")
@@ -157,6 +167,14 @@ def main():
     mb = get(rows, "bm_moments_accumulate/d:128", "bytes_per_second")
     print(f"    streaming read (f32):              {fmt(sr and sr / 1e9, '{:.1f}')} GB/s;"
           f" moments input rate {fmt(mb and mb / 1e9, '{:.2f}')} GB/s at {fmt(mom, '{:.1f}')} GFLOP/s")
+    for lv in ("generic", "avx2", "avx512"):
+        pk = get(rows, f"bm_fma_peak/{lv}", "GFLOP/s")
+        m64 = get(rows, f"bm_moments_isa/{lv}/d:64", "GFLOP/s")
+        m128 = get(rows, f"bm_moments_isa/{lv}/d:128", "GFLOP/s")
+        if pk is not None:
+            print(f"    FMA peak {lv:<8s} {pk:7.1f} GFLOP/s; moments d=64 {fmt(m64, '{:.1f}')},"
+                  f" d=128 {fmt(m128, '{:.1f}')} GFLOP/s"
+                  f" ({fmt(m64 and m64 / pk, '{:.2f}')} / {fmt(m128 and m128 / pk, '{:.2f}')} of that peak)")
     if m1:
         print(f"  whole model ({fmt(heads, '{:.0f}')} heads): 1 thread {m1:.1f} s, 2 threads {fmt(m2, '{:.1f}')} s;"
               f" moments-only {fmt(mo1, '{:.2f}')} s; from files {fmt(f1, '{:.1f}')} s / {fmt(f2, '{:.1f}')} s;"

@@ -300,13 +300,27 @@ inline bool any_out_of_range(double const* x, index_t n) noexcept {
                                            double const* row, index_t d) {
     for (index_t j = 0; j < d; ++j) {
         double const v = row[j];
-        std::string const at = " " + std::string(dtype) + " value at row " + std::to_string(i) + ", column " +
-                               std::to_string(j);
+        std::string at(" ");  // appended piece by piece: GCC 12 -O3 -Wrestrict misfires on "literal" + string
+        at.append(dtype).append(" value at row ").append(std::to_string(i));
+        at.append(", column ").append(std::to_string(j));
         if (!std::isfinite(v)) fail_arg(where, "rows: non-finite" + at, v);
         if (!(std::abs(v) < input_limit))
             fail_arg(where, "rows:" + at + " is outside the input limit |x| < 2^128 = 3.4028236692093846e+38", v);
     }
     fail_arg(where, "rows: value out of range at row", i);  // not reached: some value was flagged
+}
+
+/// The f32 storage of a reader whose rows are contiguous f32 values
+/// (`matrix_view<float>` with column stride 1), else nullptr: the paths that
+/// scan and widen such rows with the dispatched kernels.
+template <class R>
+[[nodiscard]] float const* contiguous_f32(R const& r) noexcept {
+    if constexpr (std::is_same_v<R, matrix_view<float>>) {
+        return r.col_stride() == 1 ? r.data() : nullptr;
+    } else {
+        (void)r;
+        return nullptr;
+    }
 }
 
 /// Validates one batch (rows, positions, buckets) before anything is mutated
@@ -340,6 +354,15 @@ void check_batch(std::string_view where, index_t d, R const& r, P const& p, B co
             if ((*b)[i] < 0) fail_arg(where, "buckets: negative bucket at row " + std::to_string(i), (*b)[i]);
     if (!values) return;
     std::vector<double> row(static_cast<std::size_t>(d));
+    if (auto const* f = contiguous_f32(r)) {  // f32: finite ⇔ |x| < 2^128; scan the floats themselves
+        simd::isa const level = simd::active();
+        for (index_t i = 0; i < r.rows(); ++i)
+            if (mom::any_nonfinite_f32(level, f + i * r.row_stride(), d)) {
+                r.read_row(i, row.data());
+                fail_out_of_range(where, r.dtype(), i, row.data(), d);
+            }
+        return;
+    }
     for (index_t i = 0; i < r.rows(); ++i) {
         r.read_row(i, row.data());
         if (any_out_of_range(row.data(), d)) fail_out_of_range(where, r.dtype(), i, row.data(), d);
@@ -354,12 +377,15 @@ void absorb_rows(moments& m, R const& r, P const& p, std::span<index_t const> id
     std::vector<double> xb(static_cast<std::size_t>(B * d));
     std::vector<double> tb(static_cast<std::size_t>(B));
     Eigen::MatrixXd scratch;
+    float const* const f32 = contiguous_f32(r);  // f32 rows: widened by the dispatched kernel
+    simd::isa const level = simd::active();
     auto const total = static_cast<index_t>(idx.size());
     for (index_t s = 0; s < total; s += B) {
         index_t const nb = std::min(B, total - s);
         for (index_t i = 0; i < nb; ++i) {
             index_t const row = idx[static_cast<std::size_t>(s + i)];
-            r.read_row(row, xb.data() + i * d);
+            if (f32 != nullptr) mom::widen_f32(level, f32 + row * r.row_stride(), xb.data() + i * d, d);
+            else r.read_row(row, xb.data() + i * d);
             tb[static_cast<std::size_t>(i)] = static_cast<double>(p[row]);
         }
         m.add_block(xb.data(), tb.data(), nb, scratch);

@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace qkgeom {
 namespace detail {
@@ -114,46 +115,45 @@ struct vec256 {
     }
 };
 
-/// Centre and pack one block (see the file comment), one panel of W
-/// coordinates at a time: x̃ = Σ x / nb; r = x − x̃ packed, ε = Σ r / nb; then,
-/// on the packed panel, r ← r − ε and Σ r τ. `x`: nb × d row-major; `tau`: nb
-/// centred positions; out: `pk` (dp·nb, 64-byte aligned), `mean` (x̃ + ε,
-/// dp; lanes past d are 0 since x loads as 0 there), `cxt` (Σ r τ, dp).
-/// Sums use two accumulators (rows k even / odd).
+/// Centre and pack one block (see the file comment): pass 1 (rows in order)
+/// x̃ = Σ x / nb; pass 2 (rows in order) r = x − x̃ into the panels, ε = Σ r / nb;
+/// pass 3 (panel by panel) r ← r − ε and Σ r τ. `x`: nb × d row-major; `tau`:
+/// nb centred positions; out: `pk` (dp·nb, 64-byte aligned), `mean` (x̃ + ε,
+/// dp; lanes past d are 0 since x loads as 0 there), `cxt` (Σ r τ, dp; ε
+/// before pass 3). Passes 1–2 read x contiguously (prefetch-friendly).
 /// (One definition per level: the body must carry its level's target attribute.)
 #define QKGEOM_MOM_CENTRE_PACK(NAME, TARGET_STRING, V)                                                               \
 QKGEOM_TARGET(TARGET_STRING)                                                                                  \
 inline void NAME(double const* x, double const* tau, index_t nb, index_t d, double* pk, double* mean, double* cxt) {  \
     using T = typename V::type;                                                                                       \
     constexpr int W = V::w;                                                                                           \
-    index_t const np = (d + W - 1) / W, nb2 = nb / 2 * 2;                                                             \
+    index_t const np = (d + W - 1) / W, full = d / W, tail = d - full * W;                                            \
     T const inv = V::set1(1.0 / static_cast<double>(nb));                                                             \
+    for (index_t p = 0; p < np; ++p) V::store(mean + p * W, V::zero());                                               \
+    for (index_t k = 0; k < nb; ++k) {                                                                                \
+        double const* row = x + k * d;                                                                                \
+        for (index_t p = 0; p < full; ++p)                                                                            \
+            V::store(mean + p * W, V::add(V::load(mean + p * W), V::load_n(row + p * W, W)));                         \
+        if (tail > 0)                                                                                                 \
+            V::store(mean + full * W, V::add(V::load(mean + full * W), V::load_n(row + full * W, tail)));             \
+    }                                                                                                                 \
     for (index_t p = 0; p < np; ++p) {                                                                                \
-        index_t const j0 = p * W, m = d - j0 < W ? d - j0 : W;                                                        \
-        double const* xp = x + j0;                                                                                    \
+        V::store(mean + p * W, V::mul(V::load(mean + p * W), inv));                                                   \
+        V::store(cxt + p * W, V::zero());                                                                             \
+    }                                                                                                                 \
+    for (index_t k = 0; k < nb; ++k) {                                                                                \
+        double const* row = x + k * d;                                                                                \
+        for (index_t p = 0; p < np; ++p) {                                                                            \
+            T const r = V::sub(V::load_n(row + p * W, p < full ? W : tail), V::load(mean + p * W));                   \
+            V::store(pk + (p * nb + k) * W, r);                                                                       \
+            V::store(cxt + p * W, V::add(V::load(cxt + p * W), r));                                                   \
+        }                                                                                                             \
+    }                                                                                                                 \
+    index_t const nb2 = nb / 2 * 2;                                                                                   \
+    for (index_t p = 0; p < np; ++p) {                                                                                \
         double* dst = pk + p * nb * W;                                                                                \
+        T const eps = V::mul(V::load(cxt + p * W), inv);                                                              \
         T s0 = V::zero(), s1 = V::zero();                                                                             \
-        for (index_t k = 0; k < nb2; k += 2) {                                                                        \
-            s0 = V::add(s0, V::load_n(xp + k * d, m));                                                                \
-            s1 = V::add(s1, V::load_n(xp + (k + 1) * d, m));                                                          \
-        }                                                                                                             \
-        if (nb2 < nb) s0 = V::add(s0, V::load_n(xp + nb2 * d, m));                                                    \
-        T const mx = V::mul(V::add(s0, s1), inv);                                                                     \
-        s0 = s1 = V::zero();                                                                                          \
-        for (index_t k = 0; k < nb2; k += 2) {                                                                        \
-            T const r0 = V::sub(V::load_n(xp + k * d, m), mx), r1 = V::sub(V::load_n(xp + (k + 1) * d, m), mx);       \
-            V::store(dst + k * W, r0);                                                                                \
-            V::store(dst + (k + 1) * W, r1);                                                                          \
-            s0 = V::add(s0, r0);                                                                                      \
-            s1 = V::add(s1, r1);                                                                                      \
-        }                                                                                                             \
-        if (nb2 < nb) {                                                                                               \
-            T const r0 = V::sub(V::load_n(xp + nb2 * d, m), mx);                                                      \
-            V::store(dst + nb2 * W, r0);                                                                              \
-            s0 = V::add(s0, r0);                                                                                      \
-        }                                                                                                             \
-        T const eps = V::mul(V::add(s0, s1), inv);                                                                    \
-        s0 = s1 = V::zero();                                                                                          \
         for (index_t k = 0; k < nb2; k += 2) {                                                                        \
             T const r0 = V::sub(V::load(dst + k * W), eps), r1 = V::sub(V::load(dst + (k + 1) * W), eps);             \
             V::store(dst + k * W, r0);                                                                                \
@@ -166,8 +166,8 @@ inline void NAME(double const* x, double const* tau, index_t nb, index_t d, doub
             V::store(dst + nb2 * W, r0);                                                                              \
             s0 = V::fmadd(r0, V::set1(tau[nb2]), s0);                                                                 \
         }                                                                                                             \
-        V::store(mean + j0, V::add(mx, eps));                                                                         \
-        V::store(cxt + j0, V::add(s0, s1));                                                                           \
+        V::store(mean + p * W, V::add(V::load(mean + p * W), eps));                                                   \
+        V::store(cxt + p * W, V::add(s0, s1));                                                                        \
     }                                                                                                                 \
 }
 
@@ -294,7 +294,68 @@ inline void syrk_avx2(double const* pk, index_t nb, index_t d, double* c, index_
     }
 }
 
+/// f32 → f64 of n values (the reading of a block's rows).
+QKGEOM_TARGET("avx512f")
+inline void widen_avx512(float const* p, double* out, index_t n) noexcept {
+    index_t j = 0;
+    for (; j + 8 <= n; j += 8) _mm512_storeu_pd(out + j, _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(p + j)));  // maskz: GCC 12 warns on the undefined source of _mm512_cvtps_pd
+    for (; j < n; ++j) out[j] = static_cast<double>(p[j]);
+}
+
+QKGEOM_TARGET("avx2,fma")
+inline void widen_avx2(float const* p, double* out, index_t n) noexcept {
+    index_t j = 0;
+    for (; j + 4 <= n; j += 4) _mm256_storeu_pd(out + j, _mm256_cvtps_pd(_mm_loadu_ps(p + j)));
+    for (; j < n; ++j) out[j] = static_cast<double>(p[j]);
+}
+
+/// Whether some f32 value of p[0..n) is NaN or ±inf (exponent all ones): for
+/// f32 that is exactly "outside |x| < 2¹²⁸" (every finite f32 is below it).
+QKGEOM_TARGET("avx512f")
+inline bool any_nonfinite_f32_avx512(float const* p, index_t n) noexcept {
+    __m512i const e = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0;
+    index_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512(p + j), e), e);
+    if (j < n) {
+        auto const m = static_cast<__mmask16>((1u << (n - j)) - 1u);
+        bad |= _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(m, p + j), e), e);
+    }
+    return bad != 0;
+}
+
 #endif  // QKGEOM_SIMD_X86
+
+/// Scalar form of the f32 finiteness scan (generic and AVX2 levels).
+inline bool any_nonfinite_f32_generic(float const* p, index_t n) noexcept {
+    std::uint32_t bad = 0;
+    for (index_t j = 0; j < n; ++j) {
+        std::uint32_t u;
+        std::memcpy(&u, p + j, sizeof u);
+        bad |= static_cast<std::uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return bad != 0;
+}
+
+/// Whether some f32 value of p[0..n) is NaN or ±inf, at `level`.
+inline bool any_nonfinite_f32(simd::isa level, float const* p, index_t n) noexcept {
+#if QKGEOM_SIMD_X86
+    if (level == simd::isa::avx512) return any_nonfinite_f32_avx512(p, n);
+#endif
+    (void)level;
+    return any_nonfinite_f32_generic(p, n);
+}
+
+/// out[j] = p[j] widened, j < n, at `level` (exact at every level).
+inline void widen_f32(simd::isa level, float const* p, double* out, index_t n) noexcept {
+#if QKGEOM_SIMD_X86
+    if (level == simd::isa::avx512) return widen_avx512(p, out, n);
+    if (level == simd::isa::avx2) return widen_avx2(p, out, n);
+#endif
+    (void)level;
+    for (index_t j = 0; j < n; ++j) out[j] = static_cast<double>(p[j]);
+}
 
 /// Centre and pack one block at `level` (avx2 or avx512; see the file comment).
 /// \pre level is avx2 or avx512 and ≤ simd::detected(); nb ≥ 1; `pk` 64-byte
