@@ -228,7 +228,7 @@ head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options co
         detail::plasticity_of(out.householder, &head.queries, head.keys, head.facts, opt.plasticity, true, head.id);
     if (opt.ranks_on)
         out.ranks = detail::rank_stability_of(out.householder, head.keys, head.facts, head.id, opt.ranks, true);
-    out.rope = rope_bands(head, opt.rope, &hm.q);  // the query moments: no second pass over the rows
+    out.rope = detail::rope_bands_of(head, opt.rope, &hm.q, true);  // the query moments: no second pass over the rows
     out.flags = detail::flags_of(hm, out, opt.diagnostics);
     return out;
 }

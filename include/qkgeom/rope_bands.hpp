@@ -21,6 +21,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -151,9 +152,13 @@ struct rope_band_result {
 namespace detail {
 namespace rope {
 
-/// The geometry: scaled frequencies, band layout, column permutation (pair
-/// i at columns 2i, 2i + 1, so that a band is a contiguous block; the
-/// unrotated coordinates last).
+/// The geometry: scaled frequencies, band layout, column permutation. A
+/// band is a contiguous block of permuted columns, planar inside: band k
+/// with pairs p0 .. p0 + np − 1 starting at column c0 holds the first
+/// coordinates of its pairs at c0 .. c0 + np − 1 and the second ones at
+/// c0 + np .. c0 + 2np − 1 (so the per-pair loops run over contiguous
+/// memory; for rotate_half the permutation copies runs of np coordinates).
+/// The unrotated coordinates come last.
 struct geometry {
     index_t d = 0, r = 0, half = 0;
     std::vector<double> freq;              // per pair, radians per token
@@ -161,6 +166,7 @@ struct geometry {
     std::vector<index_t> band_col, band_width;  // per band: first column, columns
     std::vector<index_t> band_of;               // per permuted column: its band
     std::vector<rope_band> bands;
+    std::vector<std::array<index_t, 3>> runs;   // (source column, permuted column, length): perm in runs
 };
 
 inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, double scale) {
@@ -183,11 +189,9 @@ inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, do
         b.wavelength_hi = 2 * std::numbers::pi / b.freq_lo;
         g.band_col.push_back(index_t(g.perm.size()));
         g.band_width.push_back(b.n_coords);
-        for (index_t i = p0; i < p1; ++i) {  // pair i at permuted columns 2i, 2i + 1
-            bool const rh = s.pairing == rope_pairing::rotate_half;
-            g.perm.push_back(rh ? i : 2 * i);
-            g.perm.push_back(rh ? i + g.half : 2 * i + 1);
-        }
+        bool const rh = s.pairing == rope_pairing::rotate_half;
+        for (index_t i = p0; i < p1; ++i) g.perm.push_back(rh ? i : 2 * i);  // first coordinates
+        for (index_t i = p0; i < p1; ++i) g.perm.push_back(rh ? i + g.half : 2 * i + 1);  // second ones
         g.bands.push_back(b);
     }
     if (g.r < d) {
@@ -203,7 +207,19 @@ inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, do
         g.bands.push_back(b);
     }
     for (std::size_t k = 0; k < g.bands.size(); ++k) g.band_of.insert(g.band_of.end(), std::size_t(g.band_width[k]), index_t(k));
+    for (index_t j = 0; j < d; ++j)  // maximal runs of consecutive source columns
+        if (j > 0 && g.perm[std::size_t(j)] == g.perm[std::size_t(j - 1)] + 1) ++g.runs.back()[2];
+        else g.runs.push_back({g.perm[std::size_t(j)], j, 1});
     return g;
+}
+
+/// Calls f(p0, np, c0) for every rotary band: pairs p0 .. p0 + np − 1,
+/// first coordinates at permuted columns c0 .. c0 + np − 1, second ones at
+/// c0 + np .. (the planar layout of `geometry`).
+template <class F>
+void for_pair_blocks(geometry const& g, F&& f) {
+    for (std::size_t k = 0; k < g.bands.size(); ++k)
+        if (g.bands[k].rotary) f(g.bands[k].first_pair, g.bands[k].n_pairs, g.band_col[k]);
 }
 
 /// cos/sin of t·θ_i for integer t in [0, max_t]: t = a + K·h, two tables of
@@ -236,29 +252,42 @@ struct trig_table {
     }
     /// Undoes R(t) on the pairs of `row` (permuted columns): x ← R(t)ᵀ x; adds
     /// R(t)·x (the opposite sense: the mirror check) to `m1`, `m2`.
-    void unrotate(double* row, std::int64_t t, double* m1, double* m2) const {
-        if (!freq.empty()) return unrotate_direct(row, t, m1, m2);
-        std::size_t const a = std::size_t(t % K) * std::size_t(half), h = std::size_t(t / K) * std::size_t(half);
-        for (index_t i = 0; i < half; ++i) {
-            double const c1 = lc[a + std::size_t(i)], s1 = ls[a + std::size_t(i)];
-            double const c2 = hc[h + std::size_t(i)], s2 = hs[h + std::size_t(i)];
-            double const c = c1 * c2 - s1 * s2, s = s1 * c2 + c1 * s2;
-            double& x1 = row[2 * i];  // geometry: pair i at columns 2i, 2i + 1
-            double& x2 = row[2 * i + 1];
-            double const y1 = c * x1 + s * x2, y2 = c * x2 - s * x1;
-            if (m1) m1[i] += c * x1 - s * x2, m2[i] += s * x1 + c * x2;
-            x1 = y1;
-            x2 = y2;
-        }
+    void unrotate(geometry const& g, double* row, std::int64_t t, double* m1, double* m2) const {
+        if (!freq.empty()) return unrotate_direct(g, row, t, m1, m2);
+        double const* c1 = lc.data() + std::size_t(t % K) * std::size_t(half);
+        double const* s1 = ls.data() + std::size_t(t % K) * std::size_t(half);
+        double const* c2 = hc.data() + std::size_t(t / K) * std::size_t(half);
+        double const* s2 = hs.data() + std::size_t(t / K) * std::size_t(half);
+        for_pair_blocks(g, [&](index_t p0, index_t np, index_t c0) {
+            double* __restrict x1 = row + c0;
+            double* __restrict x2 = x1 + np;
+            double* __restrict n1 = m1;
+            double* __restrict n2 = m2;
+            for (index_t j = 0; j < np; ++j) {
+                index_t const i = p0 + j;
+                double const c = c1[i] * c2[i] - s1[i] * s2[i], s = s1[i] * c2[i] + c1[i] * s2[i];
+                double const a = x1[j], b = x2[j];
+                n1[i] += c * a - s * b;
+                n2[i] += s * a + c * b;
+                x1[j] = c * a + s * b;
+                x2[j] = c * b - s * a;
+            }
+        });
     }
-    void unrotate_direct(double* row, std::int64_t t, double* m1, double* m2) const {
-        for (index_t i = 0; i < half; ++i) {
-            double const c = std::cos(double(t) * freq[std::size_t(i)]), s = std::sin(double(t) * freq[std::size_t(i)]);
-            double const x1 = row[2 * i], x2 = row[2 * i + 1];
-            if (m1) m1[i] += c * x1 - s * x2, m2[i] += s * x1 + c * x2;
-            row[2 * i] = c * x1 + s * x2;
-            row[2 * i + 1] = c * x2 - s * x1;
-        }
+    void unrotate_direct(geometry const& g, double* row, std::int64_t t, double* m1, double* m2) const {
+        for_pair_blocks(g, [&](index_t p0, index_t np, index_t c0) {
+            double* x1 = row + c0;
+            double* x2 = x1 + np;
+            for (index_t j = 0; j < np; ++j) {
+                index_t const i = p0 + j;
+                double const c = std::cos(double(t) * freq[std::size_t(i)]), s = std::sin(double(t) * freq[std::size_t(i)]);
+                double const a = x1[j], b = x2[j];
+                m1[i] += c * a - s * b;
+                m2[i] += s * a + c * b;
+                x1[j] = c * a + s * b;
+                x2[j] = c * b - s * a;
+            }
+        });
     }
 };
 
@@ -279,6 +308,7 @@ struct sorted_rows {
     std::vector<std::int64_t> position, bucket, example;
     std::vector<std::pair<index_t, index_t>> segment;  // (start, count) per bucket
     std::int64_t max_position = 0;
+    bool checked = false;  // the rows were validated by the caller (analyze_head's moments pass)
 
     /// out.topRows(n) = the sorted rows r0 .. r0 + n − 1 in permuted columns
     /// (`out` grows, never shrinks: one allocation for the largest bucket).
@@ -290,9 +320,14 @@ struct sorted_rows {
             index_t const i = order[std::size_t(r0 + r)];
             reader.read_row(i, buf.data());
             double* o = out.row(r).data();
+            if (g->runs.size() * 4 <= std::size_t(g->d))  // rotate_half: runs of a band's pairs
+                for (auto const& [from, to, len] : g->runs)  // short runs: a plain loop, no memmove call
+                    for (index_t j = 0; j < len; ++j) o[to + j] = buf[std::size_t(from + j)];
+            else
+                for (index_t j = 0; j < g->d; ++j) o[j] = buf[std::size_t(perm[j])];
+            if (checked) continue;
             int bad = 0;  // NaN fails the comparison
             for (index_t j = 0; j < g->d; ++j) bad |= !(std::abs(buf[std::size_t(j)]) < input_limit);
-            for (index_t j = 0; j < g->d; ++j) o[j] = buf[std::size_t(perm[j])];
             if (!bad) continue;
             for (index_t j = 0; j < g->d; ++j)
                 if (!(std::abs(buf[std::size_t(j)]) < input_limit))
@@ -303,27 +338,49 @@ struct sorted_rows {
     }
 };
 
+/// The rows of `rows` in the order (bucket, example id, row): a stable
+/// counting sort by bucket (buckets below 4·n + 1024, the usual case; else a
+/// comparison sort), then each bucket's run sorted by example id unless the
+/// rows already come in example order (captures write them so).
 template <class M>
-auto read_sorted(std::string_view fn, std::string_view kind_name, token_rows<M> const& rows, geometry const& g) {
+std::vector<index_t> bucket_example_order(token_rows<M> const& rows, index_t n) {
+    bool const ex = !rows.example_id.empty();
+    auto const bucket = [&](index_t i) { return rows.bucket[i]; };
+    auto const example = [&](index_t i) { return ex ? rows.example_id[i] : std::int64_t(i); };
+    std::vector<index_t> order(static_cast<std::size_t>(n));
+    std::int64_t top = 0;
+    for (index_t i = 0; i < n; ++i) top = std::max(top, bucket(i));
+    if (top < 4 * std::int64_t(n) + 1024) {
+        std::vector<index_t> start(static_cast<std::size_t>(top) + 2, 0);
+        for (index_t i = 0; i < n; ++i) ++start[static_cast<std::size_t>(bucket(i)) + 1];
+        std::partial_sum(start.begin(), start.end(), start.begin());
+        for (index_t i = 0; i < n; ++i) order[static_cast<std::size_t>(start[static_cast<std::size_t>(bucket(i))]++)] = i;
+    } else {
+        std::iota(order.begin(), order.end(), index_t(0));
+        std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return bucket(a) < bucket(b); });
+    }
+    auto const before = [&](index_t a, index_t b) { return example(a) != example(b) ? example(a) < example(b) : a < b; };
+    for (std::size_t s = 0; s < order.size();) {  // each bucket's run: by example id, then row
+        std::size_t e = s + 1;
+        bool sorted = true;
+        for (; e < order.size() && bucket(order[e]) == bucket(order[s]); ++e) sorted = sorted && before(order[e - 1], order[e]);
+        if (!sorted) std::sort(order.begin() + std::ptrdiff_t(s), order.begin() + std::ptrdiff_t(e), before);
+        s = e;
+    }
+    return order;
+}
+
+template <class M>
+auto read_sorted(std::string_view fn, std::string_view kind_name, token_rows<M> const& rows, geometry const& g,
+                 bool checked) {
     using reader_t = std::remove_cv_t<decltype(as_matrix(rows.vectors))>;
-    sorted_rows<reader_t> s{as_matrix(rows.vectors), fn, kind_name, &g, {}, {}, {}, {}, {}, 0};
+    sorted_rows<reader_t> s{as_matrix(rows.vectors), fn, kind_name, &g, {}, {}, {}, {}, {}, 0, checked};
     index_t const n = s.reader.rows();
     bool const ex = !rows.example_id.empty();
-    struct key {
-        std::int64_t bucket, example;
-        index_t row;
-    };
-    std::vector<key> order;
-    order.reserve(static_cast<std::size_t>(n));
-    for (index_t i = 0; i < n; ++i) order.push_back({rows.bucket[i], ex ? rows.example_id[i] : 0, i});
-    std::sort(order.begin(), order.end(), [](key const& a, key const& b) {
-        return a.bucket != b.bucket ? a.bucket < b.bucket : a.example != b.example ? a.example < b.example : a.row < b.row;
-    });
-    s.order.reserve(std::size_t(n));
+    s.order = bucket_example_order(rows, n);
     s.position.reserve(std::size_t(n)), s.bucket.reserve(std::size_t(n)), s.example.reserve(std::size_t(n));
     for (index_t r = 0; r < n; ++r) {
-        index_t const i = order[std::size_t(r)].row;
-        s.order.push_back(i);
+        index_t const i = s.order[std::size_t(r)];
         s.position.push_back(rows.position[i]);
         s.bucket.push_back(rows.bucket[i]);
         s.example.push_back(ex ? rows.example_id[i] : std::int64_t(i));
@@ -338,32 +395,37 @@ auto read_sorted(std::string_view fn, std::string_view kind_name, token_rows<M> 
 /// Σ ‖x‖²; at the end of the bucket folded into the statistics of §1 of
 /// docs/beyond-rope.md (Den, Num, noise²).
 struct pair_energy {
-    std::vector<double> s1, s2, ss;       // current bucket
+    std::vector<double> cs, cq;           // current bucket: Σ x and Σ x² per permuted rotary column
     std::vector<double> den, m1, m2, var_sum, noise2, ss_all;  // over buckets
     std::vector<double> r1, r2;  // Σ R(t)x over all rows (mirror frame; filled by trig_table::unrotate)
-    explicit pair_energy(index_t half)
-        : s1(std::size_t(half)), s2(s1), ss(s1), den(s1), m1(s1), m2(s1), var_sum(s1), noise2(s1), ss_all(s1),
-          r1(s1), r2(s1) {}
-    void add(double const* row) {
-        for (std::size_t i = 0; i < s1.size(); ++i) {
-            double const a = row[2 * i], b = row[2 * i + 1];  // geometry: pair i at 2i, 2i + 1
-            s1[i] += a;
-            s2[i] += b;
-            ss[i] += a * a + b * b;
+    explicit pair_energy(geometry const& g)
+        : cs(std::size_t(g.r)), cq(cs), den(std::size_t(g.half)), m1(den), m2(den), var_sum(den), noise2(den),
+          ss_all(den), r1(den), r2(den) {}
+    void add(index_t r, double const* __restrict row) {
+        double* __restrict a = cs.data();
+        double* __restrict q = cq.data();
+        for (index_t j = 0; j < r; ++j) {
+            a[j] += row[j];
+            q[j] += row[j] * row[j];
         }
     }
     /// Folds a bucket of n rows (weight w = n/N added later through 1/N).
-    void close(double n) {
-        for (std::size_t i = 0; i < s1.size(); ++i) {
-            double const a = s1[i] / n, b = s2[i] / n, e = a * a + b * b;
-            double const v = std::max(0.0, (ss[i] - n * e) / (n - 1));  // trace of the 2 × 2 covariance
-            den[i] += n * (e - v / n);
-            m1[i] += s1[i], m2[i] += s2[i];
-            var_sum[i] += n * v;  // Σ n_b s_b²
-            noise2[i] += n * n * (v / n) * (v / n);
-            ss_all[i] += ss[i];
-            s1[i] = s2[i] = ss[i] = 0;
-        }
+    void close(geometry const& g, double n) {
+        for_pair_blocks(g, [&](index_t p0, index_t np, index_t c0) {
+            for (index_t j = 0; j < np; ++j) {
+                auto const i = std::size_t(p0 + j), c1 = std::size_t(c0 + j), c2 = std::size_t(c0 + np + j);
+                double const s1 = cs[c1], s2 = cs[c2], ss = cq[c1] + cq[c2];
+                double const a = s1 / n, b = s2 / n, e = a * a + b * b;
+                double const v = std::max(0.0, (ss - n * e) / (n - 1));  // trace of the 2 × 2 covariance
+                den[i] += n * (e - v / n);
+                m1[i] += s1, m2[i] += s2;
+                var_sum[i] += n * v;  // Σ n_b s_b²
+                noise2[i] += n * n * (v / n) * (v / n);
+                ss_all[i] += ss;
+            }
+        });
+        std::fill(cs.begin(), cs.end(), 0.0);
+        std::fill(cq.begin(), cq.end(), 0.0);
     }
 };
 
@@ -397,12 +459,22 @@ inline void finish_frame(pair_energy const& e, double N, std::vector<double> con
     }
 }
 
-/// out.rows(o .. o + m) = scale · (x.rows(r .. r + m) − their mean).
-inline void center_rows(rmat const& x, index_t r, index_t m, rmat& out, index_t o, double scale) {
-    Eigen::RowVectorXd mean = Eigen::RowVectorXd::Zero(x.cols());
-    for (index_t i = r; i < r + m; ++i) mean += x.row(i);
-    mean /= double(m);
-    for (index_t i = 0; i < m; ++i) out.row(o + i) = (x.row(r + i) - mean) * scale;
+/// out.rows(o .. o + m) = scale · (x.rows(r .. r + m) − their mean) (two
+/// passes over the rows; `mean` is work space of x.cols() entries).
+inline void center_rows(rmat const& x, index_t r, index_t m, rmat& out, index_t o, double scale,
+                        std::vector<double>& mean) {
+    index_t const d = x.cols();
+    mean.assign(std::size_t(d), 0.0);
+    for (index_t i = r; i < r + m; ++i) {
+        double const* xi = x.row(i).data();
+        for (index_t j = 0; j < d; ++j) mean[std::size_t(j)] += xi[j];
+    }
+    for (index_t j = 0; j < d; ++j) mean[std::size_t(j)] /= double(m);
+    for (index_t i = 0; i < m; ++i) {
+        double const* xi = x.row(r + i).data();
+        double* oi = out.row(o + i).data();
+        for (index_t j = 0; j < d; ++j) oi[j] = (xi[j] - mean[std::size_t(j)]) * scale;
+    }
 }
 
 /// Σ_ij A_ij B_ij of two symmetric matrices given by their lower triangles.
@@ -424,6 +496,7 @@ struct key_prefix {
     std::vector<std::vector<dmat>> pref;        // [cells + 1][band]
     std::vector<std::int64_t> pairs;            // prefix pair counts
     rmat z;                                     // work: the centred, scaled keys of one cell
+    std::vector<double> mean;                   // work: one group's mean
 
     explicit key_prefix(geometry const& g) : pref(1), pairs(1, 0) {
         for (auto w : g.band_width) pref.back().push_back(dmat::Zero(w, w));
@@ -440,7 +513,7 @@ struct key_prefix {
             while (e < r0 + n && k.example[std::size_t(e)] == k.example[std::size_t(r)]) ++e;
             index_t const m = e - r;
             if (m >= 2) {
-                center_rows(blk, r - r0, m, z, nz, std::sqrt(double(m)));
+                center_rows(blk, r - r0, m, z, nz, std::sqrt(double(m)), mean);
                 nz += m;
                 np += std::int64_t(m) * (m - 1) / 2;
             }
@@ -544,7 +617,7 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
     bool const check = out.buckets >= 2;  // else no check: undetermined, NaN
     std::vector<double> span;
     for (double f : g.freq) span.push_back(f * (hi - lo));
-    pair_energy rot(g.half), raw(g.half);
+    pair_energy rot(g), raw(g);
     std::vector<double> u, usum(std::size_t(g.d));  // the bucket's unrotated rotary columns, their sums
     rmat blk;
     for (auto const& [r0, n] : s.segment) {
@@ -556,16 +629,16 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
         for (index_t r = 0; r < n; ++r) {
             double const* row = blk.row(r).data();
             double* ur = u.data() + r * g.r;
-            raw.add(row);
+            raw.add(g.r, row);
             std::copy(row, row + g.r, ur);
-            tt.unrotate(ur, s.position[std::size_t(r0 + r)], rot.r1.data(), rot.r2.data());
-            rot.add(ur);
+            tt.unrotate(g, ur, s.position[std::size_t(r0 + r)], rot.r1.data(), rot.r2.data());
+            rot.add(g.r, ur);
             if (!content) continue;
             for (index_t j = 0; j < g.r; ++j) usum[std::size_t(j)] += ur[j];
             for (index_t j = g.r; j < g.d; ++j) usum[std::size_t(j)] += row[j];
         }
-        rot.close(double(n));
-        raw.close(double(n));
+        rot.close(g, double(n));
+        raw.close(g, double(n));
         if (content) content->add_bucket(blk, r0, n, g, u, usum);
     }
     if (!check) return;
@@ -613,7 +686,8 @@ void bucket_scatter(S const& q, index_t r0, index_t n, geometry const& g, moment
     if (fresh) {
         q.gather(r0, n, blk);
         if (xc.rows() < n) xc.resize(n, g.d);  // grows only
-        center_rows(blk, 0, n, xc, 0, 1.0);
+        std::vector<double> mean;
+        center_rows(blk, 0, n, xc, 0, 1.0, mean);
     }
     C.selfadjointView<Eigen::Lower>().rankUpdate(xc.topRows(n).middleCols(c0, w).transpose());
 }
@@ -717,6 +791,71 @@ inline double check_spec(std::string_view fn, rope_spec const& s, index_t d) {
 }  // namespace rope
 }  // namespace detail
 
+namespace detail {
+/// `rope_bands`; `rows_checked`: the rows were validated by the caller
+/// (analyze_head's moments pass), so the row reads skip the value scan.
+template <RowMatrix QM, RowMatrix KM>
+rope_band_result rope_bands_of(head_capture<QM, KM> const& head, rope_band_options const& opt,
+                               bucketed_moments const* query_moments, bool rows_checked) {
+    constexpr std::string_view fn = "qkgeom::rope_bands";
+    namespace rd = detail::rope;
+    rd::check_options(fn, opt);
+    index_t const d = as_matrix(head.queries.vectors).cols(), dk = as_matrix(head.keys.vectors).cols();
+    if (d != dk)
+        detail::fail_arg(fn, "queries and keys differ in head dimension: queries have " + std::to_string(d) +
+                                 " columns, keys have",
+                         dk);
+    if (query_moments && query_moments->d != d)
+        detail::fail_arg(fn, "query_moments: head dimension differs from the rows' " + std::to_string(d) + "; d",
+                         query_moments->d);
+    detail::check_facts(fn, head.facts);
+    detail::check_annotations(fn, "queries", as_matrix(head.queries.vectors).rows(), head.queries.position,
+                              head.queries.bucket, head.queries.example_id, false, head.facts);
+    detail::check_annotations(fn, "keys", as_matrix(head.keys.vectors).rows(), head.keys.position, head.keys.bucket,
+                              head.keys.example_id, true, head.facts);
+    rope_band_result res;
+    if (!head.facts.rope) return res;
+    double const scale = rd::check_spec(fn, *head.facts.rope, d);
+    if (scale == 0.0) {
+        res.status = rope_status::unsupported_scaling;
+        return res;
+    }
+    rd::geometry const g = rd::make_geometry(*head.facts.rope, d, opt.n_bands, scale);
+    res.bands = g.bands;
+    for (index_t i = 0; i < g.half; ++i)
+        res.pairs.push_back({i, g.freq[std::size_t(i)], 2 * std::numbers::pi / g.freq[std::size_t(i)], {}, {}});
+    auto const q = rd::read_sorted(fn, "queries", head.queries, g, rows_checked);
+    auto const k = rd::read_sorted(fn, "keys", head.keys, g, rows_checked);
+    res.context_length = head.facts.context_length > 0 ? head.facts.context_length
+                                                       : std::max(q.max_position, k.max_position) + 1;
+    res.clusters_are_examples = !head.queries.example_id.empty();
+    index_t used = 0;
+    for (auto const& sg : q.segment) used += sg.second >= opt.min_bucket_rows ? 1 : 0;
+    if (used < 2) {
+        rd::rmat blk;
+        for (auto const& [r0, n] : q.segment) q.gather(r0, n, blk);  // validates the rows
+        for (auto const& [r0, n] : k.segment) k.gather(r0, n, blk);
+        res.status = rope_status::too_few_rows;
+        return res;
+    }
+    rd::trig_table const tt(g.freq, std::max(q.max_position, k.max_position));
+    rd::content_acc content(q.example, index_t(g.bands.size()));
+    double num = 0, den = 0, num_raw = 0, den_raw = 0;
+    rd::key_prefix kp(g);
+    rd::kind_pass(q, g, tt, opt, res.pairs, true, res.queries, num, den, num_raw, den_raw, &content, nullptr);
+    rd::kind_pass(k, g, tt, opt, res.pairs, false, res.keys, num, den, num_raw, den_raw, nullptr, &kp);
+    content.finish(res.bands);
+    if (res.queries.powered_pairs + res.keys.powered_pairs > 0) res.coherence = num / den;
+    if (res.queries.powered_pairs_raw + res.keys.powered_pairs_raw > 0) res.coherence_raw = num_raw / den_raw;
+    rd::v_shares(q, kp, g, head.facts, opt, query_moments, res);
+    auto const any = [&](rope_status s) { return res.queries.status == s || res.keys.status == s; };
+    res.status = any(rope_status::inconsistent) ? rope_status::inconsistent
+                 : any(rope_status::consistent) ? rope_status::consistent
+                                                : rope_status::undetermined;
+    return res;
+}
+}  // namespace detail
+
 /// \brief RoPE bands of one head (docs/beyond-rope.md): undoes the rotation
 /// of every query and key row by its position under `head.facts.rope`,
 /// checks per rotary pair that the unrotated means are stable across buckets
@@ -745,62 +884,7 @@ inline double check_spec(std::string_view fn, rope_spec const& s, index_t d) {
 template <RowMatrix QM, RowMatrix KM>
 rope_band_result rope_bands(head_capture<QM, KM> const& head, rope_band_options const& opt = {},
                             bucketed_moments const* query_moments = nullptr) {
-    constexpr std::string_view fn = "qkgeom::rope_bands";
-    namespace rd = detail::rope;
-    rd::check_options(fn, opt);
-    index_t const d = as_matrix(head.queries.vectors).cols(), dk = as_matrix(head.keys.vectors).cols();
-    if (d != dk)
-        detail::fail_arg(fn, "queries and keys differ in head dimension: queries have " + std::to_string(d) +
-                                 " columns, keys have",
-                         dk);
-    if (query_moments && query_moments->d != d)
-        detail::fail_arg(fn, "query_moments: head dimension differs from the rows' " + std::to_string(d) + "; d",
-                         query_moments->d);
-    detail::check_facts(fn, head.facts);
-    detail::check_annotations(fn, "queries", as_matrix(head.queries.vectors).rows(), head.queries.position,
-                              head.queries.bucket, head.queries.example_id, false, head.facts);
-    detail::check_annotations(fn, "keys", as_matrix(head.keys.vectors).rows(), head.keys.position, head.keys.bucket,
-                              head.keys.example_id, true, head.facts);
-    rope_band_result res;
-    if (!head.facts.rope) return res;
-    double const scale = rd::check_spec(fn, *head.facts.rope, d);
-    if (scale == 0.0) {
-        res.status = rope_status::unsupported_scaling;
-        return res;
-    }
-    rd::geometry const g = rd::make_geometry(*head.facts.rope, d, opt.n_bands, scale);
-    res.bands = g.bands;
-    for (index_t i = 0; i < g.half; ++i)
-        res.pairs.push_back({i, g.freq[std::size_t(i)], 2 * std::numbers::pi / g.freq[std::size_t(i)], {}, {}});
-    auto const q = rd::read_sorted(fn, "queries", head.queries, g);
-    auto const k = rd::read_sorted(fn, "keys", head.keys, g);
-    res.context_length = head.facts.context_length > 0 ? head.facts.context_length
-                                                       : std::max(q.max_position, k.max_position) + 1;
-    res.clusters_are_examples = !head.queries.example_id.empty();
-    index_t used = 0;
-    for (auto const& sg : q.segment) used += sg.second >= opt.min_bucket_rows ? 1 : 0;
-    if (used < 2) {
-        rd::rmat blk;
-        for (auto const& [r0, n] : q.segment) q.gather(r0, n, blk);  // validates the rows
-        for (auto const& [r0, n] : k.segment) k.gather(r0, n, blk);
-        res.status = rope_status::too_few_rows;
-        return res;
-    }
-    rd::trig_table const tt(g.freq, std::max(q.max_position, k.max_position));
-    rd::content_acc content(q.example, index_t(g.bands.size()));
-    double num = 0, den = 0, num_raw = 0, den_raw = 0;
-    rd::key_prefix kp(g);
-    rd::kind_pass(q, g, tt, opt, res.pairs, true, res.queries, num, den, num_raw, den_raw, &content, nullptr);
-    rd::kind_pass(k, g, tt, opt, res.pairs, false, res.keys, num, den, num_raw, den_raw, nullptr, &kp);
-    content.finish(res.bands);
-    if (res.queries.powered_pairs + res.keys.powered_pairs > 0) res.coherence = num / den;
-    if (res.queries.powered_pairs_raw + res.keys.powered_pairs_raw > 0) res.coherence_raw = num_raw / den_raw;
-    rd::v_shares(q, kp, g, head.facts, opt, query_moments, res);
-    auto const any = [&](rope_status s) { return res.queries.status == s || res.keys.status == s; };
-    res.status = any(rope_status::inconsistent) ? rope_status::inconsistent
-                 : any(rope_status::consistent) ? rope_status::consistent
-                                                : rope_status::undetermined;
-    return res;
+    return detail::rope_bands_of(head, opt, query_moments, false);
 }
 
 }  // namespace qkgeom

@@ -158,18 +158,27 @@ TEST_CASE("rope_bands: the other pairing, pre-RoPE rows and a wrong scaling are 
 }
 
 TEST_CASE("rope_bands: the angle tables agree with direct cos/sin", "[rope]") {
+    namespace rd = qkgeom::detail::rope;
     std::vector<double> const f = {1.0, 0.1, 1e-3, 1e-6};
-    qkgeom::detail::rope::trig_table const tab(f, 5000), direct(f, qkgeom::detail::rope::trig_table::direct_from);
+    rd::trig_table const tab(f, 5000), direct(f, rd::trig_table::direct_from);
     REQUIRE(direct.lc.empty());
+    qkgeom::rope_spec spec;  // only the layout is used: 4 pairs in one band,
+    spec.rotary_dim = 8;     // first coordinates at columns 0..3, second ones at 4..7
+    rd::geometry const g = rd::make_geometry(spec, 8, 1, 1.0);
+    REQUIRE(g.bands.size() == 1);
     for (std::int64_t t : {0, 1, 70, 71, 4999, 5000}) {
-        double a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, b[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-        tab.unrotate(a, t, nullptr, nullptr);
-        direct.unrotate(b, t, nullptr, nullptr);
+        double a[8] = {1, 3, 5, 7, 2, 4, 6, 8}, b[8] = {1, 3, 5, 7, 2, 4, 6, 8};
+        double ma1[4] = {}, ma2[4] = {}, mb1[4] = {}, mb2[4] = {};
+        tab.unrotate(g, a, t, ma1, ma2);
+        direct.unrotate(g, b, t, mb1, mb2);
         for (int j = 0; j < 8; ++j) CHECK(a[j] == Approx(b[j]).margin(1e-12));
-        // R(t)ᵀ applied to pair 0 by hand
+        for (int j = 0; j < 4; ++j) CHECK(ma1[j] == Approx(mb1[j]).margin(1e-12));
+        // R(t)ᵀ applied to pair 0 = (1, 2) by hand, and R(t) for the mirror sums
         double const c = std::cos(double(t)), s = std::sin(double(t));
         CHECK(b[0] == Approx(c * 1 + s * 2).margin(1e-12));
-        CHECK(b[1] == Approx(c * 2 - s * 1).margin(1e-12));
+        CHECK(b[4] == Approx(c * 2 - s * 1).margin(1e-12));
+        CHECK(mb1[0] == Approx(c * 1 - s * 2).margin(1e-12));
+        CHECK(mb2[0] == Approx(s * 1 + c * 2).margin(1e-12));
     }
 }
 
