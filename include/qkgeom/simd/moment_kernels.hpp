@@ -409,6 +409,23 @@ inline double probe_generic(std::int64_t it, double a, double b) noexcept {
 }
 
 #if QKGEOM_SIMD_X86
+/// Generic on x86-64: 12 SSE2 (baseline) chains of 2 doubles, multiply then add.
+inline double probe_sse2(std::int64_t it, double a, double b) noexcept {
+    __m128d acc[12];
+    __m128d const va = _mm_set1_pd(a), vb = _mm_set1_pd(b);
+#pragma GCC unroll 12
+    for (int u = 0; u < 12; ++u) acc[u] = _mm_set1_pd(1e-3 * u);
+    for (std::int64_t i = 0; i < it; ++i)
+#pragma GCC unroll 12
+        for (int u = 0; u < 12; ++u) acc[u] = _mm_add_pd(_mm_mul_pd(acc[u], va), vb);
+    __m128d s = acc[0];
+#pragma GCC unroll 12
+    for (int u = 1; u < 12; ++u) s = _mm_add_pd(s, acc[u]);
+    double out[2];
+    _mm_storeu_pd(out, s);
+    return out[0] + out[1];
+}
+
 QKGEOM_TARGET("avx2,fma")
 inline double probe_avx2(std::int64_t it, double a, double b) noexcept {
     __m256d acc[12];
@@ -449,7 +466,8 @@ inline double probe_avx512(std::int64_t it, double a, double b) noexcept {
 /// \brief Measures nothing itself: runs `iterations` rounds of independent
 /// double-precision multiply-add chains (x ← x·a + b) at the level
 /// `active()` allows — AVX-512: 24 zmm FMA chains, AVX2: 12 ymm FMA chains,
-/// generic: 16 scalar/SSE2 multiply-then-add chains — enough independent
+/// generic: 12 SSE2 multiply-then-add chains of 2 doubles on x86-64 (16
+/// scalar chains elsewhere) — enough independent
 /// chains to keep every FMA (or multiply and add) port busy. Time it to get
 /// the machine's double-precision peak for that level (the moments'
 /// benchmark divides its rate by this one, docs/performance.md).
@@ -463,7 +481,7 @@ inline double probe_avx512(std::int64_t it, double a, double b) noexcept {
     switch (active()) {
         case isa::avx512: return {n * 24 * 8 * 2, detail::probe_avx512(it, a, b)};
         case isa::avx2: return {n * 12 * 4 * 2, detail::probe_avx2(it, a, b)};
-        default: break;
+        default: return {n * 12 * 2 * 2, detail::probe_sse2(it, a, b)};
     }
 #endif
     return {n * 16 * 2, detail::probe_generic(it, a, b)};
