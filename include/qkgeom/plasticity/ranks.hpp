@@ -128,19 +128,20 @@ struct rank_result {
 
 namespace detail {
 
-/// Φ⁻¹(p), p ∈ (0, 1): Wichura's AS 241 (PPND16), relative accuracy ~1e-16.
-inline double normal_quantile(double p) noexcept {
-    double const q = p - 0.5;
-    if (std::abs(q) <= 0.425) {
-        double const r = 0.180625 - q * q;
-        return q *
+/// Φ⁻¹(p) for |q| ≤ 0.425, q = p − 0.5 (AS 241's central rational; finite for any |q| ≤ 1).
+inline double normal_quantile_central(double q) noexcept {
+    double const r = 0.180625 - q * q;
+    return q *
                (((((((2509.0809287301226727 * r + 33430.575583588128105) * r + 67265.770927008700853) * r +
                     45921.953931549871457) * r + 13731.693765509461125) * r + 1971.5909503065514427) * r +
                  133.14166789178437745) * r + 3.387132872796366608) /
                (((((((5226.495278852545925 * r + 28729.085735721942674) * r + 39307.89580009271061) * r +
                     21213.794301586595867) * r + 5394.1960214247511077) * r + 687.1870074920579083) * r +
                  42.313330701600911252) * r + 1.0);
-    }
+}
+
+/// Φ⁻¹(p) for |q| > 0.425, q = p − 0.5 (AS 241's tails).
+inline double normal_quantile_tail(double p, double q) noexcept {
     double r = q < 0 ? p : 1.0 - p;
     r = std::sqrt(-std::log(r));
     double x = 0;
@@ -164,6 +165,12 @@ inline double normal_quantile(double p) noexcept {
     return q < 0 ? -x : x;
 }
 
+/// Φ⁻¹(p), p ∈ (0, 1): Wichura's AS 241 (PPND16), relative accuracy ~1e-16.
+inline double normal_quantile(double p) noexcept {
+    double const q = p - 0.5;
+    return std::abs(q) <= 0.425 ? normal_quantile_central(q) : normal_quantile_tail(p, q);
+}
+
 /// The randomised lattice of the orthant integrals: Richtmyer generators
 /// q_k = frac(√prime_k), points x = |2 frac(i q + Δ) − 1| (baker's
 /// periodisation) and their antithetics 1 − x, i = 1..N, per random shift Δ.
@@ -183,8 +190,10 @@ struct rank_lattice {
     }
 };
 
-/// Lattice points integrated together (independent evaluations, interleaved).
-inline constexpr int rank_lanes = 8;
+/// Lattice points integrated side by side (independent evaluations whose special
+/// functions overlap; the default lattice has 4 per orthant: 1 point and its
+/// antithetic × 2 shifts).
+inline constexpr int rank_lanes = 4;
 
 /// Scratch of the orthant integrals of one set: sized once, reused (no
 /// allocation per set once grown).
@@ -192,6 +201,7 @@ struct orthant_work {
     int n = 0;                         ///< dimension of the current integral (m − 1)
     std::vector<double> S, b;          ///< the full S (row-major n × n) and b of one key
     std::vector<double> L, bp;         ///< lower Cholesky factor of the permuted S (row-major), permuted b
+    std::vector<double> inv;           ///< 1 / L_kk (0 where fixed)
     std::vector<double> key;           ///< the sort keys b_j / √S_jj
     std::vector<int> order;
     std::vector<unsigned char> fixed;  ///< conditional variance zero: an indicator, no integration variable
@@ -207,6 +217,7 @@ struct orthant_work {
         L.resize(nn);
         b.resize(static_cast<std::size_t>(dim));
         bp.resize(static_cast<std::size_t>(dim));
+        inv.resize(static_cast<std::size_t>(dim));
         key.resize(static_cast<std::size_t>(dim));
         order.resize(static_cast<std::size_t>(dim));
         fixed.resize(static_cast<std::size_t>(dim));
@@ -219,7 +230,6 @@ struct orthant_work {
 inline void orthant_factor(orthant_work& w) noexcept {
     int const n = w.n;
     auto const un = static_cast<std::size_t>(n);
-    std::iota(w.order.begin(), w.order.end(), 0);
     double scale = w.S[0];
     for (std::size_t j = 0; j < un; ++j) {
         double const s = w.S[j * un + j];
@@ -227,9 +237,12 @@ inline void orthant_factor(orthant_work& w) noexcept {
         w.key[j] = s > 0 ? w.b[j] / std::sqrt(s) : (w.b[j] > 0 ? big : -big);
         scale = std::max(scale, s);
     }
-    for (std::size_t k = 1; k < un; ++k)  // insertion sort (stable; n ≤ 63)
-        for (std::size_t j = k; j > 0 && w.key[static_cast<std::size_t>(w.order[j])] < w.key[static_cast<std::size_t>(w.order[j - 1])]; --j)
-            std::swap(w.order[j], w.order[j - 1]);
+    for (std::size_t j = 0; j < un; ++j) {  // stable sort by counting (no branches; n ≤ 63; keys not NaN)
+        std::size_t rank = 0;
+        for (std::size_t k = 0; k < un; ++k)
+            rank += static_cast<std::size_t>(w.key[k] < w.key[j]) + static_cast<std::size_t>(k < j && w.key[k] == w.key[j]);
+        w.order[rank] = static_cast<int>(j);
+    }
     std::fill(w.L.begin(), w.L.end(), 0.0);
     std::fill(w.fixed.begin(), w.fixed.end(), static_cast<unsigned char>(0));
     for (std::size_t k = 0; k < un; ++k) {
@@ -241,50 +254,59 @@ inline void orthant_factor(orthant_work& w) noexcept {
             double v = w.S[ok * un + static_cast<std::size_t>(w.order[j])];
             for (std::size_t l = 0; l < j; ++l) v -= Lk[l] * Lj[l];
             if (j < k) {
-                Lk[j] = w.fixed[j] != 0 ? 0.0 : v / Lj[j];
+                Lk[j] = v * w.inv[j];  // 0 when j is fixed
             } else if (v > 1e-12 * scale && scale > 0) {
                 Lk[k] = std::sqrt(v);
+                w.inv[k] = 1.0 / Lk[k];
             } else {
+                w.inv[k] = 0.0;
                 w.fixed[k] = 1;
             }
         }
     }
 }
 
-/// Genz's integrand of separation of variables at `count` ≤ rank_lanes points
-/// (coordinate k of point l at x[k·rank_lanes + l]), evaluated side by side;
-/// `e0` = e_0, the first factor, which does not depend on x.
-inline void orthant_integrand(orthant_work const& w, double e0, double const* x, int count, double* out) noexcept {
+/// Genz's integrand of separation of variables at rank_lanes points
+/// (coordinate k of point l at x[k·rank_lanes + l]), evaluated side by side in
+/// straight loops (the central Φ⁻¹ for every lane, then the tails where
+/// needed); `e0` = e_0, the first factor, which does not depend on x.
+inline void orthant_integrand(orthant_work const& w, double e0, double const* x, double* out) noexcept {
     constexpr int W = rank_lanes;
     int const n = w.n;
     std::array<double, 64 * W> y;
-    std::array<double, W> prod, t;
-    for (int l = 0; l < count; ++l) prod[static_cast<std::size_t>(l)] = 1.0;
+    std::array<double, W> prod, t, u, q;
+    prod.fill(1.0);
     for (int k = 0; k < n; ++k) {
         double const* const Lk = w.L.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(n);
         double* const yk = y.data() + static_cast<std::size_t>(k) * W;
-        for (int l = 0; l < count; ++l) t[static_cast<std::size_t>(l)] = w.bp[static_cast<std::size_t>(k)];
+        t.fill(w.bp[static_cast<std::size_t>(k)]);
         for (int j = 0; j < k; ++j) {
             double const c = Lk[j];
             double const* const yj = y.data() + static_cast<std::size_t>(j) * W;
-            for (int l = 0; l < count; ++l) t[static_cast<std::size_t>(l)] -= c * yj[l];
+            for (std::size_t l = 0; l < W; ++l) t[l] -= c * yj[l];
         }
         if (w.fixed[static_cast<std::size_t>(k)] != 0) {
-            for (int l = 0; l < count; ++l) {
-                if (!(t[static_cast<std::size_t>(l)] > 0)) prod[static_cast<std::size_t>(l)] = 0.0;
+            for (std::size_t l = 0; l < W; ++l) {
+                if (!(t[l] > 0)) prod[l] = 0.0;
                 yk[l] = 0.0;
             }
             continue;
         }
         double const* const xk = x + static_cast<std::size_t>(k) * W;
-        for (int l = 0; l < count; ++l) {
-            double const e = k == 0 ? e0 : preference_probability(t[static_cast<std::size_t>(l)] / Lk[k]);
-            prod[static_cast<std::size_t>(l)] *= e;
-            if (k + 1 < n)
-                yk[l] = normal_quantile(std::clamp(xk[l] * e, std::numeric_limits<double>::min(), 1.0 - 0x1p-53));
+        for (std::size_t l = 0; l < W; ++l) {
+            double const e = k == 0 ? e0 : preference_probability(t[l] * w.inv[static_cast<std::size_t>(k)]);
+            prod[l] *= e;
+            u[l] = std::clamp(xk[l] * e, std::numeric_limits<double>::min(), 1.0 - 0x1p-53);
         }
+        if (k + 1 == n) break;
+        for (std::size_t l = 0; l < W; ++l) {
+            q[l] = u[l] - 0.5;
+            yk[l] = normal_quantile_central(q[l]);
+        }
+        for (std::size_t l = 0; l < W; ++l)
+            if (!(std::abs(q[l]) <= 0.425)) yk[l] = normal_quantile_tail(u[l], q[l]);
     }
-    for (int l = 0; l < count; ++l) out[l] = prod[static_cast<std::size_t>(l)] > 0 ? prod[static_cast<std::size_t>(l)] : 0.0;
+    for (std::size_t l = 0; l < W; ++l) out[l] = prod[l] > 0 ? prod[l] : 0.0;
 }
 
 /// P(X < b), X ~ N(0, S) for the (b, S) of `w` (n ≥ 1), once per shift:
@@ -301,11 +323,12 @@ void orthant_probability(rank_lattice const& lat, std::span<double> est, orthant
     }
     int free_vars = 0;
     for (int k = 0; k + 1 < n; ++k) free_vars += w.fixed[static_cast<std::size_t>(k)] == 0 ? 1 : 0;
-    std::array<double, 64 * W> x{};
+    std::array<double, 64 * W> x;
+    x.fill(0.5);
+    std::array<double, W> v{};
     if (free_vars == 0) {  // the integrand does not depend on x: exact
-        double v = 0;
-        orthant_integrand(w, e0, x.data(), 1, &v);
-        std::fill(est.begin(), est.end(), v);
+        orthant_integrand(w, e0, x.data(), v.data());
+        std::fill(est.begin(), est.end(), v[0]);
         return;
     }
     auto const per_shift = 2 * lat.points;  // each point and its antithetic
@@ -323,7 +346,8 @@ void orthant_probability(rank_lattice const& lat, std::span<double> est, orthant
                 x[static_cast<std::size_t>(k) * W + static_cast<std::size_t>(l)] = anti ? 1.0 - v : v;
             }
         }
-        orthant_integrand(w, e0, x.data(), count, w.f.data() + c0);
+        orthant_integrand(w, e0, x.data(), v.data());  // lanes ≥ count: ignored
+        std::copy_n(v.begin(), count, w.f.begin() + c0);
     }
     for (std::size_t r = 0; r < est.size(); ++r) {
         double sum = 0;
@@ -475,12 +499,14 @@ struct rank_key_index {
         auto const n = kb.size();
         rows.resize(n);
         std::iota(rows.begin(), rows.end(), index_t{0});
-        std::sort(rows.begin(), rows.end(), [&](index_t a, index_t b) {
+        auto const before = [&](index_t a, index_t b) {
             auto const ua = static_cast<std::size_t>(a), ub = static_cast<std::size_t>(b);
             if (ke[ua] != ke[ub]) return ke[ua] < ke[ub];
             if (kb[ua] != kb[ub]) return kb[ua] < kb[ub];
             return a < b;
-        });
+        };
+        if (!std::is_sorted(rows.begin(), rows.end(), before))  // captures usually are: no sort
+            std::sort(rows.begin(), rows.end(), before);
         bucket.resize(n);
         for (std::size_t i = 0; i < n; ++i) {
             auto const r = static_cast<std::size_t>(rows[i]);
@@ -491,6 +517,15 @@ struct rank_key_index {
             }
         }
         start.push_back(n);
+        if (n == 0) return;
+        auto const [lo, hi] = std::minmax_element(kb.begin(), kb.end());
+        if (static_cast<std::uint64_t>(*hi) - static_cast<std::uint64_t>(*lo) < 4 * n + 64) {  // flags, no sort
+            std::vector<unsigned char> seen(static_cast<std::size_t>(*hi - *lo) + 1, 0);
+            for (auto c : kb) seen[static_cast<std::size_t>(c - *lo)] = 1;
+            for (std::size_t c = 0; c < seen.size(); ++c)
+                if (seen[c] != 0) present.push_back(*lo + static_cast<std::int64_t>(c));
+            return;
+        }
         present.assign(kb.begin(), kb.end());
         std::sort(present.begin(), present.end());
         present.erase(std::unique(present.begin(), present.end()), present.end());
@@ -506,10 +541,16 @@ struct rank_rows {
     std::span<std::int64_t const> position;
     index_t d = 0;
 
-    /// Kt(:, a) = H k_row (keys as columns: contiguous).
-    void rotated(index_t row, Eigen::MatrixXd& Kt, index_t a, Eigen::VectorXd& buf) const {
+    /// Kt(:, a) = k_row, the original key (keys as columns: contiguous).
+    void read(index_t row, Eigen::MatrixXd& Kt, index_t a, Eigen::VectorXd& buf) const {
         rows.read_row(row, buf.data());
-        if (!H.is_identity()) buf -= (H.gamma * H.u.dot(buf)) * H.u;
+        Kt.col(a) = buf;
+    }
+    /// Kt(:, a) ← H Kt(:, a).
+    void rotate(Eigen::MatrixXd& Kt, index_t a, Eigen::VectorXd& buf) const {
+        if (H.is_identity()) return;
+        buf = Kt.col(a);
+        buf -= (H.gamma * H.u.dot(buf)) * H.u;
         Kt.col(a) = buf;
     }
 };
@@ -598,8 +639,9 @@ bool set_scores(rank_rows<Reader> const& kr, bucket_semantics const& bm, std::ve
     auto const m = static_cast<index_t>(rows.size());
     Kt.resize(kr.d, m);
     buf.resize(kr.d);
+    for (index_t a = 0; a < m; ++a) kr.read(rows[static_cast<std::size_t>(a)], Kt, a, buf);  // the loads overlap
     for (index_t a = 0; a < m; ++a) {
-        kr.rotated(rows[static_cast<std::size_t>(a)], Kt, a, buf);
+        kr.rotate(Kt, a, buf);
         for (index_t c = 0; c < a; ++c)
             if (Kt.col(a) == Kt.col(c)) return false;
     }
