@@ -2,14 +2,24 @@
 # qkgeom benchmarks: configure a Release build with the benchmarks, run them
 # with JSON output and print the ratio table of docs/performance.md.
 #
-#   scripts/bench.sh [--quick] [--native] [--no-cli] [--build-dir DIR] [-- extra benchmark flags]
+#   scripts/bench.sh [--quick] [--native] [--no-cli] [--build-dir DIR] [--toolkit DIR] [-- extra benchmark flags]
 #
-#   --quick      a 2-layer model (24 heads) instead of 300 heads, no 64K dense case
+#   --quick      a 2-layer model (24 heads) instead of 300 heads, no 64K dense case,
+#                4 heads in the toolkit comparison
 #   --native     also compile the benchmarks with -march=native (QKGEOM_BENCH_NATIVE)
 #   --no-cli     skip the peak-memory run of `qkgeom analyze` (/usr/bin/time -v)
 #   --no-build   use the binaries already built in the build directory
+#   --toolkit DIR  a checkout of viktor-shcherb/attention-plasticity (or set
+#                QKGEOM_TOOLKIT_DIR): CPU per head against `qkgeom analyze -j 1`
+#                (benchmarks/toolkit_compare.py, docs/benchmarks-toolkit.md);
+#                without it that step prints SKIPPED. QKGEOM_TOOLKIT_PYTHON: the
+#                interpreter with the toolkit's numpy/scipy/pandas/pyyaml.
 #
-# Output: DIR/bench.json (raw Google Benchmark JSON) and the table on stdout.
+# After the table: the LibTorch benchmarks (qkgeom_bench_torch, built where
+# LibTorch is found; CUDA cases print "no CUDA device: skipped" without a GPU)
+# and the toolkit comparison.
+# Output: DIR/bench.json (raw Google Benchmark JSON), DIR/bench_torch.json and
+# the table on stdout.
 # Timings are only meaningful on an otherwise idle machine: the script prints
 # the load average before it starts and the table repeats it.
 set -euo pipefail
@@ -27,6 +37,7 @@ while [ $# -gt 0 ]; do
     --no-cli) cli=0 ;;
     --no-build) build_it=0 ;;
     --build-dir) build="$2"; shift ;;
+    --toolkit) export QKGEOM_TOOLKIT_DIR="$2"; shift ;;
     --) shift; extra=("$@"); break ;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -37,7 +48,11 @@ jobs="$(nproc 2>/dev/null || echo 2)"
 if [ "$build_it" = 1 ]; then
   cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DQKGEOM_BUILD_BENCHMARKS=ON \
     -DQKGEOM_BUILD_EXAMPLES=ON -DQKGEOM_BENCH_NATIVE="$native" >/dev/null
-  cmake --build "$build" -j"$jobs" --target qkgeom_bench qkgeom_cli
+  targets=(qkgeom_bench qkgeom_cli)
+  if [ "$(cat "$build/benchmarks/qkgeom_bench_torch.enabled" 2>/dev/null)" = ON ]; then
+    targets+=(qkgeom_bench_torch)
+  fi
+  cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 fi
 
 filter='.'
@@ -66,3 +81,26 @@ elif [ "$cli" = 1 ]; then
   echo "bench.sh: peak memory not measured (needs /usr/bin/time: apt-get install time)" >&2
 fi
 python3 "$here/benchmarks/summarise.py" "$build/bench.json" "${rss[@]}"
+
+# The LibTorch adapter on its devices: GEMM rate, device moments, Gram
+# plasticity (benchmarks/bench_torch.cpp). Without CUDA the CUDA cases say so.
+torch_bench="$build/benchmarks/qkgeom_bench_torch"
+if [ -x "$torch_bench" ]; then
+  echo
+  echo "LibTorch adapter (qkgeom_bench_torch; ratios to the same device's torch::mm rate):"
+  tfilter='.'
+  if [ "$quick" = 1 ]; then tfilter='-keys:16384'; fi
+  "$torch_bench" --benchmark_format=console --benchmark_out="$build/bench_torch.json" \
+    --benchmark_out_format=json "--benchmark_filter=$tfilter" 2>&1 | sed 's/^/  /'
+else
+  echo
+  echo "LibTorch adapter benchmarks: SKIPPED — qkgeom_bench_torch not built (LibTorch not found)"
+fi
+
+# Against the thesis toolkit (skipped, visibly, without a checkout of it).
+echo
+heads=8
+if [ "$quick" = 1 ]; then heads=4; fi
+tk=(--build-dir "$build" --heads "$heads")
+if [ -f "$QKGEOM_BENCH_DIR/manifest.json" ]; then tk+=(--dataset "$QKGEOM_BENCH_DIR"); fi
+python3 "$here/benchmarks/toolkit_compare.py" "${tk[@]}"
