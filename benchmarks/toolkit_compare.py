@@ -233,7 +233,11 @@ def find_program(explicit, build_dir, rel):
 
 
 def report(res, n_heads, rev, q_cpu, q_runs, q_ap, shape):
-    load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            load = f.read().split()[:3]
+    except OSError:
+        load = ["?"]
     pipe = sum(h["cpu_s"] for h in res["heads"])
     tk = pipe / n_heads
     qk = q_cpu / n_heads
