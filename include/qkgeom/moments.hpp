@@ -37,6 +37,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace qkgeom {
@@ -311,16 +312,17 @@ inline bool any_out_of_range(double const* x, index_t n) noexcept {
 }
 
 /// The f32 storage of a reader whose rows are contiguous f32 values
-/// (`matrix_view<float>` with column stride 1), else nullptr: the paths that
+/// (`matrix_view<float>` with column stride 1) and its row stride, else
+/// {nullptr, 0}: the paths that
 /// scan and widen such rows with the dispatched kernels.
 template <class R>
-[[nodiscard]] float const* contiguous_f32(R const& r) noexcept {
+[[nodiscard]] std::pair<float const*, index_t> contiguous_f32(R const& r) noexcept {
     if constexpr (std::is_same_v<R, matrix_view<float>>) {
-        return r.col_stride() == 1 ? r.data() : nullptr;
+        if (r.col_stride() == 1) return {r.data(), r.row_stride()};
     } else {
         (void)r;
-        return nullptr;
     }
+    return {nullptr, 0};
 }
 
 /// Validates one batch (rows, positions, buckets) before anything is mutated
@@ -354,10 +356,10 @@ void check_batch(std::string_view where, index_t d, R const& r, P const& p, B co
             if ((*b)[i] < 0) fail_arg(where, "buckets: negative bucket at row " + std::to_string(i), (*b)[i]);
     if (!values) return;
     std::vector<double> row(static_cast<std::size_t>(d));
-    if (auto const* f = contiguous_f32(r)) {  // f32: finite ⇔ |x| < 2^128; scan the floats themselves
+    if (auto const [f, ld] = contiguous_f32(r); f != nullptr) {  // f32: finite ⇔ |x| < 2^128; scan the floats
         simd::isa const level = simd::active();
         for (index_t i = 0; i < r.rows(); ++i)
-            if (mom::any_nonfinite_f32(level, f + i * r.row_stride(), d)) {
+            if (mom::any_nonfinite_f32(level, f + i * ld, d)) {
                 r.read_row(i, row.data());
                 fail_out_of_range(where, r.dtype(), i, row.data(), d);
             }
@@ -377,14 +379,14 @@ void absorb_rows(moments& m, R const& r, P const& p, std::span<index_t const> id
     std::vector<double> xb(static_cast<std::size_t>(B * d));
     std::vector<double> tb(static_cast<std::size_t>(B));
     Eigen::MatrixXd scratch;
-    float const* const f32 = contiguous_f32(r);  // f32 rows: widened by the dispatched kernel
+    auto const [f32, ld] = contiguous_f32(r);  // f32 rows: widened by the dispatched kernel
     simd::isa const level = simd::active();
     auto const total = static_cast<index_t>(idx.size());
     for (index_t s = 0; s < total; s += B) {
         index_t const nb = std::min(B, total - s);
         for (index_t i = 0; i < nb; ++i) {
             index_t const row = idx[static_cast<std::size_t>(s + i)];
-            if (f32 != nullptr) mom::widen_f32(level, f32 + row * r.row_stride(), xb.data() + i * d, d);
+            if (f32 != nullptr) mom::widen_f32(level, f32 + row * ld, xb.data() + i * d, d);
             else r.read_row(row, xb.data() + i * d);
             tb[static_cast<std::size_t>(i)] = static_cast<double>(p[row]);
         }
