@@ -262,37 +262,28 @@ QKGEOM_ALWAYS_INLINE void tile_avx2(double const* a, double const* b, index_t nb
 /// Row panels per tile for the n panels left in a column: 3s, ending 2+2 or 2.
 [[nodiscard]] constexpr int tile_panels(index_t n) noexcept { return n == 1 ? 1 : (n == 2 || n == 4) ? 2 : 3; }
 
-QKGEOM_TARGET("avx512f")
-inline void syrk_avx512(double const* pk, index_t nb, index_t d, double* c, index_t ldc) {
-    index_t const np = (d + 7) / 8, ps = nb * 8;
-    for (index_t q = 0; q < np; ++q) {
-        for (index_t p = q; p < np;) {
-            int const mv = tile_panels(np - p);
-            double const* a = pk + p * ps;
-            double const* b = pk + q * ps;
-            if (mv == 3) tile_avx512<3>(a, b, nb, ps, c, ldc, p * 8, q * 8, d);
-            else if (mv == 2) tile_avx512<2>(a, b, nb, ps, c, ldc, p * 8, q * 8, d);
-            else tile_avx512<1>(a, b, nb, ps, c, ldc, p * 8, q * 8, d);
-            p += mv;
-        }
-    }
+/// The lower-triangle tiles of the packed block at one level: W doubles per
+/// panel, TILE the level's register tile (one definition per level, as
+/// QKGEOM_MOM_CENTRE_PACK: the body must carry its level's target attribute).
+#define QKGEOM_MOM_SYRK(NAME, TARGET_STRING, W, TILE)                                                                 \
+QKGEOM_TARGET(TARGET_STRING)                                                                                  \
+inline void NAME(double const* pk, index_t nb, index_t d, double* c, index_t ldc) {                                 \
+    index_t const np = (d + (W) - 1) / (W), ps = nb * (W);                                                          \
+    for (index_t q = 0; q < np; ++q) {                                                                              \
+        for (index_t p = q; p < np;) {                                                                              \
+            int const mv = tile_panels(np - p);                                                                     \
+            double const* a = pk + p * ps;                                                                          \
+            double const* b = pk + q * ps;                                                                          \
+            if (mv == 3) TILE<3>(a, b, nb, ps, c, ldc, p * (W), q * (W), d);                                        \
+            else if (mv == 2) TILE<2>(a, b, nb, ps, c, ldc, p * (W), q * (W), d);                                   \
+            else TILE<1>(a, b, nb, ps, c, ldc, p * (W), q * (W), d);                                                \
+            p += mv;                                                                                                \
+        }                                                                                                           \
+    }                                                                                                               \
 }
-
-QKGEOM_TARGET("avx2,fma")
-inline void syrk_avx2(double const* pk, index_t nb, index_t d, double* c, index_t ldc) {
-    index_t const np = (d + 3) / 4, ps = nb * 4;
-    for (index_t q = 0; q < np; ++q) {
-        for (index_t p = q; p < np;) {
-            int const mv = tile_panels(np - p);
-            double const* a = pk + p * ps;
-            double const* b = pk + q * ps;
-            if (mv == 3) tile_avx2<3>(a, b, nb, ps, c, ldc, p * 4, q * 4, d);
-            else if (mv == 2) tile_avx2<2>(a, b, nb, ps, c, ldc, p * 4, q * 4, d);
-            else tile_avx2<1>(a, b, nb, ps, c, ldc, p * 4, q * 4, d);
-            p += mv;
-        }
-    }
-}
+QKGEOM_MOM_SYRK(syrk_avx512, "avx512f", 8, tile_avx512)
+QKGEOM_MOM_SYRK(syrk_avx2, "avx2,fma", 4, tile_avx2)
+#undef QKGEOM_MOM_SYRK
 
 /// f32 → f64 of n values (the reading of a block's rows).
 QKGEOM_TARGET("avx512f")
