@@ -310,7 +310,7 @@ inline void orthant_integrand(orthant_work const& w, double e0, double const* x,
     constexpr int W = rank_lanes;
     int const n = w.n;
     std::array<double, 64 * W> y;
-    std::array<double, W> prod, t, u, q;
+    std::array<double, W> prod, t, u, q, ev;
     prod.fill(1.0);
     for (int k = 0; k < n; ++k) {
         double const* const Lk = w.L.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(n);
@@ -328,13 +328,14 @@ inline void orthant_integrand(orthant_work const& w, double e0, double const* x,
             }
             continue;
         }
-        double const* const xk = x + static_cast<std::size_t>(k) * W;
         for (std::size_t l = 0; l < W; ++l) {
-            double const e = k == 0 ? e0 : preference_probability(t[l] * w.inv[static_cast<std::size_t>(k)]);
-            prod[l] *= e;
-            u[l] = std::clamp(xk[l] * e, std::numeric_limits<double>::min(), 1.0 - 0x1p-53);
+            ev[l] = k == 0 ? e0 : preference_probability(t[l] * w.inv[static_cast<std::size_t>(k)]);
+            prod[l] *= ev[l];
         }
-        if (k + 1 == n) break;
+        if (k + 1 == n) break;  // the last variable has no coordinate in x (n − 1 of them)
+        double const* const xk = x + static_cast<std::size_t>(k) * W;
+        for (std::size_t l = 0; l < W; ++l)
+            u[l] = std::clamp(xk[l] * ev[l], std::numeric_limits<double>::min(), 1.0 - 0x1p-53);
         for (std::size_t l = 0; l < W; ++l) {
             q[l] = u[l] - 0.5;
             yk[l] = rank_quantile_central(q[l]);  // every lane (straight code), then the tails
