@@ -53,9 +53,10 @@ void moments_counters(benchmark::State& st, index_t n, index_t d) {
     st.SetBytesProcessed(std::int64_t(st.iterations()) * std::int64_t(n) * d * 4);
 }
 
-/// Throughput: one kind of one realistic head (8,192 rows, 16 buckets), f32 in.
-void bm_moments_accumulate(benchmark::State& st) {
-    index_t const n = 8192, d = index_t(st.range(0));
+/// The timed loop of the moments benchmarks: one kind of one realistic head
+/// (8,192 rows of d, 16 buckets), f32 in.
+void run_moments(benchmark::State& st, index_t d) {
+    index_t const n = 8192;
     auto const c = make_capture(n, d);
     for (auto _ : st) {
         qkgeom::bucketed_moments bm(d);
@@ -64,6 +65,17 @@ void bm_moments_accumulate(benchmark::State& st) {
     }
     moments_counters(st, n, d);
 }
+
+/// Whether `level` is the active one under the caller's scoped_limit; false (and an error row) when
+/// QKGEOM_ISA caps it below the level asked for.
+bool at_level(benchmark::State& st, qkgeom::simd::isa level) {
+    if (qkgeom::simd::active() == level) return true;
+    st.SkipWithError("level capped by QKGEOM_ISA");
+    return false;
+}
+
+/// Throughput: one kind of one realistic head (8,192 rows, 16 buckets), f32 in.
+void bm_moments_accumulate(benchmark::State& st) { run_moments(st, index_t(st.range(0))); }
 BENCHMARK(bm_moments_accumulate)->ArgName("d")->Arg(64)->Arg(128)->Unit(benchmark::kMicrosecond);
 
 /// The double-precision FMA peak of one level: independent FMA chains
@@ -71,10 +83,7 @@ BENCHMARK(bm_moments_accumulate)->ArgName("d")->Arg(64)->Arg(128)->Unit(benchmar
 /// when QKGEOM_ISA caps the level below the one asked for.
 void bm_fma_peak(benchmark::State& st, qkgeom::simd::isa level) {
     qkgeom::simd::scoped_limit const cap(level);
-    if (qkgeom::simd::active() != level) {
-        st.SkipWithError("level capped by QKGEOM_ISA");
-        return;
-    }
+    if (!at_level(st, level)) return;
     double flops = 0;
     for (auto _ : st) {
         auto const r = qkgeom::simd::fma_peak_probe(1 << 16);
@@ -87,18 +96,7 @@ void bm_fma_peak(benchmark::State& st, qkgeom::simd::isa level) {
 /// bm_moments_accumulate at one level (simd::scoped_limit).
 void bm_moments_isa(benchmark::State& st, qkgeom::simd::isa level, index_t d) {
     qkgeom::simd::scoped_limit const cap(level);
-    if (qkgeom::simd::active() != level) {
-        st.SkipWithError("level capped by QKGEOM_ISA");
-        return;
-    }
-    index_t const n = 8192;
-    auto const c = make_capture(n, d);
-    for (auto _ : st) {
-        qkgeom::bucketed_moments bm(d);
-        bm.add(c.x, c.t, c.bucket);
-        benchmark::DoNotOptimize(bm.buckets.begin()->second.c_xx.data());
-    }
-    moments_counters(st, n, d);
+    if (at_level(st, level)) run_moments(st, d);
 }
 
 /// Registers bm_fma_peak/<level> and bm_moments_isa/<level>/d:{64,128} for
