@@ -92,6 +92,15 @@ struct vec512 {
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type fmadd(type a, type b, type c) noexcept {
         return _mm512_fmadd_pd(a, b, c);
     }
+    /// p[l] += v[l] for the lanes l set in the bit mask m (unaligned p).
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE void add_to(double* p, unsigned m, type v) noexcept {
+        if (m == 0xffu) {
+            _mm512_storeu_pd(p, _mm512_add_pd(_mm512_loadu_pd(p), v));
+        } else if (m != 0u) {
+            auto const mk = static_cast<__mmask8>(m);
+            _mm512_mask_storeu_pd(p, mk, _mm512_add_pd(_mm512_maskz_loadu_pd(mk, p), v));
+        }
+    }
 };
 
 /// The same for ymm (4 doubles, AVX2 + FMA).
@@ -112,6 +121,15 @@ struct vec256 {
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm256_mul_pd(a, b); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type fmadd(type a, type b, type c) noexcept {
         return _mm256_fmadd_pd(a, b, c);
+    }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE void add_to(double* p, unsigned m, type v) noexcept {
+        if (m == 0xfu) {
+            _mm256_storeu_pd(p, _mm256_add_pd(_mm256_loadu_pd(p), v));
+        } else if (m != 0u) {
+            __m256i const mk = _mm256_setr_epi64x(-std::int64_t(m & 1u), -std::int64_t((m >> 1) & 1u),
+                                                  -std::int64_t((m >> 2) & 1u), -std::int64_t((m >> 3) & 1u));
+            _mm256_maskstore_pd(p, mk, _mm256_add_pd(_mm256_maskload_pd(p, mk), v));
+        }
     }
 };
 
@@ -175,89 +193,41 @@ QKGEOM_MOM_CENTRE_PACK(centre_pack_avx512, "avx512f", vec512)
 QKGEOM_MOM_CENTRE_PACK(centre_pack_avx2, "avx2,fma", vec256)
 #undef QKGEOM_MOM_CENTRE_PACK
 
-/// One AVX-512 register tile: rows i0 … i0+8·MV of the column panel at `b`
-/// (8 columns from j0), accumulated over the nb rows, added to C under the mask.
-template <int MV>
-QKGEOM_TARGET("avx512f")
-QKGEOM_ALWAYS_INLINE void tile_avx512(double const* a, double const* b, index_t nb, index_t ps, double* c,
-                                      index_t ldc, index_t i0, index_t j0, index_t d) {
-    __m512d acc[8][MV];
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j)
-#pragma GCC unroll 3
-        for (int v = 0; v < MV; ++v) acc[j][v] = _mm512_setzero_pd();
-    for (index_t k = 0; k < nb; ++k) {
-        __m512d av[MV];
-#pragma GCC unroll 3
-        for (int v = 0; v < MV; ++v) av[v] = _mm512_load_pd(a + v * ps + k * 8);
-        double const* bk = b + k * 8;
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-            __m512d const bj = _mm512_set1_pd(bk[j]);
-#pragma GCC unroll 3
-            for (int v = 0; v < MV; ++v) acc[j][v] = _mm512_fmadd_pd(av[v], bj, acc[j][v]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-        index_t const col = j0 + j;
-        if (col >= d) break;
-#pragma GCC unroll 3
-        for (int v = 0; v < MV; ++v) {
-            index_t const ii = i0 + 8 * v;
-            unsigned const m = lane_mask(ii, col, d, 8);
-            double* cc = c + col * ldc + ii;
-            if (m == 0xffu) {
-                _mm512_storeu_pd(cc, _mm512_add_pd(_mm512_loadu_pd(cc), acc[j][v]));
-            } else if (m != 0u) {
-                auto const mk = static_cast<__mmask8>(m);
-                _mm512_mask_storeu_pd(cc, mk, _mm512_add_pd(_mm512_maskz_loadu_pd(mk, cc), acc[j][v]));
-            }
-        }
-    }
+/// One register tile at a level (V = vec512: 8 columns of zmm; vec256: 4 of
+/// ymm): rows i0 … i0 + W·MV of the column panel at `b` (W columns from j0),
+/// accumulated over the nb rows, added to C under the triangle mask (one
+/// definition per level, as QKGEOM_MOM_CENTRE_PACK).
+#define QKGEOM_MOM_TILE(NAME, TARGET_STRING, V)                                                                       \
+template <int MV>                                                                                                     \
+QKGEOM_TARGET(TARGET_STRING)                                                                                          \
+QKGEOM_ALWAYS_INLINE void NAME(double const* a, double const* b, index_t nb, index_t ps, double* c, index_t ldc,      \
+                               index_t i0, index_t j0, index_t d) {                                                   \
+    using T = typename V::type;                                                                                       \
+    constexpr int W = V::w;                                                                                           \
+    T acc[W][MV];                                                                                                     \
+    _Pragma("GCC unroll 8") for (int j = 0; j < W; ++j)                                                               \
+        _Pragma("GCC unroll 3") for (int v = 0; v < MV; ++v) acc[j][v] = V::zero();                                   \
+    for (index_t k = 0; k < nb; ++k) {                                                                                \
+        T av[MV];                                                                                                     \
+        _Pragma("GCC unroll 3") for (int v = 0; v < MV; ++v) av[v] = V::load(a + v * ps + k * W);                     \
+        double const* bk = b + k * W;                                                                                 \
+        _Pragma("GCC unroll 8") for (int j = 0; j < W; ++j) {                                                         \
+            T const bj = V::set1(bk[j]);                                                                              \
+            _Pragma("GCC unroll 3") for (int v = 0; v < MV; ++v) acc[j][v] = V::fmadd(av[v], bj, acc[j][v]);          \
+        }                                                                                                             \
+    }                                                                                                                 \
+    _Pragma("GCC unroll 8") for (int j = 0; j < W; ++j) {                                                             \
+        index_t const col = j0 + j;                                                                                   \
+        if (col >= d) break;                                                                                          \
+        _Pragma("GCC unroll 3") for (int v = 0; v < MV; ++v) {                                                        \
+            index_t const ii = i0 + W * v;                                                                            \
+            V::add_to(c + col * ldc + ii, lane_mask(ii, col, d, W), acc[j][v]);                                       \
+        }                                                                                                             \
+    }                                                                                                                 \
 }
-
-/// One AVX2 register tile: rows i0 … i0+4·MV, 4 columns from j0.
-template <int MV>
-QKGEOM_TARGET("avx2,fma")
-QKGEOM_ALWAYS_INLINE void tile_avx2(double const* a, double const* b, index_t nb, index_t ps, double* c, index_t ldc,
-                                    index_t i0, index_t j0, index_t d) {
-    __m256d acc[4][MV];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j)
-#pragma GCC unroll 3
-        for (int v = 0; v < MV; ++v) acc[j][v] = _mm256_setzero_pd();
-    for (index_t k = 0; k < nb; ++k) {
-        __m256d av[MV];
-#pragma GCC unroll 3
-        for (int v = 0; v < MV; ++v) av[v] = _mm256_load_pd(a + v * ps + k * 4);
-        double const* bk = b + k * 4;
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) {
-            __m256d const bj = _mm256_broadcast_sd(bk + j);
-#pragma GCC unroll 3
-            for (int v = 0; v < MV; ++v) acc[j][v] = _mm256_fmadd_pd(av[v], bj, acc[j][v]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-        index_t const col = j0 + j;
-        if (col >= d) break;
-#pragma GCC unroll 3
-        for (int v = 0; v < MV; ++v) {
-            index_t const ii = i0 + 4 * v;
-            unsigned const m = lane_mask(ii, col, d, 4);
-            double* cc = c + col * ldc + ii;
-            if (m == 0xfu) {
-                _mm256_storeu_pd(cc, _mm256_add_pd(_mm256_loadu_pd(cc), acc[j][v]));
-            } else if (m != 0u) {
-                __m256i const mk = _mm256_setr_epi64x(-std::int64_t(m & 1u), -std::int64_t((m >> 1) & 1u),
-                                                      -std::int64_t((m >> 2) & 1u), -std::int64_t((m >> 3) & 1u));
-                _mm256_maskstore_pd(cc, mk, _mm256_add_pd(_mm256_maskload_pd(cc, mk), acc[j][v]));
-            }
-        }
-    }
-}
+QKGEOM_MOM_TILE(tile_avx512, "avx512f", vec512)
+QKGEOM_MOM_TILE(tile_avx2, "avx2,fma", vec256)
+#undef QKGEOM_MOM_TILE
 
 /// Row panels per tile for the n panels left in a column: 3s, ending 2+2 or 2.
 [[nodiscard]] constexpr int tile_panels(index_t n) noexcept { return n == 1 ? 1 : (n == 2 || n == 4) ? 2 : 3; }
