@@ -387,39 +387,28 @@ inline double probe_sse2(std::int64_t it, double a, double b) noexcept {
     return out[0] + out[1];
 }
 
-QKGEOM_TARGET("avx2,fma")
-inline double probe_avx2(std::int64_t it, double a, double b) noexcept {
-    __m256d acc[12];
-    __m256d const va = _mm256_set1_pd(a), vb = _mm256_set1_pd(b);
-#pragma GCC unroll 12
-    for (int u = 0; u < 12; ++u) acc[u] = _mm256_set1_pd(1e-3 * u);
-    for (std::int64_t i = 0; i < it; ++i)
-#pragma GCC unroll 12
-        for (int u = 0; u < 12; ++u) acc[u] = _mm256_fmadd_pd(acc[u], va, vb);
-    __m256d s = acc[0];
-#pragma GCC unroll 12
-    for (int u = 1; u < 12; ++u) s = _mm256_add_pd(s, acc[u]);
-    double out[4];
-    _mm256_storeu_pd(out, s);
-    return out[0] + out[1] + out[2] + out[3];
+/// N independent chains x ← x·a + b of V's width, fused (one definition per
+/// level, as QKGEOM_MOM_CENTRE_PACK).
+#define QKGEOM_MOM_PROBE(NAME, TARGET_STRING, V, N)                                                                   \
+QKGEOM_TARGET(TARGET_STRING)                                                                                          \
+inline double NAME(std::int64_t it, double a, double b) noexcept {                                                   \
+    using T = typename V::type;                                                                                       \
+    T acc[N];                                                                                                         \
+    T const va = V::set1(a), vb = V::set1(b);                                                                         \
+    _Pragma("GCC unroll 24") for (int u = 0; u < (N); ++u) acc[u] = V::set1(1e-3 * u);                                \
+    for (std::int64_t i = 0; i < it; ++i)                                                                             \
+        _Pragma("GCC unroll 24") for (int u = 0; u < (N); ++u) acc[u] = V::fmadd(acc[u], va, vb);                     \
+    T s = acc[0];                                                                                                     \
+    _Pragma("GCC unroll 24") for (int u = 1; u < (N); ++u) s = V::add(s, acc[u]);                                    \
+    alignas(64) double out[8];                                                                                        \
+    V::store(out, s);                                                                                                 \
+    double r = 0;                                                                                                     \
+    for (int l = 0; l < V::w; ++l) r += out[l];                                                                       \
+    return r;                                                                                                         \
 }
-
-QKGEOM_TARGET("avx512f")
-inline double probe_avx512(std::int64_t it, double a, double b) noexcept {
-    __m512d acc[24];
-    __m512d const va = _mm512_set1_pd(a), vb = _mm512_set1_pd(b);
-#pragma GCC unroll 24
-    for (int u = 0; u < 24; ++u) acc[u] = _mm512_set1_pd(1e-3 * u);
-    for (std::int64_t i = 0; i < it; ++i)
-#pragma GCC unroll 24
-        for (int u = 0; u < 24; ++u) acc[u] = _mm512_fmadd_pd(acc[u], va, vb);
-    __m512d s = acc[0];
-#pragma GCC unroll 24
-    for (int u = 1; u < 24; ++u) s = _mm512_add_pd(s, acc[u]);
-    double out[8];
-    _mm512_storeu_pd(out, s);
-    return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
-}
+QKGEOM_MOM_PROBE(probe_avx2, "avx2,fma", qkgeom::detail::mom::vec256, 12)
+QKGEOM_MOM_PROBE(probe_avx512, "avx512f", qkgeom::detail::mom::vec512, 24)
+#undef QKGEOM_MOM_PROBE
 #endif
 
 }  // namespace detail
