@@ -361,6 +361,83 @@ TEST_CASE("split: off leaves every plasticity output unchanged; no reference buc
 
 namespace {
 
+/// |a − b| ≤ tol·|b| for every field of every split bucket (or both NaN), and
+/// the same counts: the dense Gram path's split against the direct path's.
+void check_same_split(plasticity_result const& a, plasticity_result const& b, double tol) {
+    REQUIRE(a.split.status == b.split.status);
+    CHECK(a.split.n_pairs_degenerate == b.split.n_pairs_degenerate);
+    REQUIRE(a.split.profile.size() == b.split.profile.size());
+    auto close = [tol](double x, double y) {
+        return (std::isnan(x) && std::isnan(y)) || std::abs(x - y) <= tol * std::abs(y);
+    };
+    for (std::size_t i = 0; i < a.split.profile.size(); ++i) {
+        auto const& x = a.split.profile[i];
+        auto const& y = b.split.profile[i];
+        CHECK(close(x.pos_mean_rms, y.pos_mean_rms));
+        CHECK(close(x.content_mean_rms, y.content_mean_rms));
+        CHECK(close(x.pos_var, y.pos_var));
+        CHECK(close(x.content_var, y.content_var));
+        CHECK(close(x.ap, y.ap));
+        CHECK(close(x.ap_no_drift, y.ap_no_drift));
+        CHECK(close(x.ap_frozen_content, y.ap_frozen_content));
+        CHECK(close(x.ap_neither, y.ap_neither));
+    }
+    for (auto [x, y] : {std::pair{a.split.ap_drop_bias, b.split.ap_drop_bias},
+                        std::pair{a.split.ap_drop_content, b.split.ap_drop_content},
+                        std::pair{a.split.ap_drop_neither, b.split.ap_drop_neither}})
+        CHECK(std::abs(x - y) <= tol);
+}
+
+}  // namespace
+
+TEST_CASE("split: the dense Gram path gives the direct path's split (d = 13, diag, full, global_linear)", "[split]") {
+    planted p;
+    p.d = 13;  // content sums of 12 coordinates: the vector blocks and the scalar tail
+    p.mu = Eigen::VectorXd::LinSpaced(12, -0.6, 0.9);
+    p.beta = 0.004;
+    p.same_keys = false;
+    p.per_group = 60;  // ≥ dense_min_keys (48): every group on the Gram path
+    p.n_ex = 2;
+    p.var_of = [](std::int64_t b) { return 0.3 * std::pow(0.7, double(b)); };
+    plasticity_options direct, tiles;
+    direct.dense_min_keys = std::int64_t{1} << 40;  // every pair by the direct path
+    tiles.tile_keys = 16;                            // several tiles per group, off-diagonal ones too
+    auto both = [&](qkgeom::householder_result const& m) {
+        auto const k = keys_of(p);
+        auto const f = facts_of(p);
+        auto const ref = qkgeom::attention_plasticity(m, k, f, qkgeom::head_id{0, 0, 0}, direct);
+        REQUIRE(ref.split.status == split_status::computed);
+        REQUIRE(ref.n_pairs > 1000);
+        check_same_split(qkgeom::attention_plasticity(m, k, f, qkgeom::head_id{0, 0, 0}), ref, 1e-12);
+        check_same_split(qkgeom::attention_plasticity(m, k, f, qkgeom::head_id{0, 0, 0}, tiles), ref, 1e-12);
+        return ref;
+    };
+    SECTION("diag") {
+        auto const r = both(model_of(p));
+        CHECK(std::abs(r.split.ap_drop_content) > 0.01);  // the frozen model differs from the actual one
+    }
+    SECTION("full: correlated Σ_b (the frozen Gram tile with Σ_ref)") {
+        auto m = model_of(p);
+        m.model = qkgeom::semantic_model::full;
+        std::mt19937_64 gen(9);
+        std::normal_distribution<double> nd;
+        Eigen::MatrixXd A(12, 12);
+        for (index_t i = 0; i < A.size(); ++i) A.data()[i] = 0.2 * nd(gen);
+        for (auto& s : m.buckets)
+            s.cov = s.var(1) * (A * A.transpose() + Eigen::MatrixXd::Identity(12, 12));
+        auto const r = both(m);
+        CHECK(std::abs(r.split.ap_drop_content) > 0.01);
+    }
+    SECTION("global_linear: the frozen model is the actual one") {
+        auto m = model_of(p);
+        m.model = qkgeom::semantic_model::global_linear;
+        auto const r = both(m);
+        CHECK(std::abs(r.split.ap_drop_content) <= 1e-14);
+    }
+}
+
+namespace {
+
 syn::head_capture synthetic_head(double q_slope, double noise_ramp, double bucket_mean_scale, std::uint64_t seed) {
     syn::layer_spec L;
     L.d = 12;

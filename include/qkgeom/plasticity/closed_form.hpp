@@ -46,70 +46,80 @@ struct cell_acc {
     split_acc split;  ///< the split pass (docs/beyond-split.md), when the bucket's split model is on
 };
 
-/// PP of a counterfactual (m, v): the closed form when v > 0; v ≤ 0 (the
-/// counterfactual variance vanishes along δ) gives the limit PP = 0 for
-/// m ≠ 0 and PP = 1 (a tie) for m = 0, counted in `degenerate`.
-inline double split_pp(double m, double v, std::int64_t& degenerate) noexcept {
-    if (v > 0) return pairwise_plasticity(m / std::sqrt(v));
+/// PP of a counterfactual (m, v) with v ≤ 0 (the counterfactual variance
+/// vanishes along δ): the limit PP = 0 for m ≠ 0 and PP = 1 (a tie) for
+/// m = 0, counted in `degenerate`. (v > 0: the closed form.)
+inline double split_degenerate_pp(double m, std::int64_t& degenerate) noexcept {
     ++degenerate;
     return m == 0 ? 1.0 : 0.0;
 }
 
-/// Content sums over l = 1..d−1 of δ = a − b: Σ w δ, Σ s2 δ², Σ wf δ, Σ s2f δ²
-/// (two lanes × two partial sums each, then the scalar tail).
-inline void split_content_sums(double const* a, double const* b, double const* w, double const* s2,
-                               double const* wf, double const* s2f, index_t d, double out[4]) noexcept {
-    double m = 0, v = 0, mf = 0, vf = 0;
-    index_t l = 1;
-#ifdef QKGEOM_DETAIL_SPLIT_SSE2
-    __m128d m0 = _mm_setzero_pd(), v0 = m0, f0 = m0, g0 = m0, m1 = m0, v1 = m0, f1 = m0, g1 = m0;
-    for (; l + 4 <= d; l += 4) {
-        __m128d const d0 = _mm_sub_pd(_mm_loadu_pd(a + l), _mm_loadu_pd(b + l));
-        __m128d const d1 = _mm_sub_pd(_mm_loadu_pd(a + l + 2), _mm_loadu_pd(b + l + 2));
-        __m128d const q0 = _mm_mul_pd(d0, d0), q1 = _mm_mul_pd(d1, d1);
-        m0 = _mm_add_pd(m0, _mm_mul_pd(_mm_loadu_pd(w + l), d0));
-        m1 = _mm_add_pd(m1, _mm_mul_pd(_mm_loadu_pd(w + l + 2), d1));
-        v0 = _mm_add_pd(v0, _mm_mul_pd(_mm_loadu_pd(s2 + l), q0));
-        v1 = _mm_add_pd(v1, _mm_mul_pd(_mm_loadu_pd(s2 + l + 2), q1));
-        f0 = _mm_add_pd(f0, _mm_mul_pd(_mm_loadu_pd(wf + l), d0));
-        f1 = _mm_add_pd(f1, _mm_mul_pd(_mm_loadu_pd(wf + l + 2), d1));
-        g0 = _mm_add_pd(g0, _mm_mul_pd(_mm_loadu_pd(s2f + l), q0));
-        g1 = _mm_add_pd(g1, _mm_mul_pd(_mm_loadu_pd(s2f + l + 2), q1));
-    }
-    alignas(16) double r[8];
-    _mm_store_pd(r, _mm_add_pd(m0, m1));
-    _mm_store_pd(r + 2, _mm_add_pd(v0, v1));
-    _mm_store_pd(r + 4, _mm_add_pd(f0, f1));
-    _mm_store_pd(r + 6, _mm_add_pd(g0, g1));
-    m = r[0] + r[1], v = r[2] + r[3], mf = r[4] + r[5], vf = r[6] + r[7];
-#endif
-    for (; l < d; ++l) {
-        double const dl = a[l] - b[l];
-        m += w[l] * dl;
-        v += s2[l] * (dl * dl);
-        mf += wf[l] * dl;
-        vf += s2f[l] * (dl * dl);
-    }
-    out[0] = m, out[1] = v, out[2] = mf, out[3] = vf;
-}
+/// The split pass's pending pairs (docs/beyond-split.md): per pair δ₁, the
+/// content sums c = (m_con, v_con, m_con,frozen, v_con,frozen) and the main
+/// PP ('act', not evaluated again). `flush` evaluates the counterfactual PPs
+/// of all of them in one batched (vectorised) call and adds the pairs to the
+/// sums in the order they were pushed.
+struct split_buffer {
+    std::vector<double> d1, mc, vc, mf, vf, act, z;
+    std::size_t n = 0;
 
-/// Records one pair in `acc` from δ₁ and the content sums c = (m_con, v_con,
-/// m_con,frozen, v_con,frozen): w0 = w_b[0], s0 = σ²_pos.
-inline void split_record(split_model const& sm, double d1, double w0, double s0, double const c[4], split_acc& acc) {
-    double const mpos = w0 * d1, vpos = s0 * (d1 * d1), mnd = sm.alpha_pos * d1;
-    double const v = vpos + c[1];
-    acc.act += split_pp(mpos + c[0], v, acc.degenerate);
-    acc.nd += split_pp(mnd + c[0], v, acc.degenerate);
-    if (sm.frozen) {
-        double const vf = vpos + c[3];
-        acc.fr += split_pp(mpos + c[2], vf, acc.degenerate);
-        acc.ne += split_pp(mnd + c[2], vf, acc.degenerate);
+    /// Room for `cap` pairs (never shrinks).
+    void reserve(std::size_t cap) {
+        if (d1.size() >= cap) return;
+        for (auto* v : {&d1, &mc, &vc, &mf, &vf, &act}) v->resize(cap);
+        z.resize(3 * cap);
     }
-    acc.mpos2 += mpos * mpos;
-    acc.mcon2 += c[0] * c[0];
-    acc.vpos += vpos;
-    acc.vcon += c[1];
-    ++acc.n;
+    void push(double delta1, double const c[4], double pp) noexcept {
+        d1[n] = delta1, mc[n] = c[0], vc[n] = c[1], mf[n] = c[2], vf[n] = c[3], act[n] = pp;
+        ++n;
+    }
+    void flush(split_model const& sm, double w0, double s0, bool same, split_acc& acc);
+};
+
+/// Adds the pending pairs to `acc` (w0 = w_b[0], s0 = σ²_pos; `same`: the
+/// frozen model is the actual one, fr = act and ne = nd) and empties the buffer.
+inline void split_buffer::flush(split_model const& sm, double w0, double s0, bool same, split_acc& acc) {
+    std::size_t const k = n;
+    if (k == 0) return;
+    n = 0;
+    bool const fro = sm.frozen && !same;
+    double const al = sm.alpha_pos;
+    double* const zn = z.data();
+    double* const zf = zn + k;
+    double* const ze = zf + k;
+    for (std::size_t i = 0; i < k; ++i) {  // v ≤ 0 gives ±inf or NaN here, replaced below
+        double const t = d1[i];
+        zn[i] = (al * t + mc[i]) / std::sqrt(s0 * (t * t) + vc[i]);
+    }
+    if (fro)
+        for (std::size_t i = 0; i < k; ++i) {
+            double const t = d1[i];
+            double const r = std::sqrt(s0 * (t * t) + vf[i]);
+            zf[i] = (w0 * t + mf[i]) / r;
+            ze[i] = (al * t + mf[i]) / r;
+        }
+    vpp::batch(zn, zn, fro ? 3 * k : k);
+    for (std::size_t i = 0; i < k; ++i) {
+        double const t = d1[i];
+        double const mpos = w0 * t, vpos = s0 * (t * t), mnd = al * t;
+        double const v = vpos + vc[i];
+        double const nd = v > 0 ? zn[i] : split_degenerate_pp(mnd + mc[i], acc.degenerate);
+        acc.act += act[i];
+        acc.nd += nd;
+        if (fro) {
+            bool const ok = vpos + vf[i] > 0;
+            acc.fr += ok ? zf[i] : split_degenerate_pp(mpos + mf[i], acc.degenerate);
+            acc.ne += ok ? ze[i] : split_degenerate_pp(mnd + mf[i], acc.degenerate);
+        } else if (sm.frozen) {
+            acc.fr += act[i];
+            acc.ne += v > 0 ? nd : split_degenerate_pp(mnd + mc[i], acc.degenerate);
+        }
+        acc.mpos2 += mpos * mpos;
+        acc.mcon2 += mc[i] * mc[i];
+        acc.vpos += vpos;
+        acc.vcon += vc[i];
+        ++acc.n;
+    }
 }
 
 /// The split bucket of query bucket `b`: `pooled` the sums over its pairs,
@@ -145,7 +155,27 @@ struct bucket_eval {
     double tau = nan;
     empirical_bucket emp;  ///< the cross-check (inactive without ≥ 2 query rows)
     split_model split;     ///< the counterfactual models of the split (off unless evaluate_plasticity sets it)
+
+    /// σ²_pos, the positional variance.
+    [[nodiscard]] double s0() const { return V.size() != 0 ? V(0, 0) : var(0); }
 };
+
+/// Whether the split's frozen content model of `e` is its actual one
+/// (global_linear; or equal values): then fr = act and ne = nd exactly, and
+/// neither is evaluated again. Computed once per bucket (split_model::same_state).
+inline bool split_same(bucket_eval const& e) {
+    split_model const& sm = e.split;
+    if (sm.same_state < 0) {
+        index_t const d = e.w.size();
+        bool same = sm.frozen && sm.pref == nullptr && sm.wf.size() == d && sm.wf == e.w;
+        if (same && e.V.size() != 0)
+            same = sm.covf.rows() == d - 1 && sm.covf.cols() == d - 1 && sm.covf == e.V.bottomRightCorner(d - 1, d - 1);
+        else if (same)
+            same = sm.covf.size() == 0 && sm.varf.size() == d && sm.varf == e.var;
+        sm.same_state = same ? 1 : 0;
+    }
+    return sm.same_state == 1;
+}
 
 /// Evaluates and records the pairs of one head: the closed form of a pair,
 /// its cell accumulators, its heatmap bin and its empirical count. (A class
@@ -159,18 +189,28 @@ public:
     /// The closed form of one pair, direct path. Returns false (and counts it)
     /// when the keys are identical (v ≤ 0).
     /// Identical keys give v = 0 and are skipped by the same test as v < 0.
+    /// With the split on, the pass also keeps the pair's content sums for `record`.
     bool pp_direct(bucket_eval const& e, index_t i, index_t j, double& pp) {
         double m = 0, v = 0;
+        bool const sp = e.split.on;
         if (e.V.size() != 0) {
             auto& delta = delta_;  // member scratch: no allocation per pair
             delta = (k_.rot.row(i) - k_.rot.row(j)).transpose();
             m = e.w.dot(delta);
             vdelta_.noalias() = e.V * delta;
             v = delta.dot(vdelta_);
+            if (sp) full_content(e, i, j, st_c_);
+        } else if (sp) {
+            // m, v as diag_pair_moments (bit for bit) and the content sums, one pass
+            bool const f = e.split.frozen;
+            sse2::diag_pair_moments_split(k_.rot.row(i).data(), k_.rot.row(j).data(), e.w.data(), e.var.data(),
+                                          f ? e.split.wf.data() : e.w.data(), f ? e.split.varf.data() : e.var.data(),
+                                          k_.d, m, v, st_c_);
         } else {
             // m = w·δ and v = Σ var_l δ_l² in one pass, δ never stored
             sse2::diag_pair_moments(k_.rot.row(i).data(), k_.rot.row(j).data(), e.w.data(), e.var.data(), k_.d, m, v);
         }
+        if (sp) st_i_ = i, st_j_ = j, st_e_ = &e;
         if (!(v > 0)) return false;
         pp = pairwise_plasticity(m / std::sqrt(v));
         return true;
@@ -181,7 +221,7 @@ public:
         acc.sum += pp;
         acc.sumsq += pp * pp;
         ++acc.n;
-        if (e.split.on) split_pair(e, i, j, acc);
+        if (e.split.on) split_push(e, i, j, pp, acc.split);
         double const ti = static_cast<double>(k_.position[static_cast<std::size_t>(i)]);
         double const tj = static_cast<double>(k_.position[static_cast<std::size_t>(j)]);
         bin(std::abs(ti - tj), e.tau - 0.5 * (ti + tj), pp);
@@ -196,38 +236,77 @@ public:
 
     void skip() { ++skipped_; }
 
-    /// The split pass of one evaluated pair (docs/beyond-split.md): the four
-    /// profiles' PP and the parts of m and v, into `acc.split`.
-    void split_pair(bucket_eval const& e, index_t i, index_t j, cell_acc& acc) {
-        split_model const& sm = e.split;
-        index_t const d = k_.d;
-        double const* a = k_.rot.row(i).data();
-        double const* b = k_.rot.row(j).data();
-        double c[4] = {0, 0, 0, 0};
-        if (e.V.size() == 0) {
-            bool const f = sm.frozen;
-            split_content_sums(a, b, e.w.data(), e.var.data(), f ? sm.wf.data() : e.w.data(),
-                               f ? sm.varf.data() : e.var.data(), d, c);
-            split_record(sm, a[0] - b[0], e.w(0), e.var(0), c, acc.split);
+    /// The split's content sums of pair (i, j) directly (O(d); full: O(d²)):
+    /// c = (m_con, v_con, m_con,frozen, v_con,frozen), docs/beyond-split.md.
+    void split_content(bucket_eval const& e, index_t i, index_t j, double c[4]) {
+        if (e.V.size() != 0) {
+            delta_ = (k_.rot.row(i) - k_.rot.row(j)).transpose();
+            vdelta_.noalias() = e.V * delta_;
+            full_content(e, i, j, c);
             return;
         }
-        delta_ = (k_.rot.row(i) - k_.rot.row(j)).transpose();  // full: O(d²) per pair, as pp_direct
-        auto const t = delta_.tail(d - 1);
-        c[0] = e.w.tail(d - 1).dot(t);
-        vdelta_.noalias() = e.V.bottomRightCorner(d - 1, d - 1) * t;
-        c[1] = t.dot(vdelta_.head(d - 1));
-        if (sm.frozen) {
-            c[2] = sm.wf.tail(d - 1).dot(t);
-            if (sm.pref != nullptr) {  // Σ_ref δ₂:d = P_i − P_j
-                double const* pi = sm.pref + i * (d - 1);
-                double const* pj = sm.pref + j * (d - 1);
-                for (index_t l = 0; l < d - 1; ++l) c[3] += t(l) * (pi[l] - pj[l]);
-            } else {
-                vdelta_.noalias() = sm.covf * t;
-                c[3] = t.dot(vdelta_.head(d - 1));
-            }
+        double m = 0, v = 0;
+        bool const f = e.split.frozen;
+        sse2::diag_pair_moments_split(k_.rot.row(i).data(), k_.rot.row(j).data(), e.w.data(), e.var.data(),
+                                      f ? e.split.wf.data() : e.w.data(), f ? e.split.varf.data() : e.var.data(), k_.d,
+                                      m, v, c);
+    }
+
+    /// The split pass of one evaluated pair (PP `pp`) into `acc`: its content
+    /// sums (kept by `pp_direct`, else computed) join the pending pairs.
+    void split_push(bucket_eval const& e, index_t i, index_t j, double pp, split_acc& acc) {
+        if (sbuf_.n != 0 && (sacc_ != &acc || se_ != &e)) flush_split();
+        double c[4];
+        if (st_e_ == &e && st_i_ == i && st_j_ == j) std::copy(st_c_, st_c_ + 4, c);
+        else split_content(e, i, j, c);
+        st_e_ = nullptr;
+        sbuf_.reserve(split_batch);
+        sacc_ = &acc;
+        se_ = &e;
+        sbuf_.push(k_.rot(i, 0) - k_.rot(j, 0), c, pp);
+        if (sbuf_.n >= split_batch) flush_split();
+    }
+
+    /// Evaluates and adds the pending split pairs (call before reading a
+    /// cell's split sums; the group and cell loops do).
+    void flush_split() {
+        st_e_ = nullptr;
+        if (sbuf_.n == 0) return;
+        sbuf_.flush(se_->split, se_->w(0), se_->s0(), split_same(*se_), *sacc_);
+    }
+
+    /// The split pass of one Gram-tile column (dense path, after
+    /// `record_column`): pairs (a0 + a, ib) of group `idx`, a < n, skip[a] = 0,
+    /// main PP pp[a], tile column `col` (and the frozen Gram column `gf`).
+    template <class Group>
+    void split_column(bucket_eval const& e, Group const& g, std::vector<index_t> const& idx, index_t a0, index_t ib,
+                      double const* col, double const* gf, double const* pp, unsigned char const* skip, index_t n,
+                      split_acc& acc) {
+        flush_split();
+        sbuf_.reserve(static_cast<std::size_t>(n));
+        split_model const& sm = e.split;
+        bool const same = split_same(e), fro = sm.frozen && !same;
+        double const s0 = e.s0();
+        double const* K0 = g.K.col(0).data();
+        double const kb = K0[ib], nb = g.nrm(ib), scb = g.sc(ib), ncb = g.nc(ib);
+        double const scfb = fro ? g.scf(ib) : 0.0, nfb = fro ? g.nf(ib) : 0.0;
+        for (index_t a = 0; a < n; ++a) {
+            if (skip[a] != 0) continue;
+            index_t const ia = a0 + a;
+            double const t = K0[ia] - kb, ka = K0[ia];
+            double c[4];
+            // method §5 on the content coordinates: m_con = s'_a − s'_b, v_con = n'_a + n'_b − 2 g'_ab
+            c[0] = g.sc(ia) - scb;
+            c[1] = g.nc(ia) + ncb - 2.0 * (col[a] - s0 * ka * kb);
+            c[2] = fro ? g.scf(ia) - scfb : c[0];
+            c[3] = fro ? g.nf(ia) + nfb - 2.0 * gf[a] : c[1];
+            // pairs whose v (or frozen v) is not clear of rounding: the direct sums (as the main pass)
+            bool direct = !(g.nrm(ia) + nb - 2.0 * col[a] > 1e-12 * (g.nrm(ia) + nb));
+            if (fro) direct = direct || !(s0 * (t * t) + c[3] > 1e-12 * (s0 * (ka * ka + kb * kb) + g.nf(ia) + nfb));
+            if (direct) split_content(e, idx[static_cast<std::size_t>(ia)], idx[static_cast<std::size_t>(ib)], c);
+            sbuf_.push(t, c, pp[a]);
         }
-        split_record(sm, delta_(0), e.w(0), e.V(0, 0), c, acc.split);
+        sbuf_.flush(sm, e.w(0), s0, same, acc);
     }
 
     /// Dense path without the empirical check: the pairs (i_a, j), a < n, in
@@ -325,12 +404,43 @@ private:
         ++hm_.count(a, c);
     }
 
+    /// Content sums of the full model from delta_ and vdelta_ = V delta_
+    /// (pair i, j): V is blockdiag(σ²_pos, Σ_b), so (V δ)₂:d = Σ_b δ₂:d.
+    void full_content(bucket_eval const& e, index_t i, index_t j, double c[4]) {
+        split_model const& sm = e.split;
+        index_t const d = k_.d;
+        auto const t = delta_.tail(d - 1);
+        c[0] = e.w.tail(d - 1).dot(t);
+        c[1] = t.dot(vdelta_.tail(d - 1));
+        c[2] = c[0], c[3] = c[1];
+        if (!sm.frozen) return;
+        c[2] = sm.wf.tail(d - 1).dot(t);
+        if (sm.pref != nullptr) {  // Σ_ref δ₂:d = P_i − P_j
+            double const* pi = sm.pref + i * (d - 1);
+            double const* pj = sm.pref + j * (d - 1);
+            double s = 0;
+            for (index_t l = 0; l < d - 1; ++l) s += t(l) * (pi[l] - pj[l]);
+            c[3] = s;
+        } else if (!split_same(e)) {
+            vfd_.noalias() = sm.covf * t;
+            c[3] = t.dot(vfd_);
+        }
+    }
+
+    static constexpr std::size_t split_batch = 256;  ///< pending split pairs per batched PP call
+
     key_store const& k_;
     plasticity_heatmap& hm_;
     std::int64_t& skipped_;
     empirical_check& emp_;
     grid dist_, offs_;
-    Eigen::VectorXd delta_, vdelta_;
+    Eigen::VectorXd delta_, vdelta_, vfd_;
+    split_buffer sbuf_;                  ///< the split's pending pairs
+    split_acc* sacc_ = nullptr;          ///< their sums
+    bucket_eval const* se_ = nullptr;    ///< their bucket
+    bucket_eval const* st_e_ = nullptr;  ///< pp_direct's content sums st_c_ of pair (st_i_, st_j_), or none
+    index_t st_i_ = -1, st_j_ = -1;
+    double st_c_[4] = {0, 0, 0, 0};
 };
 
 using pair_evaluator = pair_evaluator_t<>;
@@ -343,6 +453,12 @@ struct dense_group_t {
     Eigen::MatrixXd const& K;
     Eigen::VectorXd s, nrm;
     Eigen::MatrixXd B, G;
+    /// The split pass (`prepare_split`): content parts s' = K̃[:, 1:] w[1:],
+    /// n' = (B ⊙ K̃)[:, 1:] 1; frozen: s'_f, n'_f and Bf = K̃[:, 1:] Σ_f, whose
+    /// Gram tile Gf = Bf K̃[:, 1:]ᵀ is formed with G (`fgram`).
+    Eigen::VectorXd sc, nc, scf, nf;
+    Eigen::MatrixXd Bf, Gf;
+    bool fgram = false;
 
     /// `V` non-empty: full model (d × d); otherwise the diagonal `var`.
     dense_group_t(Eigen::MatrixXd const& keys, Eigen::VectorXd const& w, Eigen::VectorXd const& var,
@@ -352,6 +468,22 @@ struct dense_group_t {
         if (V.size() != 0) B.noalias() = K * V;
         else B = K * var.asDiagonal();
         nrm = (B.array() * K.array()).rowwise().sum();
+    }
+
+    /// The split's per-key content parts (docs/beyond-split.md) for the
+    /// bucket's mean `w` and split model `sm`; `same`: the frozen model is the
+    /// actual one (no frozen Gram).
+    void prepare_split(Eigen::VectorXd const& w, split_model const& sm, bool same) {
+        index_t const c = K.cols() - 1;
+        auto const Kc = K.rightCols(c);
+        sc.noalias() = Kc * w.tail(c);
+        nc = (B.rightCols(c).array() * Kc.array()).rowwise().sum();
+        fgram = sm.frozen && !same;
+        if (!fgram) return;
+        scf.noalias() = Kc * sm.wf.tail(c);
+        if (sm.covf.size() != 0) Bf.noalias() = Kc * sm.covf;
+        else Bf = Kc * sm.varf.tail(c).asDiagonal();
+        nf = (Bf.array() * Kc.array()).rowwise().sum();
     }
 
     /// Calls f(a0, na, b0, nb, G) for every tile of the upper triangle
@@ -365,23 +497,29 @@ struct dense_group_t {
             for (index_t b0 = a0; b0 < m; b0 += T) {
                 index_t const nb = std::min(T, m - b0);
                 G.noalias() = B.middleRows(a0, na) * K.middleRows(b0, nb).transpose();
+                if (fgram) Gf.noalias() = Bf.middleRows(a0, na) * K.block(b0, 1, nb, K.cols() - 1).transpose();
                 f(a0, na, b0, nb, static_cast<Eigen::MatrixXd const&>(G));
             }
         }
     }
 };
 
-/// The split pass (docs/beyond-split.md) of one Gram-tile column recorded by
-/// `record_column`: pairs (i[a], j), a < n, skip[a] = 0, pair by pair (O(d)
-/// each). Evaluators without `split_pair` evaluate no split.
-template <class Evaluator>
-void split_column(Evaluator& ev, bucket_eval const& e, index_t const* i, index_t j, unsigned char const* skip, index_t n,
-                  cell_acc& acc) {
-    if constexpr (requires { ev.split_pair(e, index_t{}, index_t{}, acc); }) {
-        if (!e.split.on) return;
-        for (index_t a = 0; a < n; ++a)
-            if (skip[a] == 0) ev.split_pair(e, i[a], j, acc);
+/// Whether `ev` runs the split pass on the dense group `g` of bucket `e`
+/// (evaluators without one evaluate no split); prepares `g` for it.
+template <class Evaluator, class Group>
+bool dense_split_prepare(Evaluator& ev, bucket_eval const& e, Group& g) {
+    if constexpr (requires { ev.flush_split(); }) {
+        if (!e.split.on) return false;
+        g.prepare_split(e.w, e.split, split_same(e));
+        return true;
     }
+    return false;
+}
+
+/// Adds `ev`'s pending split pairs to their sums (no-op without a split pass).
+template <class Evaluator>
+void split_flush(Evaluator& ev) {
+    if constexpr (requires { ev.flush_split(); }) ev.flush_split();
 }
 
 /// All pairs of one group of keys (indices `idx`, one example) for one query
@@ -403,12 +541,14 @@ void evaluate_group_exact(Evaluator& ev, key_store const& k, bucket_eval const& 
                 else
                     ev.skip();
             }
+        split_flush(ev);
         return;
     }
     // Dense path (method §5 exactness identity): s = K̃ w, B = K̃ V, n_i = (B ⊙ K̃) 1, G = B K̃ᵀ per tile.
     Eigen::MatrixXd K(m, k.d);
     for (index_t a = 0; a < m; ++a) K.row(a) = k.rot.row(idx[static_cast<std::size_t>(a)]);
     dense_group_t<> g(K, e.w, e.var, e.V);
+    [[maybe_unused]] bool const split = dense_split_prepare(ev, e, g);
     // The Φ pass reads each Gram tile column by column (contiguous): pair
     // (a, b) of the group with a < b, b in the column's key block. Per column:
     // z into a buffer, PP in one batched (vectorised) call, the rare pairs of
@@ -451,13 +591,17 @@ void evaluate_group_exact(Evaluator& ev, key_store const& k, bucket_eval const& 
             if (!empirical) {
                 ev.record_column(e, tpos.data() + a0, tpos[static_cast<std::size_t>(ib)], ppbuf.data(), skip.data(),
                                  a_end, acc);
-                split_column(ev, e, idx.data() + a0, idx[static_cast<std::size_t>(ib)], skip.data(), a_end, acc);
+                if constexpr (requires { ev.flush_split(); })
+                    if (split)
+                        ev.split_column(e, g, idx, a0, ib, col, g.fgram ? g.Gf.col(b).data() : nullptr, ppbuf.data(),
+                                        skip.data(), a_end, acc.split);
                 continue;
             }
             for (index_t a = 0; a < a_end; ++a)
                 if (skip[static_cast<std::size_t>(a)] == 0) record(a0 + a, ib, ppbuf[static_cast<std::size_t>(a)]);
         }
     });
+    split_flush(ev);
 }
 
 /// Seeded sampling of one cell (method §6): a group with probability ∝ its pair
@@ -491,6 +635,7 @@ void evaluate_cell_sampled(Evaluator& ev, bucket_eval const& e, std::vector<std:
         if (ev.pp_direct(e, g[a], g[bb], pp)) ev.record(e, g[a], g[bb], pp, acc);
         else ev.skip();
     }
+    split_flush(ev);
 }
 
 }  // namespace qkgeom::detail

@@ -76,6 +76,10 @@ struct split_model {
     /// full: row i = Σ_ref k̃_i[1:] (row-major, d − 1 columns; the head's
     /// P = K̃[:, 1:] Σ_ref), so Σ_ref δ₂:d = P_i − P_j in O(d); null otherwise.
     double const* pref = nullptr;
+    /// Whether the frozen content model is the actual one (global_linear):
+    /// −1 not known yet; set on first use by the split pass (closed_form.hpp),
+    /// which then takes fr = act and ne = nd without evaluating them again.
+    mutable signed char same_state = -1;
 };
 
 /// Sums of one cell (or bucket) of the split pass.

@@ -1,5 +1,6 @@
 // qkgeom — the plasticity's SSE2 loops (internal): absolute-value range of a
-// row, the diagonal closed form m = w·δ, v = Σ σ²_l δ_l² of one key pair, and
+// row, the diagonal closed form m = w·δ, v = Σ σ²_l δ_l² of one key pair (with
+// the split's content sums in the same pass), and
 // the z column of a Gram tile (method §5). Each has one scalar tail (and a
 // scalar body where SSE2 is unavailable); the arithmetic order of the vector
 // body is part of the contract: the direct and Gram paths, and every caller,
@@ -83,6 +84,67 @@ inline void diag_pair_moments(double const* a, double const* b, double const* w,
     }
     m_out = m;
     v_out = v;
+}
+
+/// `diag_pair_moments` (m and v bit-identical to it: the same products added
+/// in the same order) and, in the same pass, the split's content sums over
+/// l = 1..d−1 (docs/beyond-split.md): c = (Σ w δ, Σ s2 δ², Σ wf δ, Σ s2f δ²).
+/// The content accumulators take the same products, lane 0 of the first
+/// block masked out (wf[0], s2f[0] do not count).
+inline void diag_pair_moments_split(double const* a, double const* b, double const* w, double const* s2,
+                                    double const* wf, double const* s2f, index_t d, double& m_out, double& v_out,
+                                    double c[4]) noexcept {
+    double m = 0, v = 0, cm = 0, cv = 0, fm = 0, fv = 0;
+    index_t l = 0;
+#ifdef QKGEOM_DETAIL_SSE2
+    __m128d m0 = _mm_setzero_pd(), m1 = m0, v0 = m0, v1 = m0, cm0 = m0, cm1 = m0, cv0 = m0, cv1 = m0;
+    __m128d fm0 = m0, fm1 = m0, fv0 = m0, fv1 = m0;
+    // keep: lane 0 cleared on the first block (l = 0 is not content), all ones after
+    __m128d keep = _mm_castsi128_pd(_mm_set_epi64x(-1LL, 0LL));
+    __m128d const ones = _mm_castsi128_pd(_mm_set1_epi64x(-1LL));
+    for (; l + 4 <= d; l += 4) {
+        __m128d const d0 = _mm_sub_pd(_mm_loadu_pd(a + l), _mm_loadu_pd(b + l));
+        __m128d const d1 = _mm_sub_pd(_mm_loadu_pd(a + l + 2), _mm_loadu_pd(b + l + 2));
+        __m128d const q0 = _mm_mul_pd(d0, d0), q1 = _mm_mul_pd(d1, d1);
+        __m128d const pm0 = _mm_mul_pd(_mm_loadu_pd(w + l), d0), pm1 = _mm_mul_pd(_mm_loadu_pd(w + l + 2), d1);
+        __m128d const pv0 = _mm_mul_pd(_mm_loadu_pd(s2 + l), q0), pv1 = _mm_mul_pd(_mm_loadu_pd(s2 + l + 2), q1);
+        m0 = _mm_add_pd(m0, pm0);
+        m1 = _mm_add_pd(m1, pm1);
+        v0 = _mm_add_pd(v0, pv0);
+        v1 = _mm_add_pd(v1, pv1);
+        cm0 = _mm_add_pd(cm0, _mm_and_pd(pm0, keep));
+        cm1 = _mm_add_pd(cm1, pm1);
+        cv0 = _mm_add_pd(cv0, _mm_and_pd(pv0, keep));
+        cv1 = _mm_add_pd(cv1, pv1);
+        fm0 = _mm_add_pd(fm0, _mm_and_pd(_mm_mul_pd(_mm_loadu_pd(wf + l), d0), keep));
+        fm1 = _mm_add_pd(fm1, _mm_mul_pd(_mm_loadu_pd(wf + l + 2), d1));
+        fv0 = _mm_add_pd(fv0, _mm_and_pd(_mm_mul_pd(_mm_loadu_pd(s2f + l), q0), keep));
+        fv1 = _mm_add_pd(fv1, _mm_mul_pd(_mm_loadu_pd(s2f + l + 2), q1));
+        keep = ones;
+    }
+    alignas(16) double r[12];
+    _mm_store_pd(r, _mm_add_pd(m0, m1));
+    _mm_store_pd(r + 2, _mm_add_pd(v0, v1));
+    _mm_store_pd(r + 4, _mm_add_pd(cm0, cm1));
+    _mm_store_pd(r + 6, _mm_add_pd(cv0, cv1));
+    _mm_store_pd(r + 8, _mm_add_pd(fm0, fm1));
+    _mm_store_pd(r + 10, _mm_add_pd(fv0, fv1));
+    m = r[0] + r[1], v = r[2] + r[3], cm = r[4] + r[5], cv = r[6] + r[7], fm = r[8] + r[9], fv = r[10] + r[11];
+#endif
+    for (; l < d; ++l) {
+        double const dl = a[l] - b[l];
+        double const pm = w[l] * dl, pv = s2[l] * (dl * dl);
+        m += pm;
+        v += pv;
+        if (l == 0) continue;
+        cm += pm;
+        cv += pv;
+        fm += wf[l] * dl;
+        fv += s2f[l] * (dl * dl);
+    }
+    m_out = m;
+    v_out = v;
+    c[0] = cm, c[1] = cv, c[2] = fm, c[3] = fv;
 }
 
 /// One Gram-tile column: z[a] = (s[a] − sb)/√max(v, 0), v = nrm[a] + nb − 2 col[a],
