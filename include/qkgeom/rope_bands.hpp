@@ -16,6 +16,7 @@
 #include <qkgeom/head.hpp>
 #include <qkgeom/moments.hpp>
 #include <qkgeom/plasticity/pair_plan.hpp>
+#include <qkgeom/simd.hpp>
 #include <qkgeom/tensor.hpp>
 
 #include <Eigen/Core>
@@ -152,21 +153,19 @@ struct rope_band_result {
 namespace detail {
 namespace rope {
 
-/// The geometry: scaled frequencies, band layout, column permutation. A
-/// band is a contiguous block of permuted columns, planar inside: band k
-/// with pairs p0 .. p0 + np − 1 starting at column c0 holds the first
-/// coordinates of its pairs at c0 .. c0 + np − 1 and the second ones at
-/// c0 + np .. c0 + 2np − 1 (so the per-pair loops run over contiguous
-/// memory; for rotate_half the permutation copies runs of np coordinates).
-/// The unrotated coordinates come last.
+/// The geometry: scaled frequencies, band layout, column permutation. The
+/// permuted columns are planar: the first coordinates of pairs 0 .. half − 1
+/// at columns 0 .. half − 1, the second ones at half .. r − 1 (so the per-pair
+/// loops run over contiguous memory; for rotate_half this is the identity),
+/// the unrotated coordinates last. Band k with pairs p0 .. p1 − 1 holds the
+/// columns p0 .. p1 − 1 and half + p0 .. half + p1 − 1 (in that order).
 struct geometry {
     index_t d = 0, r = 0, half = 0;
     std::vector<double> freq;              // per pair, radians per token
     std::vector<index_t> perm;             // permuted column → original coordinate
-    std::vector<index_t> band_col, band_width;  // per band: first column, columns
-    std::vector<index_t> band_of;               // per permuted column: its band
+    bool identity = false;                 // perm is the identity
+    std::vector<std::vector<index_t>> band_cols;  // per band: its permuted columns, in band order
     std::vector<rope_band> bands;
-    std::vector<std::array<index_t, 3>> runs;   // (source column, permuted column, length): perm in runs
 };
 
 inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, double scale) {
@@ -176,6 +175,12 @@ inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, do
     g.half = g.r / 2;
     for (index_t i = 0; i < g.half; ++i)
         g.freq.push_back(std::pow(s.theta, -2.0 * double(i) / double(g.r)) / scale);
+    bool const rh = s.pairing == rope_pairing::rotate_half;
+    for (index_t i = 0; i < g.half; ++i) g.perm.push_back(rh ? i : 2 * i);  // first coordinates
+    for (index_t i = 0; i < g.half; ++i) g.perm.push_back(rh ? i + g.half : 2 * i + 1);  // second ones
+    for (index_t j = g.r; j < d; ++j) g.perm.push_back(j);
+    g.identity = true;
+    for (index_t j = 0; j < d; ++j) g.identity = g.identity && g.perm[std::size_t(j)] == j;
     index_t const nb = std::min(n_bands, g.half);
     for (index_t k = 0; k < nb; ++k) {
         index_t const p0 = k * g.half / nb, p1 = (k + 1) * g.half / nb;
@@ -187,11 +192,10 @@ inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, do
         b.freq_lo = g.freq[std::size_t(p1 - 1)];
         b.wavelength_lo = 2 * std::numbers::pi / b.freq_hi;
         b.wavelength_hi = 2 * std::numbers::pi / b.freq_lo;
-        g.band_col.push_back(index_t(g.perm.size()));
-        g.band_width.push_back(b.n_coords);
-        bool const rh = s.pairing == rope_pairing::rotate_half;
-        for (index_t i = p0; i < p1; ++i) g.perm.push_back(rh ? i : 2 * i);  // first coordinates
-        for (index_t i = p0; i < p1; ++i) g.perm.push_back(rh ? i + g.half : 2 * i + 1);  // second ones
+        std::vector<index_t> cols;
+        for (index_t i = p0; i < p1; ++i) cols.push_back(i);
+        for (index_t i = p0; i < p1; ++i) cols.push_back(g.half + i);
+        g.band_cols.push_back(std::move(cols));
         g.bands.push_back(b);
     }
     if (g.r < d) {
@@ -201,25 +205,20 @@ inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, do
         b.n_coords = d - g.r;
         b.freq_lo = b.freq_hi = 0.0;
         b.wavelength_lo = b.wavelength_hi = std::numeric_limits<double>::infinity();
-        g.band_col.push_back(index_t(g.perm.size()));
-        g.band_width.push_back(b.n_coords);
-        for (index_t j = g.r; j < d; ++j) g.perm.push_back(j);
+        std::vector<index_t> cols;
+        for (index_t j = g.r; j < d; ++j) cols.push_back(j);
+        g.band_cols.push_back(std::move(cols));
         g.bands.push_back(b);
     }
-    for (std::size_t k = 0; k < g.bands.size(); ++k) g.band_of.insert(g.band_of.end(), std::size_t(g.band_width[k]), index_t(k));
-    for (index_t j = 0; j < d; ++j)  // maximal runs of consecutive source columns
-        if (j > 0 && g.perm[std::size_t(j)] == g.perm[std::size_t(j - 1)] + 1) ++g.runs.back()[2];
-        else g.runs.push_back({g.perm[std::size_t(j)], j, 1});
     return g;
 }
 
-/// Calls f(p0, np, c0) for every rotary band: pairs p0 .. p0 + np − 1,
-/// first coordinates at permuted columns c0 .. c0 + np − 1, second ones at
-/// c0 + np .. (the planar layout of `geometry`).
+/// Calls f(p0, np, c0) for the rotary pairs as one block: pairs 0 .. half − 1,
+/// first coordinates at permuted columns 0 .. half − 1, second ones at
+/// half .. r − 1 (the planar layout of `geometry`).
 template <class F>
 void for_pair_blocks(geometry const& g, F&& f) {
-    for (std::size_t k = 0; k < g.bands.size(); ++k)
-        if (g.bands[k].rotary) f(g.bands[k].first_pair, g.bands[k].n_pairs, g.band_col[k]);
+    if (g.half > 0) f(index_t(0), g.half, index_t(0));
 }
 
 /// cos/sin of t·θ_i for integer t in [0, max_t]: t = a + K·h, two tables of
@@ -250,44 +249,23 @@ struct trig_table {
                 hs[std::size_t(h * half + i)] = std::sin(double(h * K) * f[std::size_t(i)]);
             }
     }
-    /// Undoes R(t) on the pairs of `row` (permuted columns): x ← R(t)ᵀ x; adds
-    /// R(t)·x (the opposite sense: the mirror check) to `m1`, `m2`.
-    void unrotate(geometry const& g, double* row, std::int64_t t, double* m1, double* m2) const {
-        if (!freq.empty()) return unrotate_direct(g, row, t, m1, m2);
-        double const* c1 = lc.data() + std::size_t(t % K) * std::size_t(half);
-        double const* s1 = ls.data() + std::size_t(t % K) * std::size_t(half);
-        double const* c2 = hc.data() + std::size_t(t / K) * std::size_t(half);
-        double const* s2 = hs.data() + std::size_t(t / K) * std::size_t(half);
-        for_pair_blocks(g, [&](index_t p0, index_t np, index_t c0) {
-            double* __restrict x1 = row + c0;
-            double* __restrict x2 = x1 + np;
-            double* __restrict n1 = m1;
-            double* __restrict n2 = m2;
-            for (index_t j = 0; j < np; ++j) {
-                index_t const i = p0 + j;
-                double const c = c1[i] * c2[i] - s1[i] * s2[i], s = s1[i] * c2[i] + c1[i] * s2[i];
-                double const a = x1[j], b = x2[j];
-                n1[i] += c * a - s * b;
-                n2[i] += s * a + c * b;
-                x1[j] = c * a + s * b;
-                x2[j] = c * b - s * a;
+    /// cs[i], sn[i] = cos, sin of t·θ_i for every pair i (`half` entries each).
+    void angles(std::int64_t t, double* __restrict cs, double* __restrict sn) const {
+        if (!freq.empty()) {
+            for (index_t i = 0; i < half; ++i) {
+                cs[i] = std::cos(double(t) * freq[std::size_t(i)]);
+                sn[i] = std::sin(double(t) * freq[std::size_t(i)]);
             }
-        });
-    }
-    void unrotate_direct(geometry const& g, double* row, std::int64_t t, double* m1, double* m2) const {
-        for_pair_blocks(g, [&](index_t p0, index_t np, index_t c0) {
-            double* x1 = row + c0;
-            double* x2 = x1 + np;
-            for (index_t j = 0; j < np; ++j) {
-                index_t const i = p0 + j;
-                double const c = std::cos(double(t) * freq[std::size_t(i)]), s = std::sin(double(t) * freq[std::size_t(i)]);
-                double const a = x1[j], b = x2[j];
-                m1[i] += c * a - s * b;
-                m2[i] += s * a + c * b;
-                x1[j] = c * a + s * b;
-                x2[j] = c * b - s * a;
-            }
-        });
+            return;
+        }
+        double const* __restrict c1 = lc.data() + std::size_t(t % K) * std::size_t(half);
+        double const* __restrict s1 = ls.data() + std::size_t(t % K) * std::size_t(half);
+        double const* __restrict c2 = hc.data() + std::size_t(t / K) * std::size_t(half);
+        double const* __restrict s2 = hs.data() + std::size_t(t / K) * std::size_t(half);
+        for (index_t i = 0; i < half; ++i) {
+            cs[i] = c1[i] * c2[i] - s1[i] * s2[i];
+            sn[i] = s1[i] * c2[i] + c1[i] * s2[i];
+        }
     }
 };
 
@@ -314,26 +292,28 @@ struct sorted_rows {
     /// (`out` grows, never shrinks: one allocation for the largest bucket).
     void gather(index_t r0, index_t n, rmat& out) const {
         if (out.rows() < n || out.cols() != g->d) out.resize(n, g->d);
-        std::vector<double> buf(std::size_t(g->d));
+        std::vector<double> buf(g->identity ? 0 : std::size_t(g->d));
         index_t const* perm = g->perm.data();
         for (index_t r = 0; r < n; ++r) {
             index_t const i = order[std::size_t(r0 + r)];
-            reader.read_row(i, buf.data());
             double* o = out.row(r).data();
-            if (g->runs.size() * 4 <= std::size_t(g->d))  // rotate_half: runs of a band's pairs
-                for (auto const& [from, to, len] : g->runs)  // short runs: a plain loop, no memmove call
-                    for (index_t j = 0; j < len; ++j) o[to + j] = buf[std::size_t(from + j)];
-            else
+            double const* v = o;  // the row in the input's column order
+            if (g->identity) {
+                reader.read_row(i, o);
+            } else {
+                reader.read_row(i, buf.data());
                 for (index_t j = 0; j < g->d; ++j) o[j] = buf[std::size_t(perm[j])];
+                v = buf.data();
+            }
             if (checked) continue;
             int bad = 0;  // NaN fails the comparison
-            for (index_t j = 0; j < g->d; ++j) bad |= !(std::abs(buf[std::size_t(j)]) < input_limit);
+            for (index_t j = 0; j < g->d; ++j) bad |= !(std::abs(v[j]) < input_limit);
             if (!bad) continue;
             for (index_t j = 0; j < g->d; ++j)
-                if (!(std::abs(buf[std::size_t(j)]) < input_limit))
+                if (!(std::abs(v[j]) < input_limit))
                     fail_arg(fn, std::string(kind_name) + ": a row holds NaN, Inf or a value >= 2^128 at row " +
                                      std::to_string(i) + ", column " + std::to_string(j) + "; value",
-                             buf[std::size_t(j)]);
+                             v[j]);
         }
     }
 };
@@ -397,18 +377,10 @@ auto read_sorted(std::string_view fn, std::string_view kind_name, token_rows<M> 
 struct pair_energy {
     std::vector<double> cs, cq;           // current bucket: Σ x and Σ x² per permuted rotary column
     std::vector<double> den, m1, m2, var_sum, noise2, ss_all;  // over buckets
-    std::vector<double> r1, r2;  // Σ R(t)x over all rows (mirror frame; filled by trig_table::unrotate)
+    std::vector<double> r1, r2;  // Σ R(t)x over all rows (mirror frame; filled by unrotate_row)
     explicit pair_energy(geometry const& g)
         : cs(std::size_t(g.r)), cq(cs), den(std::size_t(g.half)), m1(den), m2(den), var_sum(den), noise2(den),
           ss_all(den), r1(den), r2(den) {}
-    void add(index_t r, double const* __restrict row) {
-        double* __restrict a = cs.data();
-        double* __restrict q = cq.data();
-        for (index_t j = 0; j < r; ++j) {
-            a[j] += row[j];
-            q[j] += row[j] * row[j];
-        }
-    }
     /// Folds a bucket of n rows (weight w = n/N added later through 1/N).
     void close(geometry const& g, double n) {
         for_pair_blocks(g, [&](index_t p0, index_t np, index_t c0) {
@@ -428,6 +400,41 @@ struct pair_energy {
         std::fill(cq.begin(), cq.end(), 0.0);
     }
 };
+
+/// One row of a bucket in one pass over its rotary pairs: the raw frame's
+/// sums (`raw`), the unrotated pair x' = R(t)ᵀ x written to `ur` and summed
+/// (`rot`), and R(t)·x (the opposite sense: the mirror check) summed into
+/// rot.r1, rot.r2; `cs`, `sn` the pairs' cos, sin of t·θ_i.
+inline void unrotate_row(geometry const& g, double const* row, double* ur, double const* cs, double const* sn,
+                         pair_energy& raw, pair_energy& rot) {
+    for_pair_blocks(g, [&](index_t p0, index_t np, index_t c0) {
+        double const* __restrict x1 = row + c0;
+        double const* __restrict x2 = x1 + np;
+        double const* __restrict c = cs + p0;
+        double const* __restrict sv = sn + p0;
+        double* __restrict u1 = ur + c0;
+        double* __restrict u2 = u1 + np;
+        double* __restrict ra1 = raw.cs.data() + c0;
+        double* __restrict ra2 = ra1 + np;
+        double* __restrict rq1 = raw.cq.data() + c0;
+        double* __restrict rq2 = rq1 + np;
+        double* __restrict oa1 = rot.cs.data() + c0;
+        double* __restrict oa2 = oa1 + np;
+        double* __restrict oq1 = rot.cq.data() + c0;
+        double* __restrict oq2 = oq1 + np;
+        double* __restrict n1 = rot.r1.data() + p0;
+        double* __restrict n2 = rot.r2.data() + p0;
+        for (index_t j = 0; j < np; ++j) {
+            double const a = x1[j], b = x2[j];
+            ra1[j] += a, rq1[j] += a * a, ra2[j] += b, rq2[j] += b * b;
+            n1[j] += c[j] * a - sv[j] * b;
+            n2[j] += sv[j] * a + c[j] * b;
+            double const ua = c[j] * a + sv[j] * b, ub = c[j] * b - sv[j] * a;
+            u1[j] = ua, u2[j] = ub;
+            oa1[j] += ua, oq1[j] += ua * ua, oa2[j] += ub, oq2[j] += ub * ub;
+        }
+    });
+}
 
 /// Per pair coherence, energy z and power of one frame; Num and Den summed
 /// over the powered pairs into `num`, `den`.
@@ -477,6 +484,36 @@ inline void center_rows(rmat const& x, index_t r, index_t m, rmat& out, index_t 
     }
 }
 
+/// C (w × w, lower triangle, column-major) += Xᵀ X for the n × w block X of
+/// row-major doubles at `x` (row stride `ldx`): at simd::active() = avx2 or
+/// avx512 the register-blocked rank-k update of simd/moment_kernels.hpp on a
+/// packed copy of X (panels of W columns, zero padded), else Eigen's
+/// rankUpdate. The levels agree to rounding.
+struct gram_update {
+    std::vector<double> buf;  // the packed block (grows only)
+    void add(double const* x, index_t ldx, index_t n, std::vector<index_t> const& cols, dmat& C) {
+        index_t const w = index_t(cols.size());
+        if (n == 0 || w == 0) return;
+        simd::isa const level = simd::active();
+        index_t const W = level == simd::isa::generic ? 1 : detail::mom::panel_width(level), np = (w + W - 1) / W;
+        if (buf.size() < std::size_t(np * W * n + 8)) buf.resize(std::size_t(np * W * n + 8));
+        double* const pk = detail::mom::align64(buf.data());
+        index_t const* cl = cols.data();
+        for (index_t k = 0; k < n; ++k) {  // panel p holds columns cols[pW .. pW + W) row after row
+            double const* xk = x + k * ldx;
+            for (index_t p = 0; p < np; ++p) {
+                double* o = pk + (p * n + k) * W;
+                index_t const m = std::min(W, w - p * W);
+                for (index_t l = 0; l < m; ++l) o[l] = xk[cl[p * W + l]];
+                for (index_t l = m; l < W; ++l) o[l] = 0.0;
+            }
+        }
+        if (level != simd::isa::generic) return detail::mom::syrk_packed(level, pk, n, w, C.data(), w);
+        Eigen::Map<dmat const> X(pk, n, w);  // W = 1: column-major n × w
+        C.selfadjointView<Eigen::Lower>().rankUpdate(X.transpose());
+    }
+};
+
 /// Σ_ij A_ij B_ij of two symmetric matrices given by their lower triangles.
 inline double sym_dot(dmat const& A, dmat const& B) {
     double diag = 0, off = 0;
@@ -497,9 +534,10 @@ struct key_prefix {
     std::vector<std::int64_t> pairs;            // prefix pair counts
     rmat z;                                     // work: the centred, scaled keys of one cell
     std::vector<double> mean;                   // work: one group's mean
+    gram_update gram;                           // work: the band blocks' rank-k updates
 
     explicit key_prefix(geometry const& g) : pref(1), pairs(1, 0) {
-        for (auto w : g.band_width) pref.back().push_back(dmat::Zero(w, w));
+        for (auto const& c : g.band_cols) pref.back().push_back(dmat::Zero(index_t(c.size()), index_t(c.size())));
     }
     /// Adds key cell r0 .. r0 + n − 1 of `k` (one key bucket, sorted by
     /// example; its rows in `blk`).
@@ -523,8 +561,7 @@ struct key_prefix {
         pairs.push_back(pairs.back() + np);
         pref.push_back(pref.back());
         for (std::size_t b = 0; b < g.bands.size() && nz > 0; ++b)  // lower triangles only
-            pref.back()[b].selfadjointView<Eigen::Lower>().rankUpdate(
-                z.block(0, g.band_col[b], nz, g.band_width[b]).transpose());
+            gram.add(z.data(), z.cols(), nz, g.band_cols[b], pref.back()[b]);
     }
 };
 
@@ -548,20 +585,31 @@ struct content_acc {
     /// `u` holds the bucket's unrotated rotary columns (n × r, row-major).
     void add_bucket(rmat const& blk, index_t r0, index_t n, geometry const& g, std::vector<double> const& u,
                     std::vector<double> const& usum) {
-        std::vector<double> mean(usum.size());
+        std::vector<double> mean(usum.size()), sq(usum.size());
         for (std::size_t j = 0; j < usum.size(); ++j) mean[j] = usum[j] / double(n);
+        double const* __restrict mu = mean.data();
+        double* __restrict e = sq.data();
         for (index_t r = 0; r < n; ++r) {
-            double const* row = blk.row(r).data();
-            double const* ur = u.data() + r * g.r;
+            double const* __restrict row = blk.row(r).data();
+            double const* __restrict ur = u.data() + r * g.r;
+            for (index_t j = 0; j < g.r; ++j) e[j] = (ur[j] - mu[j]) * (ur[j] - mu[j]);  // vectorised
+            for (index_t j = g.r; j < g.d; ++j) e[j] = (row[j] - mu[j]) * (row[j] - mu[j]);
             double* acc = a.data() + cluster_of[std::size_t(r0 + r)] * n_bands;
-            for (index_t k = 0; k < n_bands; ++k) {
-                index_t const c0 = g.band_col[std::size_t(k)], c1 = c0 + g.band_width[std::size_t(k)];
-                double const* src = c0 < g.r ? ur : row;
-                double e2 = 0;
-                for (index_t j = c0; j < c1; ++j) e2 += (src[j] - mean[std::size_t(j)]) * (src[j] - mean[std::size_t(j)]);
-                acc[k] += e2;
+            for (index_t k = 0; k < n_bands; ++k) {  // rotary: two runs of np columns; unrotated: one run
+                auto const& c = g.band_cols[std::size_t(k)];
+                index_t const m = index_t(c.size()), np = g.bands[std::size_t(k)].n_pairs;
+                acc[k] += np > 0 ? sum4(e + c[0], np) + sum4(e + c[std::size_t(np)], np) : sum4(e + c[0], m);
             }
         }
+    }
+    /// Σ p[0 .. m) in four interleaved partial sums (independent chains; the
+    /// terms are squares, so the order changes the sum by rounding only).
+    static double sum4(double const* p, index_t m) {
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        index_t j = 0;
+        for (; j + 4 <= m; j += 4) s0 += p[j], s1 += p[j + 1], s2 += p[j + 2], s3 += p[j + 3];
+        for (; j < m; ++j) s0 += p[j];
+        return (s0 + s1) + (s2 + s3);
     }
     /// Shares and their linearised cluster standard errors:
     /// S_B = A_B / T, se² = G/(G−1) Σ_e (A_eB − S_B T_e)² / T².
@@ -619,24 +667,22 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
     for (double f : g.freq) span.push_back(f * (hi - lo));
     pair_energy rot(g), raw(g);
     std::vector<double> u, usum(std::size_t(g.d));  // the bucket's unrotated rotary columns, their sums
+    std::vector<double> cs(std::size_t(g.half)), sn(cs);  // one row's cos, sin of t·θ_i
     rmat blk;
     for (auto const& [r0, n] : s.segment) {
         s.gather(r0, n, blk);  // every row is validated, used or not
         if (keys) keys->add_cell(s, r0, n, blk, g);
         if (!check || n < opt.min_bucket_rows) continue;
         std::fill(usum.begin(), usum.end(), 0.0);
-        u.resize(std::size_t(n * g.r));
+        if (u.size() < std::size_t(n * g.r)) u.resize(std::size_t(n * g.r));  // grows only
         for (index_t r = 0; r < n; ++r) {
             double const* row = blk.row(r).data();
-            double* ur = u.data() + r * g.r;
-            raw.add(g.r, row);
-            std::copy(row, row + g.r, ur);
-            tt.unrotate(g, ur, s.position[std::size_t(r0 + r)], rot.r1.data(), rot.r2.data());
-            rot.add(g.r, ur);
+            tt.angles(s.position[std::size_t(r0 + r)], cs.data(), sn.data());
+            unrotate_row(g, row, u.data() + r * g.r, cs.data(), sn.data(), raw, rot);
             if (!content) continue;
-            for (index_t j = 0; j < g.r; ++j) usum[std::size_t(j)] += ur[j];
             for (index_t j = g.r; j < g.d; ++j) usum[std::size_t(j)] += row[j];
         }
+        std::copy(rot.cs.begin(), rot.cs.end(), usum.begin());  // Σ of the unrotated columns, the same sums
         rot.close(g, double(n));
         raw.close(g, double(n));
         if (content) content->add_bucket(blk, r0, n, g, u, usum);
@@ -672,13 +718,14 @@ inline int quintile_of(double tau, std::int64_t L) {
 /// given, else from the rows (gathered into `blk`, centred into `xc`).
 template <class S>
 void bucket_scatter(S const& q, index_t r0, index_t n, geometry const& g, moments const* m, index_t b, dmat& C,
-                    rmat& blk, rmat& xc, bool fresh) {
-    index_t const c0 = g.band_col[std::size_t(b)], w = g.band_width[std::size_t(b)];
+                    rmat& blk, rmat& xc, gram_update& gram, bool fresh) {
+    auto const& cols = g.band_cols[std::size_t(b)];
+    index_t const w = index_t(cols.size());
     C = dmat::Zero(w, w);
     if (m) {
         for (index_t j = 0; j < w; ++j)
             for (index_t i = j; i < w; ++i) {
-                index_t const a = g.perm[std::size_t(c0 + i)], e = g.perm[std::size_t(c0 + j)];
+                index_t const a = g.perm[std::size_t(cols[std::size_t(i)])], e = g.perm[std::size_t(cols[std::size_t(j)])];
                 C(i, j) = m->c_xx(std::max(a, e), std::min(a, e));  // moments keep the lower triangle
             }
         return;
@@ -689,7 +736,7 @@ void bucket_scatter(S const& q, index_t r0, index_t n, geometry const& g, moment
         std::vector<double> mean;
         center_rows(blk, 0, n, xc, 0, 1.0, mean);
     }
-    C.selfadjointView<Eigen::Lower>().rankUpdate(xc.topRows(n).middleCols(c0, w).transpose());
+    gram.add(xc.data(), xc.cols(), n, cols, C);
 }
 
 /// The moments of query bucket `bucket` in `qm` (null when qm is null);
@@ -713,6 +760,7 @@ void v_shares(S const& q, key_prefix const& kp, geometry const& g, capture_facts
     std::vector<double> const tau = segment_tau(q);
     std::vector<double> f0(std::size_t(nb), 0.0), f4(f0), w0(f0), w4(f0);
     rmat xc, blk;
+    gram_update gram;
     for (std::size_t s = 0; s < q.segment.size(); ++s) {
         auto const [r0, n] = q.segment[s];
         if (n < opt.min_bucket_rows) continue;
@@ -732,7 +780,7 @@ void v_shares(S const& q, key_prefix const& kp, geometry const& g, capture_facts
             std::vector<double> V(static_cast<std::size_t>(nb));
             dmat C;
             for (index_t b = 0; b < nb; ++b) {
-                bucket_scatter(q, r0, n, g, m, b, C, blk, xc, b == 0);
+                bucket_scatter(q, r0, n, g, m, b, C, blk, xc, gram, b == 0);
                 V[std::size_t(b)] = sym_dot(C, kp.pref[hi][std::size_t(b)]) - sym_dot(C, kp.pref[lo][std::size_t(b)]);
             }
             double const tot = std::accumulate(V.begin(), V.end(), 0.0);
