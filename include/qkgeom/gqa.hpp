@@ -292,6 +292,17 @@ std::vector<gqa_metric_row> gqa_groups(std::span<head_analysis const* const> hea
     return rows;
 }
 
+/// \brief Whether every head records the identity the GQA groups need
+/// (layer, q_head and k_head ≥ 0): the reports write gqa_groups.csv and draw
+/// gqa_groups.svg from `gqa_groups` only then.
+/// \param[in] heads the analysed heads.
+/// \returns true when no head has a negative layer, q_head or k_head.
+inline bool gqa_ids_recorded(std::span<head_analysis const> heads) noexcept {
+    return std::all_of(heads.begin(), heads.end(), [](head_analysis const& h) {
+        return h.id.layer >= 0 && h.id.q_head >= 0 && h.id.k_head >= 0;
+    });
+}
+
 /// \brief GQA groups of heads held by value (as `gqa_groups` over pointers).
 /// \param[in] heads the analysed heads of a model, in any order.
 /// \returns as the pointer overload.

@@ -51,7 +51,7 @@ BENCHMARK = "demo_score"
 RECORD_ROWS = 4  # version, command line, input, options
 # The single-model page (report/html.hpp).
 PER_MODEL = ["plasticity_profile.svg", "plasticity_heatmap.svg", "component_weights.svg", "taxonomy_scatter.svg",
-             "plasticity_split.svg"]
+             "plasticity_split.svg", "rope_bands.svg", "gqa_groups.svg"]
 
 
 def fail(msg):

@@ -361,12 +361,121 @@ TEST_CASE("report.svg: the split of AP_drop, layer means stacked by sign, totals
     CHECK(std::stod(attr(parts[4], "y")) == Approx(ypos).margin(0.006));
 }
 
+TEST_CASE("report.svg: RoPE bands, per-band means over heads, layouts and NaN", "[report][svg]") {
+    // Three heads with two rotary bands and the unrotated one, one head
+    // without RoPE settings (no bands), one with another layout (left out).
+    auto head = [](std::int64_t q, std::vector<std::array<double, 3>> const& shares, bool unrotated_last = true) {
+        qkgeom::head_analysis h;
+        h.id = {0, q, q};
+        for (std::size_t k = 0; k < shares.size(); ++k) {
+            qkgeom::rope_band b;
+            b.rotary = !(unrotated_last && k + 1 == shares.size());
+            b.wavelength_lo = 6.28 * std::pow(10.0, double(k));
+            b.wavelength_hi = 62.8 * std::pow(10.0, double(k));
+            b.content_var_share = shares[k][0];
+            b.v_share_first_20pct = shares[k][1];
+            b.v_share_last_20pct = shares[k][2];
+            h.rope.bands.push_back(b);
+        }
+        return h;
+    };
+    std::vector<qkgeom::head_analysis> hs{
+        head(0, {{0.5, 0.2, 0.1}, {0.3, 0.5, 0.6}, {0.2, 0.3, 0.3}}),
+        head(1, {{0.3, 0.4, NaN}, {0.3, 0.3, 0.6}, {0.4, 0.3, 0.2}}),
+        head(2, {{0.1, 0.0, 0.4}, {0.6, 0.7, 0.3}, {0.3, 0.3, 0.3}}),
+        head(3, {}),
+        head(4, {{0.9, 0.9, 0.9}, {0.1, 0.1, 0.1}}, false)};
+    auto const m = rep::collect_pictures("m", hs);
+    std::string const svg = rep::rope_bands_svg(m);
+    REQUIRE(xml_error(svg).empty());
+    CHECK(svg.find("3 heads with RoPE bands") != std::string::npos);
+    CHECK(svg.find("1 without RoPE settings") != std::string::npos);
+    CHECK(svg.find("1 with another band layout left out") != std::string::npos);
+    auto const bars = elements(svg, "rect", "share");
+    REQUIRE(bars.size() == 9);  // 3 bands × 3 shares (a head's NaN share is skipped, the others' mean drawn)
+    std::map<std::pair<std::string, std::string>, double> v;
+    for (auto const& b : bars) v[{attr(b, "data-band"), attr(b, "data-share")}] = std::stod(attr(b, "data-value"));
+    CHECK(v.at({"0", "content"}) == Approx(0.3));
+    CHECK(v.at({"0", "v_first"}) == Approx(0.2));
+    CHECK(v.at({"0", "v_last"}) == Approx(0.25));  // the NaN of head 1 is left out of the mean, not read as 0
+    CHECK(v.at({"1", "v_first"}) == Approx(0.5));
+    CHECK(v.at({"2", "content"}) == Approx(0.3));
+    CHECK(v.count({"2", "v_last"}) == 1);
+    // the band labels: wavelength ranges of rotary bands, "unrotated" for the last
+    CHECK(svg.find(">6.3–63<") != std::string::npos);
+    CHECK(svg.find(">63–628<") != std::string::npos);
+    CHECK(rep::detail::tokens_short(6283.2) == "6.3k");
+    CHECK(rep::detail::tokens_short(62832.0) == "63k");
+    CHECK(rep::detail::tokens_short(1.24e6) == "1.2M");
+    CHECK(svg.find(">unrotated<") != std::string::npos);
+    // bar height: share 0.5 of band 1 (v_first) spans from y(0) to y(0.5) on [0, 1]
+    rep::svg_frame const f;
+    double const plot_h = f.height - f.top - f.bottom - 26;
+    for (auto const& b : bars)
+        if (attr(b, "data-band") == "1" && attr(b, "data-share") == "v_first")
+            CHECK(std::stod(attr(b, "height")) == Approx(0.5 * plot_h).margin(0.012));
+    // a model without RoPE settings: an empty plot that says so
+    std::vector<qkgeom::head_analysis> none{head(0, {})};
+    std::string const empty = rep::rope_bands_svg(rep::collect_pictures("m", none));
+    REQUIRE(xml_error(empty).empty());
+    CHECK(elements(empty, "rect", "share").empty());
+    CHECK(empty.find("no head has RoPE settings") != std::string::npos);
+}
+
+TEST_CASE("report.svg: GQA ratios per layer and metric, log10, gaps", "[report][svg]") {
+    // Layer 0: two key heads of two query heads each; the heads of a group
+    // agree on ap_drop (within spread 0.01², between 0.2²) — a ratio far below 1.
+    // Layer 1: one head per key head (MHA-like) — no within df: a gap.
+    auto head = [](std::int64_t layer, std::int64_t q, std::int64_t k, double ap_drop, double bias) {
+        qkgeom::head_analysis h;
+        h.id = {layer, q, k};
+        h.plasticity.ap_drop = ap_drop;
+        h.rotation.bias_strength = bias;
+        return h;
+    };
+    std::vector<qkgeom::head_analysis> hs{head(0, 0, 0, 0.30, 1.0), head(0, 1, 0, 0.31, 3.0),
+                                          head(0, 2, 1, 0.10, 2.0), head(0, 3, 1, 0.11, 2.5),
+                                          head(1, 0, 0, 0.2, 1.0),  head(1, 1, 1, 0.3, 1.0)};
+    auto const m = rep::collect_pictures("m", hs);
+    REQUIRE_FALSE(m.gqa.empty());
+    std::string const svg = rep::gqa_svg(m);
+    REQUIRE(xml_error(svg).empty());
+    auto const dots = elements(svg, "circle", "ratio");
+    // the CSV rows are the truth: every finite positive ratio with status ok is drawn, once
+    std::size_t expect = 0;
+    for (auto const& r : m.gqa) {
+        if (r.status != "ok" || !std::isfinite(r.ratio) || !(r.ratio > 0)) continue;
+        ++expect;
+        std::string const layer = r.layer < 0 ? "all" : std::to_string(r.layer);
+        std::size_t found = 0;
+        for (auto const& d : dots)
+            if (attr(d, "data-metric") == r.metric && attr(d, "data-layer") == layer) {
+                ++found;
+                CHECK(std::stod(attr(d, "data-value")) == Approx(r.ratio).epsilon(1e-12));
+            }
+        CHECK(found == 1);
+    }
+    CHECK(dots.size() == expect);
+    // layer 0 ap_drop: groups {0.30, 0.31}, {0.10, 0.11}: MS_within = 2·0.005²·... by hand
+    // SS_within = 4 · 0.005² = 1e-4 (df 2), SS_between = 4 · 0.1² = 0.04 (df 1): ratio 5e-5/0.04
+    bool seen = false;
+    for (auto const& d : dots)
+        if (attr(d, "data-metric") == "ap_drop" && attr(d, "data-layer") == "0") {
+            seen = true;
+            CHECK(std::stod(attr(d, "data-value")) == Approx(0.5e-4 / 0.04).epsilon(1e-9));
+        }
+    CHECK(seen);
+    for (auto const& d : dots) CHECK(attr(d, "data-layer") != "1");  // layer 1: no shared key heads
+    auto const lines = elements(svg, "path", "metric");
+    CHECK(lines.size() == qkgeom::gqa_metric_names.size());
+}
+
 TEST_CASE("report.html: self-contained page with the table, pictures and links", "[report][html]") {
     std::vector<qkgeom::head_analysis> hs{make_head(0, {100, 300}, {0.9, 0.8})};
     temp_dir tmp;
     auto const m = rep::collect_pictures("m&m <1>", hs);
     auto const files = rep::write_pictures(tmp.path, m);
-    REQUIRE(files.size() == 5);
+    REQUIRE(files.size() == 7);
     for (auto const& f : files) {
         std::ifstream in(f.path);
         std::string const text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -388,7 +497,7 @@ TEST_CASE("report.html: self-contained page with the table, pictures and links",
     CHECK(html.find("report &lt;x&gt;") != std::string::npos);
     CHECK(html.find("m&amp;m &lt;1&gt;") != std::string::npos);
     auto const imgs = elements(html, "img");
-    REQUIRE(imgs.size() == 5);
+    REQUIRE(imgs.size() == 7);
     for (auto const& i : imgs) {
         CHECK(attr(i, "src").rfind("sub%20dir/", 0) == 0);
         CHECK(attr(i, "width") == "720");

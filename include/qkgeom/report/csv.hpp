@@ -607,10 +607,7 @@ inline std::vector<std::filesystem::path> write_reports(std::filesystem::path co
     write_layer_report(p(layer_report_file), m);
     write_head_rope_bands(p(head_rope_bands_file), heads);
     write_head_rope_bucket_bands(p(head_rope_bucket_bands_file), heads);
-    bool const ids = std::all_of(heads.begin(), heads.end(), [](head_analysis const& h) {
-        return h.id.layer >= 0 && h.id.q_head >= 0 && h.id.k_head >= 0;
-    });
-    if (ids) write_gqa_groups(p(gqa_groups_file), gqa_groups(heads));
+    if (gqa_ids_recorded(heads)) write_gqa_groups(p(gqa_groups_file), gqa_groups(heads));
     return out;
 }
 

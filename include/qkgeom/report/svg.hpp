@@ -59,6 +59,8 @@ inline constexpr std::string_view component_weights_svg_file = "component_weight
 inline constexpr std::string_view taxonomy_svg_file = "taxonomy_scatter.svg";
 inline constexpr std::string_view model_comparison_svg_file = "model_comparison.svg";
 inline constexpr std::string_view split_svg_file = "plasticity_split.svg";
+inline constexpr std::string_view rope_bands_svg_file = "rope_bands.svg";
+inline constexpr std::string_view gqa_svg_file = "gqa_groups.svg";
 ///@}
 
 /// \brief Canvas size and plot margins in pixels (user units of the viewBox).
@@ -87,6 +89,17 @@ struct picture_options {
 // Compact picture data
 // ---------------------------------------------------------------------------
 
+/// \brief One frequency band of a head's RoPE analysis, as the pictures need it
+/// (the `rope_band` fields of the same names, docs/beyond-rope.md).
+struct band_picture {
+    bool rotary = true;                              ///< false: the unrotated coordinates
+    double wavelength_lo = qkgeom::detail::nan;      ///< tokens
+    double wavelength_hi = qkgeom::detail::nan;      ///< tokens
+    double content_var_share = qkgeom::detail::nan;  ///< share of the queries' content variance
+    double v_share_first_20pct = qkgeom::detail::nan;  ///< share of v, first-quintile query buckets
+    double v_share_last_20pct = qkgeom::detail::nan;   ///< share of v, last-quintile query buckets
+};
+
 /// \brief What the pictures need of one head (no rows, no cells).
 struct head_picture {
     head_id id;                            ///< which head
@@ -103,6 +116,9 @@ struct head_picture {
     /// the both-removed remainder (ap_drop_bias, ap_drop_content, ap_drop_neither).
     std::array<double, 3> drop_split{qkgeom::detail::nan, qkgeom::detail::nan, qkgeom::detail::nan};
     double ap_drop = qkgeom::detail::nan;  ///< AP_drop (method §6)
+    /// The RoPE frequency bands (high → low frequency, unrotated last);
+    /// empty when the head's capture records no RoPE settings.
+    std::vector<band_picture> rope_bands;
 };
 
 /// \brief Extract the picture data of one head.
@@ -133,6 +149,9 @@ inline head_picture picture_data(head_analysis const& h) {
     auto const& sp = h.plasticity.split;
     p.drop_split = {sp.ap_drop_bias, sp.ap_drop_content, sp.ap_drop_neither};
     p.ap_drop = h.plasticity.ap_drop;
+    for (auto const& b : h.rope.bands)
+        p.rope_bands.push_back({b.rotary, b.wavelength_lo, b.wavelength_hi, b.content_var_share,
+                                b.v_share_first_20pct, b.v_share_last_20pct});
     return p;
 }
 
@@ -184,6 +203,11 @@ struct model_pictures {
     std::string model;                ///< the model's name (titles, alt texts)
     std::vector<head_picture> heads;  ///< per head, in the order added
     heatmap_total heatmap;            ///< the summed heatmap
+    /// The GQA group analysis of the model's heads (`gqa_groups`,
+    /// docs/beyond-gqa.md): filled by `collect_pictures` when every head
+    /// records its layer, q_head and k_head (`gqa_ids_recorded`); `add`
+    /// leaves it alone (set it from the heads when adding them one by one).
+    std::vector<gqa_metric_row> gqa;
 
     /// \brief An empty accumulator with no name.
     model_pictures() = default;
@@ -215,6 +239,7 @@ inline model_pictures collect_pictures(std::string model, std::span<head_analysi
     model_pictures m(std::move(model));
     m.heads.reserve(heads.size());
     m.add(heads);
+    if (gqa_ids_recorded(heads)) m.gqa = gqa_groups(heads);
     return m;
 }
 
@@ -900,6 +925,202 @@ inline std::string split_svg(model_pictures const& m, picture_options const& opt
     return doc.finish();
 }
 
+namespace detail {
+
+/// The mean over heads of the RoPE band shares (rope_bands_svg): per band
+/// the three shares' means over the heads where each is finite, and the
+/// bands' wavelength ranges (of the first head with bands). Heads with
+/// another band layout (count or rotary flags) are counted in `other`.
+struct band_means {
+    std::vector<band_picture> mean;              // the wavelengths of the first head, the shares' means
+    std::vector<std::array<std::int64_t, 3>> n;  // heads per band and share
+    std::int64_t heads = 0, other = 0;
+};
+
+inline band_means mean_bands(model_pictures const& m) {
+    band_means out;
+    for (auto const& h : m.heads) {
+        if (h.rope_bands.empty()) continue;
+        if (out.heads == 0 && out.other == 0) {
+            out.mean = h.rope_bands;
+            out.n.assign(h.rope_bands.size(), {0, 0, 0});
+            for (auto& b : out.mean) b.content_var_share = b.v_share_first_20pct = b.v_share_last_20pct = 0;
+        }
+        bool same = h.rope_bands.size() == out.mean.size();
+        for (std::size_t k = 0; same && k < out.mean.size(); ++k) same = h.rope_bands[k].rotary == out.mean[k].rotary;
+        if (!same) {
+            ++out.other;
+            continue;
+        }
+        ++out.heads;
+        for (std::size_t k = 0; k < out.mean.size(); ++k) {
+            auto const& b = h.rope_bands[k];
+            double const v[3] = {b.content_var_share, b.v_share_first_20pct, b.v_share_last_20pct};
+            double* const acc[3] = {&out.mean[k].content_var_share, &out.mean[k].v_share_first_20pct,
+                                    &out.mean[k].v_share_last_20pct};
+            for (std::size_t j = 0; j < 3; ++j)
+                if (std::isfinite(v[j])) *acc[j] += v[j], ++out.n[k][j];
+        }
+    }
+    for (std::size_t k = 0; k < out.mean.size(); ++k) {
+        double* const acc[3] = {&out.mean[k].content_var_share, &out.mean[k].v_share_first_20pct,
+                                &out.mean[k].v_share_last_20pct};
+        for (std::size_t j = 0; j < 3; ++j) *acc[j] = out.n[k][j] > 0 ? *acc[j] / double(out.n[k][j]) : qkgeom::detail::nan;
+    }
+    return out;
+}
+
+/// A wavelength in tokens, short: one decimal below 10, then whole numbers,
+/// k and M for thousands and millions ("6.3", "15", "2.5k", "63k", "1.2M").
+inline std::string tokens_short(double x) {
+    if (!std::isfinite(x)) return "inf";
+    std::string_view unit;
+    if (x >= 1e6) x /= 1e6, unit = "M";
+    else if (x >= 1e3) x /= 1e3, unit = "k";
+    std::array<char, 32> buf{};
+    auto const r = std::to_chars(buf.data(), buf.data() + buf.size(), x, std::chars_format::fixed, x < 10 ? 1 : 0);
+    return std::string(buf.data(), r.ptr) + std::string(unit);
+}
+
+/// "a–b" (wavelengths in tokens) for a rotary band, "unrotated" otherwise.
+inline std::string band_label(band_picture const& b) {
+    if (!b.rotary) return "unrotated";
+    return tokens_short(b.wavelength_lo) + "–" + tokens_short(b.wavelength_hi);
+}
+
+}  // namespace detail
+
+/// \brief Which frequencies carry content (docs/beyond-rope.md): per RoPE
+/// frequency band (x, high → low frequency; under each band its wavelength
+/// range in tokens) three bars, each the mean over heads of one share: the
+/// queries' content variance (content_var_share), and the score-difference
+/// variance v of the first- and last-quintile query buckets
+/// (v_share_first_20pct, v_share_last_20pct). <rect class="share"
+/// data-share="content|v_first|v_last" data-band data-value>. Heads without
+/// RoPE settings have no bands and are not drawn; heads with another band
+/// layout than the first are left out (both counted in the subtitle); with
+/// no bands at all the plot is empty and says so.
+/// \param[in] m the model's picture data.
+/// \param[in] opt frame and y domain (default [0, 1]).
+/// \returns the SVG document.
+inline std::string rope_bands_svg(model_pictures const& m, picture_options const& opt = {}) {
+    svg_frame f = opt.frame;
+    svg_frame inner = f;
+    inner.right += 190;
+    inner.bottom += 26;  // the wavelength labels (two rows)
+    auto const bm = detail::mean_bands(m);
+    std::size_t const nb = bm.mean.size();
+    std::array<double, 2> const yd = opt.y_domain ? *opt.y_domain : std::array<double, 2>{0.0, 1.0};
+    detail::scale const sx{-0.5, std::max(1.0, double(nb)) - 0.5, inner.left, inner.width - inner.right};
+    detail::scale const sy{yd[0], yd[1], inner.height - inner.bottom, inner.top};
+    std::int64_t const without = std::int64_t(m.heads.size()) - bm.heads - bm.other;
+    std::string sub = nb == 0 ? "no head has RoPE settings (the capture's manifest records none): nothing to show"
+                              : detail::plural(std::size_t(bm.heads), "head") + " with RoPE bands; bar: mean share over heads";
+    if (nb != 0 && without > 0) sub += "; " + std::to_string(without) + " without RoPE settings";
+    if (bm.other > 0) sub += "; " + std::to_string(bm.other) + " with another band layout left out";
+    detail::svg_doc doc(f, "Which frequencies carry content — " + m.model, sub);
+    std::vector<double> xt;
+    for (std::size_t k = 0; k < nb; ++k) xt.push_back(double(k));
+    doc.begin_plot(sx, sy, xt, detail::ticks(yd[0], yd[1], 5),
+                   "RoPE band (high → low frequency; wavelength range in tokens)", "share");
+    static constexpr std::array<std::string_view, 3> names{"content", "v_first", "v_last"};
+    static constexpr std::array<std::string_view, 3> colours{"#7f7f7f", "#1f77b4", "#d62728"};
+    double const gw = 0.8 * (sx(1.0) - sx(0.0)), bw = gw / 3;
+    for (std::size_t k = 0; k < nb; ++k) {
+        auto const& b = bm.mean[k];
+        double const x = sx(double(k));
+        // labels alternate between two rows so that neighbours never overlap
+        doc.text(x, sy.r0 + 31 + double(k % 2) * 12, detail::band_label(b), "middle",
+                 "class=\"band-label\" font-size=\"10\"");
+        double const v[3] = {b.content_var_share, b.v_share_first_20pct, b.v_share_last_20pct};
+        for (std::size_t j = 0; j < 3; ++j) {
+            if (!std::isfinite(v[j])) continue;
+            double const y0 = sy(std::clamp(0.0, yd[0], yd[1])), y1 = sy(std::clamp(v[j], yd[0], yd[1]));
+            doc.rect(x - gw / 2 + double(j) * bw, std::min(y0, y1), bw, std::abs(y1 - y0), colours[j],
+                     "class=\"share\" data-share=\"" + std::string(names[j]) + "\" data-band=\"" + std::to_string(k) +
+                         "\" data-value=\"" + detail::label(v[j], 17) + "\"");
+        }
+    }
+    doc.end_plot();
+    doc.legend(inner.width - inner.right + 20, inner.top + 12,
+               {{std::string(colours[0]), "content variance (queries)"},
+                {std::string(colours[1]), "v, first 20% of positions"},
+                {std::string(colours[2]), "v, last 20% of positions"}});
+    return doc.finish();
+}
+
+/// \brief Do heads that share a key head agree (docs/beyond-gqa.md): per
+/// layer (x; the last position "all" is the model row) and per metric
+/// (profile, ap_drop, bias_strength: one line each) log10 of the GQA ratio
+/// MS_within / MS_between of gqa_groups.csv: 0 means no group effect, below
+/// 0 the heads of a group are more alike than heads of different groups.
+/// <circle class="ratio" data-metric data-layer data-value> with data-value
+/// the ratio itself; rows whose status is not "ok" or whose ratio is 0 or
+/// infinite are gaps (the subtitle counts them).
+/// \param[in] m the model's picture data (its `gqa` rows).
+/// \param[in] opt frame and y domain (log10 units).
+/// \returns the SVG document.
+inline std::string gqa_svg(model_pictures const& m, picture_options const& opt = {}) {
+    svg_frame f = opt.frame;
+    svg_frame inner = f;
+    inner.right += 150;
+    std::int64_t last = -1;  // the largest layer; "all" goes one to its right
+    for (auto const& r : m.gqa) last = std::max(last, r.layer);
+    auto const pos = [&](std::int64_t layer) { return double(layer < 0 ? last + 1 : layer); };
+    detail::extent ey;
+    ey.add(0.0);
+    std::size_t drawn = 0, gaps = 0;
+    auto const finite_ratio = [](gqa_metric_row const& r) {
+        return r.status == "ok" && std::isfinite(r.ratio) && r.ratio > 0;
+    };
+    for (auto const& r : m.gqa) {
+        if (!finite_ratio(r)) {
+            ++gaps;
+            continue;
+        }
+        ey.add(std::log10(r.ratio));
+        ++drawn;
+    }
+    std::array<double, 2> const yd = opt.y_domain ? *opt.y_domain : detail::nice_domain(ey.lo, ey.hi);
+    double const nx = double(last + 2);  // layers 0 … last, then "all"
+    detail::scale const sx{-0.5, nx - 0.5, inner.left, inner.width - inner.right};
+    detail::scale const sy{yd[0], yd[1], inner.height - inner.bottom, inner.top};
+    std::string const sub = m.gqa.empty() ? std::string("no GQA rows (heads without layer / key-head ids?): nothing to show")
+                                          : std::to_string(drawn) + " ratios drawn, " + std::to_string(gaps) +
+                                                " without one (status not ok, or 0 / inf); 0 = no group effect";
+    detail::svg_doc doc(f, "Do heads sharing a key head agree — " + m.model, sub);
+    std::vector<double> xt;
+    double const step = std::max(1.0, detail::nice_step(std::max(1.0, nx - 2), 10));
+    for (double v = 0; v <= nx - 2 + 1e-9; v += step) xt.push_back(v);
+    doc.begin_plot(sx, sy, xt, detail::ticks(yd[0], yd[1], 5), "layer (last: all layers)",
+                   "log10 MS_within / MS_between");
+    doc.text(sx(nx - 1), sy.r0 + 18, "all", "middle", "class=\"all\"");
+    doc.line(sx.r0, sy(0.0), sx.r1, sy(0.0), "#333333", 1.0, "class=\"zero\"");
+    std::vector<std::pair<std::string, std::string>> entries;
+    for (std::size_t k = 0; k < gqa_metric_names.size(); ++k) {
+        std::string const metric(gqa_metric_names[k]);
+        std::string const colour(detail::palette[k % detail::palette.size()]);
+        std::vector<double> xs, ys;
+        for (auto const& r : m.gqa) {
+            if (r.metric != metric || r.layer < 0) continue;
+            xs.push_back(pos(r.layer));
+            ys.push_back(finite_ratio(r) ? std::log10(r.ratio) : qkgeom::detail::nan);
+        }
+        doc.gapped_path(xs, ys, sx, sy, "metric", colour, 2.0, "data-metric=\"" + metric + "\"");
+        for (auto const& r : m.gqa) {
+            if (r.metric != metric || !finite_ratio(r)) continue;
+            doc.circle(sx(pos(r.layer)), sy(std::log10(r.ratio)), 4.0, colour,
+                       "class=\"ratio\" data-metric=\"" + metric + "\" data-layer=\"" +
+                           (r.layer < 0 ? std::string("all") : std::to_string(r.layer)) + "\" data-value=\"" +
+                           detail::label(r.ratio, 17) + "\"");
+        }
+        entries.emplace_back(colour, metric);
+    }
+    doc.end_plot();
+    doc.legend(inner.width - inner.right + 20, inner.top + 12, entries, true);
+    return doc.finish();
+}
+
 /// \brief Model comparison (method §6 "Model level"): the decile AP profile
 /// averaged over heads, one line per model (<path class="model">) with a
 /// marker per finite decile; x = decile centre as a fraction of the context
@@ -957,14 +1178,15 @@ struct picture_file {
     double width = 0, height = 0;  ///< the canvas size (picture_options::frame)
 };
 
-/// \brief Write the five per-model pictures into `out_dir` (which must
+/// \brief Write the seven per-model pictures into `out_dir` (which must
 /// exist): plasticity_profile.svg, plasticity_heatmap.svg,
-/// component_weights.svg, taxonomy_scatter.svg, plasticity_split.svg.
+/// component_weights.svg, taxonomy_scatter.svg, plasticity_split.svg,
+/// rope_bands.svg, gqa_groups.svg.
 /// Existing files are overwritten.
 /// \param[in] out_dir the directory; it must exist (it is not created).
 /// \param[in] m the model's picture data.
-/// \param[in] opt frame, domains and thresholds, used for all five.
-/// \returns the five files, in that order.
+/// \param[in] opt frame, domains and thresholds, used for all seven.
+/// \returns the seven files, in that order.
 /// \throws std::runtime_error naming a file that cannot be opened or written
 ///         (files written before it are left in place).
 inline std::vector<picture_file> write_pictures(std::filesystem::path const& out_dir, model_pictures const& m,
@@ -985,6 +1207,10 @@ inline std::vector<picture_file> write_pictures(std::filesystem::path const& out
         "Head taxonomy of " + m.model + ": PC0 r_q against r_k per head with the threshold lines");
     one(split_svg_file, split_svg(m, opt),
         "Split of AP_drop of " + m.model + ": bias part, content part and remainder per layer and for the model");
+    one(rope_bands_svg_file, rope_bands_svg(m, opt),
+        "RoPE bands of " + m.model + ": per frequency band its share of content variance and of v, early and late");
+    one(gqa_svg_file, gqa_svg(m, opt),
+        "GQA groups of " + m.model + ": within-group / between-group variance ratio per layer and metric");
     return out;
 }
 
