@@ -87,17 +87,12 @@ inline void split_buffer::flush(split_model const& sm, double w0, double s0, boo
     double* const zn = z.data();
     double* const zf = zn + k;
     double* const ze = zf + k;
-    for (std::size_t i = 0; i < k; ++i) {  // v ≤ 0 gives ±inf or NaN here, replaced below
-        double const t = d1[i];
-        zn[i] = (al * t + mc[i]) / std::sqrt(s0 * (t * t) + vc[i]);
+    // v ≤ 0 gives ±inf or NaN here, replaced below
+    sse2::split_z(d1.data(), mc.data(), vc.data(), al, s0, k, zn);
+    if (fro) {
+        sse2::split_z(d1.data(), mf.data(), vf.data(), w0, s0, k, zf);
+        sse2::split_z(d1.data(), mf.data(), vf.data(), al, s0, k, ze);
     }
-    if (fro)
-        for (std::size_t i = 0; i < k; ++i) {
-            double const t = d1[i];
-            double const r = std::sqrt(s0 * (t * t) + vf[i]);
-            zf[i] = (w0 * t + mf[i]) / r;
-            ze[i] = (al * t + mf[i]) / r;
-        }
     vpp::batch(zn, zn, fro ? 3 * k : k);
     for (std::size_t i = 0; i < k; ++i) {
         double const t = d1[i];

@@ -89,47 +89,50 @@ inline void diag_pair_moments(double const* a, double const* b, double const* w,
 /// `diag_pair_moments` (m and v bit-identical to it: the same products added
 /// in the same order) and, in the same pass, the split's content sums over
 /// l = 1..d−1 (docs/beyond-split.md): c = (Σ w δ, Σ s2 δ², Σ wf δ, Σ s2f δ²).
-/// The content accumulators take the same products, lane 0 of the first
-/// block masked out (wf[0], s2f[0] do not count).
+/// The content sums take the same products but the l = 0 one (wf[0] and
+/// s2f[0] do not count).
 inline void diag_pair_moments_split(double const* a, double const* b, double const* w, double const* s2,
                                     double const* wf, double const* s2f, index_t d, double& m_out, double& v_out,
                                     double c[4]) noexcept {
-    double m = 0, v = 0, cm = 0, cv = 0, fm = 0, fv = 0;
+    double m = 0, v = 0, cm_s = 0, cv_s = 0, fm_s = 0, fv_s = 0;
     index_t l = 0;
 #ifdef QKGEOM_DETAIL_SSE2
-    __m128d m0 = _mm_setzero_pd(), m1 = m0, v0 = m0, v1 = m0, cm0 = m0, cm1 = m0, cv0 = m0, cv1 = m0;
-    __m128d fm0 = m0, fm1 = m0, fv0 = m0, fv1 = m0;
-    // keep: lane 0 cleared on the first block (l = 0 is not content), all ones after
-    __m128d keep = _mm_castsi128_pd(_mm_set_epi64x(-1LL, 0LL));
-    __m128d const ones = _mm_castsi128_pd(_mm_set1_epi64x(-1LL));
-    for (; l + 4 <= d; l += 4) {
-        __m128d const d0 = _mm_sub_pd(_mm_loadu_pd(a + l), _mm_loadu_pd(b + l));
-        __m128d const d1 = _mm_sub_pd(_mm_loadu_pd(a + l + 2), _mm_loadu_pd(b + l + 2));
+    // m0, m1, v0, v1: the accumulators of diag_pair_moments. Lanes 1 of m0
+    // and all of m1 hold content products only, so the content sums need one
+    // more accumulator each (cm0, cv0: m0, v0 without the l = 0 product).
+    __m128d const zero = _mm_setzero_pd();
+    __m128d const hi = _mm_castsi128_pd(_mm_set_epi64x(-1LL, 0LL));  // lane 1 kept
+    __m128d m0 = zero, m1 = zero, v0 = zero, v1 = zero, cm0 = zero, cv0 = zero;
+    __m128d fm0 = zero, fm1 = zero, fv0 = zero, fv1 = zero;
+    auto step = [&](index_t k, bool first) {
+        __m128d const d0 = _mm_sub_pd(_mm_loadu_pd(a + k), _mm_loadu_pd(b + k));
+        __m128d const d1 = _mm_sub_pd(_mm_loadu_pd(a + k + 2), _mm_loadu_pd(b + k + 2));
         __m128d const q0 = _mm_mul_pd(d0, d0), q1 = _mm_mul_pd(d1, d1);
-        __m128d const pm0 = _mm_mul_pd(_mm_loadu_pd(w + l), d0), pm1 = _mm_mul_pd(_mm_loadu_pd(w + l + 2), d1);
-        __m128d const pv0 = _mm_mul_pd(_mm_loadu_pd(s2 + l), q0), pv1 = _mm_mul_pd(_mm_loadu_pd(s2 + l + 2), q1);
+        __m128d const pm0 = _mm_mul_pd(_mm_loadu_pd(w + k), d0), pv0 = _mm_mul_pd(_mm_loadu_pd(s2 + k), q0);
+        __m128d const pf0 = _mm_mul_pd(_mm_loadu_pd(wf + k), d0), pg0 = _mm_mul_pd(_mm_loadu_pd(s2f + k), q0);
         m0 = _mm_add_pd(m0, pm0);
-        m1 = _mm_add_pd(m1, pm1);
+        m1 = _mm_add_pd(m1, _mm_mul_pd(_mm_loadu_pd(w + k + 2), d1));
         v0 = _mm_add_pd(v0, pv0);
-        v1 = _mm_add_pd(v1, pv1);
-        cm0 = _mm_add_pd(cm0, _mm_and_pd(pm0, keep));
-        cm1 = _mm_add_pd(cm1, pm1);
-        cv0 = _mm_add_pd(cv0, _mm_and_pd(pv0, keep));
-        cv1 = _mm_add_pd(cv1, pv1);
-        fm0 = _mm_add_pd(fm0, _mm_and_pd(_mm_mul_pd(_mm_loadu_pd(wf + l), d0), keep));
-        fm1 = _mm_add_pd(fm1, _mm_mul_pd(_mm_loadu_pd(wf + l + 2), d1));
-        fv0 = _mm_add_pd(fv0, _mm_and_pd(_mm_mul_pd(_mm_loadu_pd(s2f + l), q0), keep));
-        fv1 = _mm_add_pd(fv1, _mm_mul_pd(_mm_loadu_pd(s2f + l + 2), q1));
-        keep = ones;
+        v1 = _mm_add_pd(v1, _mm_mul_pd(_mm_loadu_pd(s2 + k + 2), q1));
+        cm0 = _mm_add_pd(cm0, first ? _mm_and_pd(pm0, hi) : pm0);
+        cv0 = _mm_add_pd(cv0, first ? _mm_and_pd(pv0, hi) : pv0);
+        fm0 = _mm_add_pd(fm0, first ? _mm_and_pd(pf0, hi) : pf0);
+        fv0 = _mm_add_pd(fv0, first ? _mm_and_pd(pg0, hi) : pg0);
+        fm1 = _mm_add_pd(fm1, _mm_mul_pd(_mm_loadu_pd(wf + k + 2), d1));
+        fv1 = _mm_add_pd(fv1, _mm_mul_pd(_mm_loadu_pd(s2f + k + 2), q1));
+    };
+    if (d >= 4) {
+        step(0, true);
+        for (l = 4; l + 4 <= d; l += 4) step(l, false);
     }
     alignas(16) double r[12];
     _mm_store_pd(r, _mm_add_pd(m0, m1));
     _mm_store_pd(r + 2, _mm_add_pd(v0, v1));
-    _mm_store_pd(r + 4, _mm_add_pd(cm0, cm1));
-    _mm_store_pd(r + 6, _mm_add_pd(cv0, cv1));
+    _mm_store_pd(r + 4, _mm_add_pd(cm0, m1));
+    _mm_store_pd(r + 6, _mm_add_pd(cv0, v1));
     _mm_store_pd(r + 8, _mm_add_pd(fm0, fm1));
     _mm_store_pd(r + 10, _mm_add_pd(fv0, fv1));
-    m = r[0] + r[1], v = r[2] + r[3], cm = r[4] + r[5], cv = r[6] + r[7], fm = r[8] + r[9], fv = r[10] + r[11];
+    m = r[0] + r[1], v = r[2] + r[3], cm_s = r[4] + r[5], cv_s = r[6] + r[7], fm_s = r[8] + r[9], fv_s = r[10] + r[11];
 #endif
     for (; l < d; ++l) {
         double const dl = a[l] - b[l];
@@ -137,14 +140,32 @@ inline void diag_pair_moments_split(double const* a, double const* b, double con
         m += pm;
         v += pv;
         if (l == 0) continue;
-        cm += pm;
-        cv += pv;
-        fm += wf[l] * dl;
-        fv += s2f[l] * (dl * dl);
+        cm_s += pm;
+        cv_s += pv;
+        fm_s += wf[l] * dl;
+        fv_s += s2f[l] * (dl * dl);
     }
     m_out = m;
     v_out = v;
-    c[0] = cm, c[1] = cv, c[2] = fm, c[3] = fv;
+    c[0] = cm_s, c[1] = cv_s, c[2] = fm_s, c[3] = fv_s;
+}
+
+/// The z of one counterfactual of the split pass (docs/beyond-split.md) for
+/// k pairs: z[i] = (al t[i] + mc[i]) / √(s0 t[i]² + vc[i]) (v ≤ 0 gives ±inf or
+/// NaN: the caller replaces those).
+inline void split_z(double const* t, double const* mc, double const* vc, double al, double s0, std::size_t k,
+                    double* z) noexcept {
+    std::size_t i = 0;
+#ifdef QKGEOM_DETAIL_SSE2
+    __m128d const alv = _mm_set1_pd(al), s0v = _mm_set1_pd(s0);
+    for (; i + 2 <= k; i += 2) {
+        __m128d const tv = _mm_loadu_pd(t + i);
+        __m128d const v = _mm_add_pd(_mm_mul_pd(s0v, _mm_mul_pd(tv, tv)), _mm_loadu_pd(vc + i));
+        __m128d const m = _mm_add_pd(_mm_mul_pd(alv, tv), _mm_loadu_pd(mc + i));
+        _mm_storeu_pd(z + i, _mm_div_pd(m, _mm_sqrt_pd(v)));
+    }
+#endif
+    for (; i < k; ++i) z[i] = (al * t[i] + mc[i]) / std::sqrt(s0 * (t[i] * t[i]) + vc[i]);
 }
 
 /// One Gram-tile column: z[a] = (s[a] − sb)/√max(v, 0), v = nrm[a] + nb − 2 col[a],
