@@ -401,39 +401,37 @@ struct pair_energy {
     }
 };
 
+/// The loop of `unrotate_row` over np pairs (separate restrict arrays: the
+/// compiler vectorises it): x = (x1, x2) the row's pairs, (c, sv) their
+/// cos, sin; u = R(t)ᵀ x; ra/rq += x, x²; oa/oq += u, u²; n += R(t) x.
+inline void unrotate_pairs(index_t np, double const* __restrict x1, double const* __restrict x2,
+                           double const* __restrict c, double const* __restrict sv, double* __restrict u1,
+                           double* __restrict u2, double* __restrict ra1, double* __restrict ra2,
+                           double* __restrict rq1, double* __restrict rq2, double* __restrict oa1,
+                           double* __restrict oa2, double* __restrict oq1, double* __restrict oq2,
+                           double* __restrict n1, double* __restrict n2) {
+    for (index_t j = 0; j < np; ++j) {
+        double const a = x1[j], b = x2[j];
+        ra1[j] += a, rq1[j] += a * a, ra2[j] += b, rq2[j] += b * b;
+        n1[j] += c[j] * a - sv[j] * b;
+        n2[j] += sv[j] * a + c[j] * b;
+        double const ua = c[j] * a + sv[j] * b, ub = c[j] * b - sv[j] * a;
+        u1[j] = ua, u2[j] = ub;
+        oa1[j] += ua, oq1[j] += ua * ua, oa2[j] += ub, oq2[j] += ub * ub;
+    }
+}
+
 /// One row of a bucket in one pass over its rotary pairs: the raw frame's
 /// sums (`raw`), the unrotated pair x' = R(t)ᵀ x written to `ur` and summed
 /// (`rot`), and R(t)·x (the opposite sense: the mirror check) summed into
 /// rot.r1, rot.r2; `cs`, `sn` the pairs' cos, sin of t·θ_i.
 inline void unrotate_row(geometry const& g, double const* row, double* ur, double const* cs, double const* sn,
                          pair_energy& raw, pair_energy& rot) {
-    for_pair_blocks(g, [&](index_t p0, index_t np, index_t c0) {
-        double const* __restrict x1 = row + c0;
-        double const* __restrict x2 = x1 + np;
-        double const* __restrict c = cs + p0;
-        double const* __restrict sv = sn + p0;
-        double* __restrict u1 = ur + c0;
-        double* __restrict u2 = u1 + np;
-        double* __restrict ra1 = raw.cs.data() + c0;
-        double* __restrict ra2 = ra1 + np;
-        double* __restrict rq1 = raw.cq.data() + c0;
-        double* __restrict rq2 = rq1 + np;
-        double* __restrict oa1 = rot.cs.data() + c0;
-        double* __restrict oa2 = oa1 + np;
-        double* __restrict oq1 = rot.cq.data() + c0;
-        double* __restrict oq2 = oq1 + np;
-        double* __restrict n1 = rot.r1.data() + p0;
-        double* __restrict n2 = rot.r2.data() + p0;
-        for (index_t j = 0; j < np; ++j) {
-            double const a = x1[j], b = x2[j];
-            ra1[j] += a, rq1[j] += a * a, ra2[j] += b, rq2[j] += b * b;
-            n1[j] += c[j] * a - sv[j] * b;
-            n2[j] += sv[j] * a + c[j] * b;
-            double const ua = c[j] * a + sv[j] * b, ub = c[j] * b - sv[j] * a;
-            u1[j] = ua, u2[j] = ub;
-            oa1[j] += ua, oq1[j] += ua * ua, oa2[j] += ub, oq2[j] += ub * ub;
-        }
-    });
+    index_t const h = g.half;
+    if (h == 0) return;
+    unrotate_pairs(h, row, row + h, cs, sn, ur, ur + h, raw.cs.data(), raw.cs.data() + h, raw.cq.data(),
+                   raw.cq.data() + h, rot.cs.data(), rot.cs.data() + h, rot.cq.data(), rot.cq.data() + h,
+                   rot.r1.data(), rot.r2.data());
 }
 
 /// Per pair coherence, energy z and power of one frame; Num and Den summed

@@ -167,18 +167,56 @@ TEST_CASE("rope_bands: the angle tables agree with direct cos/sin", "[rope]") {
     rd::geometry const g = rd::make_geometry(spec, 8, 1, 1.0);
     REQUIRE(g.bands.size() == 1);
     for (std::int64_t t : {0, 1, 70, 71, 4999, 5000}) {
-        double a[8] = {1, 3, 5, 7, 2, 4, 6, 8}, b[8] = {1, 3, 5, 7, 2, 4, 6, 8};
-        double ma1[4] = {}, ma2[4] = {}, mb1[4] = {}, mb2[4] = {};
-        tab.unrotate(g, a, t, ma1, ma2);
-        direct.unrotate(g, b, t, mb1, mb2);
-        for (int j = 0; j < 8; ++j) CHECK(a[j] == Approx(b[j]).margin(1e-12));
-        for (int j = 0; j < 4; ++j) CHECK(ma1[j] == Approx(mb1[j]).margin(1e-12));
-        // R(t)ᵀ applied to pair 0 = (1, 2) by hand, and R(t) for the mirror sums
-        double const c = std::cos(double(t)), s = std::sin(double(t));
-        CHECK(b[0] == Approx(c * 1 + s * 2).margin(1e-12));
-        CHECK(b[4] == Approx(c * 2 - s * 1).margin(1e-12));
-        CHECK(mb1[0] == Approx(c * 1 - s * 2).margin(1e-12));
-        CHECK(mb2[0] == Approx(s * 1 + c * 2).margin(1e-12));
+        double ca[4], sa[4], cb[4], sb[4];
+        tab.angles(t, ca, sa);
+        direct.angles(t, cb, sb);
+        for (int j = 0; j < 4; ++j) {
+            CHECK(ca[j] == Approx(std::cos(double(t) * f[std::size_t(j)])).margin(1e-12));
+            CHECK(sa[j] == Approx(std::sin(double(t) * f[std::size_t(j)])).margin(1e-12));
+            CHECK(cb[j] == Approx(std::cos(double(t) * f[std::size_t(j)])).margin(1e-15));
+        }
+        // R(t)ᵀ applied to pair j = (x_j, x_{j+4}) by hand, R(t) for the mirror sums, the frames' sums
+        double const x[8] = {1, 3, 5, 7, 2, 4, 6, 8};
+        double u[8];
+        rd::pair_energy raw(g), rot(g);
+        rd::unrotate_row(g, x, u, ca, sa, raw, rot);
+        rd::unrotate_row(g, x, u, ca, sa, raw, rot);  // twice: the sums add
+        for (int j = 0; j < 4; ++j) {
+            double const c = std::cos(double(t) * f[std::size_t(j)]), s = std::sin(double(t) * f[std::size_t(j)]);
+            double const p = x[j], q = x[j + 4];
+            CHECK(u[j] == Approx(c * p + s * q).margin(1e-12));
+            CHECK(u[j + 4] == Approx(c * q - s * p).margin(1e-12));
+            CHECK(rot.r1[std::size_t(j)] == Approx(2 * (c * p - s * q)).margin(1e-12));
+            CHECK(rot.r2[std::size_t(j)] == Approx(2 * (s * p + c * q)).margin(1e-12));
+            CHECK(raw.cs[std::size_t(j)] == 2 * p);
+            CHECK(raw.cq[std::size_t(j + 4)] == 2 * q * q);
+            CHECK(rot.cs[std::size_t(j)] == Approx(2 * u[j]).epsilon(1e-15));
+            CHECK(rot.cq[std::size_t(j)] + rot.cq[std::size_t(j + 4)] == Approx(2 * (p * p + q * q)).epsilon(1e-14));
+        }
+    }
+}
+
+TEST_CASE("rope_bands: the band Gram update equals the brute-force sum over the rows", "[rope]") {
+    namespace rd = qkgeom::detail::rope;
+    std::mt19937_64 rng(17);
+    std::normal_distribution<double> nd;
+    qkgeom::index_t const n = 37, d = 13;
+    rd::rmat x(n, d);
+    for (qkgeom::index_t i = 0; i < n; ++i)
+        for (qkgeom::index_t j = 0; j < d; ++j) x(i, j) = nd(rng) + 0.1 * double(j);
+    for (std::vector<qkgeom::index_t> const& cols : {std::vector<qkgeom::index_t>{0, 3, 4, 12, 7},
+                                                    std::vector<qkgeom::index_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}}) {
+        auto const w = qkgeom::index_t(cols.size());
+        rd::dmat C = rd::dmat::Constant(w, w, 0.5);  // the update adds to the lower triangle
+        rd::gram_update gu;
+        gu.add(x.data(), d, n, cols, C);
+        for (qkgeom::index_t j = 0; j < w; ++j)
+            for (qkgeom::index_t i = j; i < w; ++i) {
+                double s = 0.5;
+                for (qkgeom::index_t k = 0; k < n; ++k) s += x(k, cols[std::size_t(i)]) * x(k, cols[std::size_t(j)]);
+                CHECK(C(i, j) == Approx(s).epsilon(1e-13));
+            }
+        CHECK(C(0, w - 1) == 0.5);  // the upper triangle is not touched
     }
 }
 
