@@ -21,6 +21,7 @@
 #include <qkgeom/plasticity/options.hpp>
 #include <qkgeom/plasticity/rows.hpp>
 #include <qkgeom/plasticity/split.hpp>
+#include <qkgeom/simd.hpp>
 #include <qkgeom/simd/sse2.hpp>
 
 #include <Eigen/Core>
@@ -197,10 +198,7 @@ public:
             if (sp) full_content(e, i, j, st_c_);
         } else if (sp) {
             // m, v as diag_pair_moments (bit for bit) and the content sums, one pass
-            bool const f = e.split.frozen;
-            sse2::diag_pair_moments_split(k_.rot.row(i).data(), k_.rot.row(j).data(), e.w.data(), e.var.data(),
-                                          f ? e.split.wf.data() : e.w.data(), f ? e.split.varf.data() : e.var.data(),
-                                          k_.d, m, v, st_c_);
+            diag_split(e, i, j, m, v, st_c_);
         } else {
             // m = w·δ and v = Σ var_l δ_l² in one pass, δ never stored
             sse2::diag_pair_moments(k_.rot.row(i).data(), k_.rot.row(j).data(), e.w.data(), e.var.data(), k_.d, m, v);
@@ -241,10 +239,18 @@ public:
             return;
         }
         double m = 0, v = 0;
-        bool const f = e.split.frozen;
-        sse2::diag_pair_moments_split(k_.rot.row(i).data(), k_.rot.row(j).data(), e.w.data(), e.var.data(),
-                                      f ? e.split.wf.data() : e.w.data(), f ? e.split.varf.data() : e.var.data(), k_.d,
-                                      m, v, c);
+        diag_split(e, i, j, m, v, c);
+    }
+
+    /// m, v and the content sums c of pair (i, j), diagonal models, in one
+    /// pass at the dispatched level (the same bits at every level); the
+    /// frozen sums only where the flush reads them (a frozen model other than
+    /// the actual one), else c[2] = c[0], c[3] = c[1].
+    void diag_split(bucket_eval const& e, index_t i, index_t j, double& m, double& v, double c[4]) {
+        bool const f = e.split.frozen && !split_same(e);
+        sse2::diag_pair_moments_split(isa_, k_.rot.row(i).data(), k_.rot.row(j).data(), e.w.data(), e.var.data(),
+                                      f ? e.split.wf.data() : nullptr, f ? e.split.varf.data() : nullptr, k_.d, m, v,
+                                      c);
     }
 
     /// The split pass of one evaluated pair (PP `pp`) into `acc`: its content
@@ -430,6 +436,7 @@ private:
     empirical_check& emp_;
     grid dist_, offs_;
     Eigen::VectorXd delta_, vdelta_, vfd_;
+    simd::isa isa_ = simd::active();     ///< the level of the split pass's direct kernel
     split_buffer sbuf_;                  ///< the split's pending pairs
     split_acc* sacc_ = nullptr;          ///< their sums
     bucket_eval const* se_ = nullptr;    ///< their bucket

@@ -5,10 +5,13 @@
 // scalar body where SSE2 is unavailable); the arithmetic order of the vector
 // body is part of the contract: the direct and Gram paths, and every caller,
 // see the same sums in the same order (bit-identical results, tested).
+// The split pass's kernel also has an AVX2 body (runtime dispatch,
+// qkgeom/simd.hpp) that keeps the SSE2 lanes' order: the same bits at every level.
 // IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
 #pragma once
 
 #include <qkgeom/config.hpp>
+#include <qkgeom/simd.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -86,15 +89,34 @@ inline void diag_pair_moments(double const* a, double const* b, double const* w,
     v_out = v;
 }
 
-/// `diag_pair_moments` (m and v bit-identical to it: the same products added
-/// in the same order) and, in the same pass, the split's content sums over
-/// l = 1..d−1 (docs/beyond-split.md): c = (Σ w δ, Σ s2 δ², Σ wf δ, Σ s2f δ²).
-/// The content sums take the same products but the l = 0 one (wf[0] and
-/// s2f[0] do not count).
-inline void diag_pair_moments_split(double const* a, double const* b, double const* w, double const* s2,
-                                    double const* wf, double const* s2f, index_t d, double& m_out, double& v_out,
-                                    double c[4]) noexcept {
-    double m = 0, v = 0, cm_s = 0, cv_s = 0, fm_s = 0, fv_s = 0;
+/// The scalar tail of `diag_pair_moments_split` from coordinate l on (the
+/// vector bodies' partial sums in m, v, c; c[2], c[3] only when `Frozen`).
+template <bool Frozen>
+QKGEOM_ALWAYS_INLINE void split_tail(double const* a, double const* b, double const* w, double const* s2,
+                                     double const* wf, double const* s2f, index_t l, index_t d, double& m, double& v,
+                                     double c[4]) noexcept {
+    for (; l < d; ++l) {
+        double const dl = a[l] - b[l];
+        double const pm = w[l] * dl, pv = s2[l] * (dl * dl);
+        m += pm;
+        v += pv;
+        if (l == 0) continue;
+        c[0] += pm;
+        c[1] += pv;
+        if constexpr (Frozen) {
+            c[2] += wf[l] * dl;
+            c[3] += s2f[l] * (dl * dl);
+        }
+    }
+}
+
+/// The SSE2 body of `diag_pair_moments_split` (`Frozen`: with the frozen sums).
+template <bool Frozen>
+QKGEOM_ALWAYS_INLINE void split_sse2(double const* a, double const* b, double const* w, double const* s2,
+                                     double const* wf, double const* s2f, index_t d, double& m_out, double& v_out,
+                                     double c[4]) noexcept {
+    double m = 0, v = 0;
+    c[0] = c[1] = c[2] = c[3] = 0;
     index_t l = 0;
 #ifdef QKGEOM_DETAIL_SSE2
     // m0, m1, v0, v1: the accumulators of diag_pair_moments. Lanes 1 of m0
@@ -109,17 +131,19 @@ inline void diag_pair_moments_split(double const* a, double const* b, double con
         __m128d const d1 = _mm_sub_pd(_mm_loadu_pd(a + k + 2), _mm_loadu_pd(b + k + 2));
         __m128d const q0 = _mm_mul_pd(d0, d0), q1 = _mm_mul_pd(d1, d1);
         __m128d const pm0 = _mm_mul_pd(_mm_loadu_pd(w + k), d0), pv0 = _mm_mul_pd(_mm_loadu_pd(s2 + k), q0);
-        __m128d const pf0 = _mm_mul_pd(_mm_loadu_pd(wf + k), d0), pg0 = _mm_mul_pd(_mm_loadu_pd(s2f + k), q0);
         m0 = _mm_add_pd(m0, pm0);
         m1 = _mm_add_pd(m1, _mm_mul_pd(_mm_loadu_pd(w + k + 2), d1));
         v0 = _mm_add_pd(v0, pv0);
         v1 = _mm_add_pd(v1, _mm_mul_pd(_mm_loadu_pd(s2 + k + 2), q1));
         cm0 = _mm_add_pd(cm0, first ? _mm_and_pd(pm0, hi) : pm0);
         cv0 = _mm_add_pd(cv0, first ? _mm_and_pd(pv0, hi) : pv0);
-        fm0 = _mm_add_pd(fm0, first ? _mm_and_pd(pf0, hi) : pf0);
-        fv0 = _mm_add_pd(fv0, first ? _mm_and_pd(pg0, hi) : pg0);
-        fm1 = _mm_add_pd(fm1, _mm_mul_pd(_mm_loadu_pd(wf + k + 2), d1));
-        fv1 = _mm_add_pd(fv1, _mm_mul_pd(_mm_loadu_pd(s2f + k + 2), q1));
+        if constexpr (Frozen) {
+            __m128d const pf0 = _mm_mul_pd(_mm_loadu_pd(wf + k), d0), pg0 = _mm_mul_pd(_mm_loadu_pd(s2f + k), q0);
+            fm0 = _mm_add_pd(fm0, first ? _mm_and_pd(pf0, hi) : pf0);
+            fv0 = _mm_add_pd(fv0, first ? _mm_and_pd(pg0, hi) : pg0);
+            fm1 = _mm_add_pd(fm1, _mm_mul_pd(_mm_loadu_pd(wf + k + 2), d1));
+            fv1 = _mm_add_pd(fv1, _mm_mul_pd(_mm_loadu_pd(s2f + k + 2), q1));
+        }
     };
     if (d >= 4) {
         step(0, true);
@@ -132,22 +156,93 @@ inline void diag_pair_moments_split(double const* a, double const* b, double con
     _mm_store_pd(r + 6, _mm_add_pd(cv0, v1));
     _mm_store_pd(r + 8, _mm_add_pd(fm0, fm1));
     _mm_store_pd(r + 10, _mm_add_pd(fv0, fv1));
-    m = r[0] + r[1], v = r[2] + r[3], cm_s = r[4] + r[5], cv_s = r[6] + r[7], fm_s = r[8] + r[9], fv_s = r[10] + r[11];
+    m = r[0] + r[1], v = r[2] + r[3], c[0] = r[4] + r[5], c[1] = r[6] + r[7], c[2] = r[8] + r[9], c[3] = r[10] + r[11];
 #endif
-    for (; l < d; ++l) {
-        double const dl = a[l] - b[l];
-        double const pm = w[l] * dl, pv = s2[l] * (dl * dl);
-        m += pm;
-        v += pv;
-        if (l == 0) continue;
-        cm_s += pm;
-        cv_s += pv;
-        fm_s += wf[l] * dl;
-        fv_s += s2f[l] * (dl * dl);
-    }
+    split_tail<Frozen>(a, b, w, s2, wf, s2f, l, d, m, v, c);
     m_out = m;
     v_out = v;
-    c[0] = cm_s, c[1] = cv_s, c[2] = fm_s, c[3] = fv_s;
+}
+
+#if QKGEOM_SIMD_X86
+/// (x0 + x2) + (x1 + x3): the SSE2 body's reduction of its pair (x0, x1), (x2, x3).
+QKGEOM_TARGET("avx2")
+QKGEOM_ALWAYS_INLINE double fold4(__m256d x) noexcept {
+    __m128d const s = _mm_add_pd(_mm256_castpd256_pd128(x), _mm256_extractf128_pd(x, 1));
+    return _mm_cvtsd_f64(s) + _mm_cvtsd_f64(_mm_unpackhi_pd(s, s));
+}
+
+/// The AVX body of `diag_pair_moments_split`: each 4-wide accumulator holds
+/// the SSE2 body's pair side by side (M = (m0, m1), CM = (cm0, m1), …), so
+/// every lane adds the same products in the same order and the results are
+/// bit-identical to the SSE2 body (and m, v to `diag_pair_moments`). Target
+/// "avx2" without "fma": no multiply-add can be contracted.
+template <bool Frozen>
+QKGEOM_TARGET("avx2")
+inline void split_avx2(double const* a, double const* b, double const* w, double const* s2, double const* wf,
+                       double const* s2f, index_t d, double& m_out, double& v_out, double c[4]) noexcept {
+    double m = 0, v = 0;
+    c[0] = c[1] = c[2] = c[3] = 0;
+    index_t l = 0;
+    __m256d const zero = _mm256_setzero_pd();
+    __m256d M = zero, V = zero, CM = zero, CV = zero, FM = zero, FV = zero;
+    if (d >= 4) {
+        __m256d const keep = _mm256_castsi256_pd(_mm256_set_epi64x(-1LL, -1LL, -1LL, 0LL));  // all but lane 0
+        __m256d const d0 = _mm256_sub_pd(_mm256_loadu_pd(a), _mm256_loadu_pd(b));
+        __m256d const q0 = _mm256_mul_pd(d0, d0);
+        // 0 + p as the SSE2 body (−0 becomes +0); the content sums without lane 0 (l = 0)
+        M = _mm256_add_pd(zero, _mm256_mul_pd(_mm256_loadu_pd(w), d0));
+        V = _mm256_add_pd(zero, _mm256_mul_pd(_mm256_loadu_pd(s2), q0));
+        CM = _mm256_and_pd(M, keep);
+        CV = _mm256_and_pd(V, keep);
+        if constexpr (Frozen) {
+            FM = _mm256_add_pd(zero, _mm256_and_pd(_mm256_mul_pd(_mm256_loadu_pd(wf), d0), keep));
+            FV = _mm256_add_pd(zero, _mm256_and_pd(_mm256_mul_pd(_mm256_loadu_pd(s2f), q0), keep));
+        }
+        for (l = 4; l + 4 <= d; l += 4) {
+            __m256d const dl = _mm256_sub_pd(_mm256_loadu_pd(a + l), _mm256_loadu_pd(b + l));
+            __m256d const ql = _mm256_mul_pd(dl, dl);
+            __m256d const pm = _mm256_mul_pd(_mm256_loadu_pd(w + l), dl), pv = _mm256_mul_pd(_mm256_loadu_pd(s2 + l), ql);
+            M = _mm256_add_pd(M, pm);
+            V = _mm256_add_pd(V, pv);
+            CM = _mm256_add_pd(CM, pm);
+            CV = _mm256_add_pd(CV, pv);
+            if constexpr (Frozen) {
+                FM = _mm256_add_pd(FM, _mm256_mul_pd(_mm256_loadu_pd(wf + l), dl));
+                FV = _mm256_add_pd(FV, _mm256_mul_pd(_mm256_loadu_pd(s2f + l), ql));
+            }
+        }
+    }
+    m = fold4(M), v = fold4(V), c[0] = fold4(CM), c[1] = fold4(CV);
+    if constexpr (Frozen) c[2] = fold4(FM), c[3] = fold4(FV);
+    split_tail<Frozen>(a, b, w, s2, wf, s2f, l, d, m, v, c);
+    m_out = m;
+    v_out = v;
+}
+#endif
+
+/// `diag_pair_moments` (m and v bit-identical to it: the same products added
+/// in the same order) and, in the same pass, the split's content sums over
+/// l = 1..d−1 (docs/beyond-split.md): c = (Σ w δ, Σ s2 δ², Σ wf δ, Σ s2f δ²);
+/// `wf` null: no frozen model, c[2] = c[0] and c[3] = c[1]. The content sums
+/// take the same products but the l = 0 one (wf[0] and s2f[0] do not count).
+/// `level` (simd::active()) picks the body (AVX2 at avx2 and avx512, else
+/// SSE2); every body gives the same bits.
+inline void diag_pair_moments_split(simd::isa level, double const* a, double const* b, double const* w,
+                                    double const* s2, double const* wf, double const* s2f, index_t d, double& m_out,
+                                    double& v_out, double c[4]) noexcept {
+    bool const frozen = wf != nullptr;
+#if QKGEOM_SIMD_X86
+    if (level != simd::isa::generic) {
+        if (frozen) split_avx2<true>(a, b, w, s2, wf, s2f, d, m_out, v_out, c);
+        else split_avx2<false>(a, b, w, s2, wf, s2f, d, m_out, v_out, c);
+    } else
+#endif
+    {
+        (void)level;
+        if (frozen) split_sse2<true>(a, b, w, s2, wf, s2f, d, m_out, v_out, c);
+        else split_sse2<false>(a, b, w, s2, wf, s2f, d, m_out, v_out, c);
+    }
+    if (!frozen) c[2] = c[0], c[3] = c[1];
 }
 
 /// The z of one counterfactual of the split pass (docs/beyond-split.md) for
