@@ -17,6 +17,8 @@
 #include <qkgeom/moments.hpp>
 #include <qkgeom/plasticity/pair_plan.hpp>
 #include <qkgeom/simd.hpp>
+#include <qkgeom/simd/moment_kernels.hpp>
+#include <qkgeom/simd/rope_kernels.hpp>
 #include <qkgeom/tensor.hpp>
 
 #include <Eigen/Core>
@@ -30,6 +32,7 @@
 #include <numeric>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -287,6 +290,17 @@ struct sorted_rows {
     std::vector<std::pair<index_t, index_t>> segment;  // (start, count) per bucket
     std::int64_t max_position = 0;
     bool checked = false;  // the rows were validated by the caller (analyze_head's moments pass)
+    simd::isa level = simd::isa::generic;  // of the widening
+
+    /// Row i of the input widened to double (contiguous f32 rows: the
+    /// dispatched widening of moment_kernels.hpp, exact at every level).
+    void read_row(index_t i, double* out) const {
+        if constexpr (std::is_same_v<Reader, matrix_view<float>>) {
+            if (reader.col_stride() == 1)
+                return detail::mom::widen_f32(level, reader.data() + i * reader.row_stride(), out, reader.cols());
+        }
+        reader.read_row(i, out);
+    }
 
     /// out.topRows(n) = the sorted rows r0 .. r0 + n − 1 in permuted columns
     /// (`out` grows, never shrinks: one allocation for the largest bucket).
@@ -299,9 +313,9 @@ struct sorted_rows {
             double* o = out.row(r).data();
             double const* v = o;  // the row in the input's column order
             if (g->identity) {
-                reader.read_row(i, o);
+                read_row(i, o);
             } else {
-                reader.read_row(i, buf.data());
+                read_row(i, buf.data());
                 for (index_t j = 0; j < g->d; ++j) o[j] = buf[std::size_t(perm[j])];
                 v = buf.data();
             }
@@ -354,7 +368,7 @@ template <class M>
 auto read_sorted(std::string_view fn, std::string_view kind_name, token_rows<M> const& rows, geometry const& g,
                  bool checked) {
     using reader_t = std::remove_cv_t<decltype(as_matrix(rows.vectors))>;
-    sorted_rows<reader_t> s{as_matrix(rows.vectors), fn, kind_name, &g, {}, {}, {}, {}, {}, 0, checked};
+    sorted_rows<reader_t> s{as_matrix(rows.vectors), fn, kind_name, &g, {}, {}, {}, {}, {}, 0, checked, simd::active()};
     index_t const n = s.reader.rows();
     bool const ex = !rows.example_id.empty();
     s.order = bucket_example_order(rows, n);
@@ -434,6 +448,28 @@ inline void unrotate_row(geometry const& g, double const* row, double* ur, doubl
                    rot.r1.data(), rot.r2.data());
 }
 
+/// `unrotate_row` over the n rows of a bucket (positions `t`) at `level`
+/// (avx2 or avx512; table angles): the register-blocked kernel of
+/// simd/rope_kernels.hpp, the same sums bit for bit. `u`: n × r (row-major)
+/// receives the unrotated pairs when not null; `o12` is work space.
+inline void unrotate_bucket(simd::isa level, geometry const& g, trig_table const& tt, rmat const& blk,
+                            std::int64_t const* t, index_t n, double* u, pair_energy& raw, pair_energy& rot,
+                            std::vector<index_t>& o12) {
+    index_t const h = g.half;
+    if (h == 0) return;
+    o12.resize(std::size_t(2 * n));
+    for (index_t r = 0; r < n; ++r)
+        o12[std::size_t(r)] = index_t(t[r] % tt.K) * h, o12[std::size_t(n + r)] = index_t(t[r] / tt.K) * h;
+    detail::ropek::unrotate_args a;
+    a.x = blk.data(), a.ldx = blk.cols(), a.n = n, a.h = h;
+    a.o1 = o12.data(), a.o2 = o12.data() + n;
+    a.lc = tt.lc.data(), a.ls = tt.ls.data(), a.hc = tt.hc.data(), a.hs = tt.hs.data();
+    a.u = u, a.ldu = g.r;
+    a.ra = raw.cs.data(), a.rq = raw.cq.data(), a.oa = rot.cs.data(), a.oq = rot.cq.data();
+    a.m1 = rot.r1.data(), a.m2 = rot.r2.data();
+    detail::ropek::unrotate_block(level, a);
+}
+
 /// Per pair coherence, energy z and power of one frame; Num and Den summed
 /// over the powered pairs into `num`, `den`.
 inline void finish_frame(pair_energy const& e, double N, std::vector<double> const& span, double min_span,
@@ -506,9 +542,52 @@ struct gram_update {
                 for (index_t l = m; l < W; ++l) o[l] = 0.0;
             }
         }
+        update(level, pk, n, w, C);
+    }
+    /// C (w × w, lower triangle) += the Gram matrix of the packed n × w block
+    /// at pk (panels of W = panel_width(level) columns; generic: W = 1, that
+    /// is column-major).
+    static void update(simd::isa level, double const* pk, index_t n, index_t w, dmat& C) {
         if (level != simd::isa::generic) return detail::mom::syrk_packed(level, pk, n, w, C.data(), w);
         Eigen::Map<dmat const> X(pk, n, w);  // W = 1: column-major n × w
         C.selfadjointView<Eigen::Lower>().rankUpdate(X.transpose());
+    }
+    /// The panels of every band side by side: per band ⌈w_b / W⌉ panels of W
+    /// lanes, each lane the source column of `add`'s packing (−1: zero pad);
+    /// `first[b]`: band b's first panel.
+    static std::vector<index_t> pack_plan(std::vector<std::vector<index_t>> const& band_cols, index_t W,
+                                          std::vector<index_t>& first) {
+        std::vector<index_t> plan;
+        first.clear();
+        for (auto const& cols : band_cols) {
+            first.push_back(index_t(plan.size()) / W);
+            index_t const w = index_t(cols.size()), np = (w + W - 1) / W;
+            for (index_t l = 0; l < np * W; ++l) plan.push_back(l < w ? cols[std::size_t(l)] : index_t(-1));
+        }
+        return plan;
+    }
+    /// Rows s0 .. s0 + m − 1 of x as (x − mean)·scale into packed rows kk ..
+    /// kk + m − 1 of the panels of `plan` (nz rows per panel).
+    template <index_t W>
+    static void pack_rows(rmat const& x, index_t s0, index_t m, double const* mean, double scale,
+                          std::vector<index_t> const& plan, index_t nz, index_t kk, double* pk) {
+        index_t const P = index_t(plan.size()) / W;
+        for (index_t p = 0; p < P; ++p) {
+            index_t const* src = plan.data() + p * W;
+            bool contiguous = src[0] >= 0;
+            for (index_t l = 1; l < W; ++l) contiguous = contiguous && src[l] == src[0] + l;
+            double* o = pk + (p * nz + kk) * W;
+            for (index_t i = 0; i < m; ++i, o += W) {
+                double const* xi = x.row(s0 + i).data();
+                if (contiguous) {
+                    double const* xs = xi + src[0];
+                    double const* ms = mean + src[0];
+                    for (index_t l = 0; l < W; ++l) o[l] = (xs[l] - ms[l]) * scale;
+                } else {
+                    for (index_t l = 0; l < W; ++l) o[l] = src[l] < 0 ? 0.0 : (xi[src[l]] - mean[src[l]]) * scale;
+                }
+            }
+        }
     }
 };
 
@@ -530,37 +609,57 @@ struct key_prefix {
     std::vector<std::int64_t> cell;             // key bucket of each cell, ascending
     std::vector<std::vector<dmat>> pref;        // [cells + 1][band]
     std::vector<std::int64_t> pairs;            // prefix pair counts
-    rmat z;                                     // work: the centred, scaled keys of one cell
     std::vector<double> mean;                   // work: one group's mean
-    gram_update gram;                           // work: the band blocks' rank-k updates
 
     explicit key_prefix(geometry const& g) : pref(1), pairs(1, 0) {
         for (auto const& c : g.band_cols) pref.back().push_back(dmat::Zero(index_t(c.size()), index_t(c.size())));
     }
     /// Adds key cell r0 .. r0 + n − 1 of `k` (one key bucket, sorted by
-    /// example; its rows in `blk`).
+    /// example; its rows in `blk`): each group of m ≥ 2 keys of one example
+    /// centred, scaled by √m and written straight into the packed panels of
+    /// every band (`gram_update::pack_plan`), then one rank-k update per band.
     template <class S>
     void add_cell(S const& k, index_t r0, index_t n, rmat const& blk, geometry const& g) {
-        if (z.rows() < n) z.resize(n, g.d);  // grows only
+        simd::isa const level = simd::active();
+        index_t const W = level == simd::isa::generic ? 1 : detail::mom::panel_width(level);
+        if (plan_w != W) plan_w = W, plan = gram_update::pack_plan(g.band_cols, W, first);
+        groups.clear();
         index_t nz = 0;
         std::int64_t np = 0;
         for (index_t r = r0; r < r0 + n;) {
             index_t e = r;
             while (e < r0 + n && k.example[std::size_t(e)] == k.example[std::size_t(r)]) ++e;
-            index_t const m = e - r;
-            if (m >= 2) {
-                center_rows(blk, r - r0, m, z, nz, std::sqrt(double(m)), mean);
-                nz += m;
-                np += std::int64_t(m) * (m - 1) / 2;
-            }
+            if (e - r >= 2) groups.push_back({r - r0, e - r}), nz += e - r, np += std::int64_t(e - r) * (e - r - 1) / 2;
             r = e;
         }
         cell.push_back(k.bucket[std::size_t(r0)]);
         pairs.push_back(pairs.back() + np);
         pref.push_back(pref.back());
-        for (std::size_t b = 0; b < g.bands.size() && nz > 0; ++b)  // lower triangles only
-            gram.add(z.data(), z.cols(), nz, g.band_cols[b], pref.back()[b]);
+        if (nz == 0) return;
+        index_t const P = index_t(plan.size()) / W;
+        if (buf.size() < std::size_t(P * W * nz + 8)) buf.resize(std::size_t(P * W * nz + 8));
+        double* const pk = detail::mom::align64(buf.data());
+        index_t kk = 0;
+        for (auto const& [s0, m] : groups) {
+            mean.assign(std::size_t(g.d), 0.0);  // the group mean as center_rows forms it
+            for (index_t i = s0; i < s0 + m; ++i)
+                for (index_t j = 0; j < g.d; ++j) mean[std::size_t(j)] += blk(i, j);
+            for (index_t j = 0; j < g.d; ++j) mean[std::size_t(j)] /= double(m);
+            double const scale = std::sqrt(double(m));
+            if (W == 8) gram_update::pack_rows<8>(blk, s0, m, mean.data(), scale, plan, nz, kk, pk);
+            else if (W == 4) gram_update::pack_rows<4>(blk, s0, m, mean.data(), scale, plan, nz, kk, pk);
+            else gram_update::pack_rows<1>(blk, s0, m, mean.data(), scale, plan, nz, kk, pk);
+            kk += m;
+        }
+        for (std::size_t b = 0; b < g.bands.size(); ++b)  // lower triangles only
+            gram_update::update(level, pk + first[b] * nz * W, nz, index_t(g.band_cols[b].size()), pref.back()[b]);
     }
+
+private:
+    std::vector<std::pair<index_t, index_t>> groups;  // work: (first row in blk, rows) of the groups of ≥ 2 keys
+    std::vector<index_t> plan, first;                 // the packing plan at panel width plan_w
+    index_t plan_w = 0;
+    std::vector<double> buf;                          // work: the packed groups (grows only)
 };
 
 /// The queries' within-bucket residual energy of the unrotated rows, per
@@ -569,35 +668,66 @@ struct content_acc {
     std::vector<std::int64_t> cluster_of;  // per sorted row: dense cluster id
     index_t n_clusters = 0, n_bands = 0;
     std::vector<double> a;                 // [cluster * n_bands + band]
+    std::vector<double> col;               // work: one run's Σ (u − μ)² per column
     content_acc(std::vector<std::int64_t> const& example, index_t bands) : n_bands(bands) {
-        std::vector<std::int64_t> ids = example;
-        std::sort(ids.begin(), ids.end());
-        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-        n_clusters = index_t(ids.size());
-        for (auto e : example)
-            cluster_of.push_back(std::lower_bound(ids.begin(), ids.end(), e) - ids.begin());
+        auto const [lo, hi] = std::minmax_element(example.begin(), example.end());
+        if (lo != example.end() && std::uint64_t(*hi) - std::uint64_t(*lo) < 4 * example.size() + 1024) {
+            std::vector<std::int64_t> rank(std::size_t(*hi - *lo) + 1, 0);  // ids in a small range: rank by counting
+            for (auto e : example) rank[std::size_t(e - *lo)] = 1;
+            for (auto& v : rank) v = (n_clusters += v) - 1;  // the dense id of each present id, ascending
+            for (auto e : example) cluster_of.push_back(rank[std::size_t(e - *lo)]);
+        } else {
+            std::vector<std::int64_t> ids = example;
+            std::sort(ids.begin(), ids.end());
+            ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+            n_clusters = index_t(ids.size());
+            for (auto e : example)
+                cluster_of.push_back(std::lower_bound(ids.begin(), ids.end(), e) - ids.begin());
+        }
         a.assign(std::size_t(n_clusters * n_bands), 0.0);
     }
     /// Adds the residuals of the unrotated rows r0 .. r0 + n − 1 of `s`
     /// (permuted columns) from their mean `usum`/n; `buf` has ≥ r entries.
     /// `u` holds the bucket's unrotated rotary columns (n × r, row-major).
-    void add_bucket(rmat const& blk, index_t r0, index_t n, geometry const& g, std::vector<double> const& u,
-                    std::vector<double> const& usum) {
+    /// At avx2 / avx512 per run of rows of one cluster: Σ over the run per
+    /// column (simd/rope_kernels.hpp), then per band (sums of squares in
+    /// another order: equal to rounding).
+    void add_bucket(simd::isa level, rmat const& blk, index_t r0, index_t n, geometry const& g,
+                    std::vector<double> const& u, std::vector<double> const& usum) {
         std::vector<double> mean(usum.size()), sq(usum.size());
         for (std::size_t j = 0; j < usum.size(); ++j) mean[j] = usum[j] / double(n);
         double const* __restrict mu = mean.data();
+        if (level != simd::isa::generic) return add_runs(level, blk, r0, n, g, u, mean);
         double* __restrict e = sq.data();
         for (index_t r = 0; r < n; ++r) {
             double const* __restrict row = blk.row(r).data();
             double const* __restrict ur = u.data() + r * g.r;
             for (index_t j = 0; j < g.r; ++j) e[j] = (ur[j] - mu[j]) * (ur[j] - mu[j]);  // vectorised
             for (index_t j = g.r; j < g.d; ++j) e[j] = (row[j] - mu[j]) * (row[j] - mu[j]);
-            double* acc = a.data() + cluster_of[std::size_t(r0 + r)] * n_bands;
-            for (index_t k = 0; k < n_bands; ++k) {  // rotary: two runs of np columns; unrotated: one run
-                auto const& c = g.band_cols[std::size_t(k)];
-                index_t const m = index_t(c.size()), np = g.bands[std::size_t(k)].n_pairs;
-                acc[k] += np > 0 ? sum4(e + c[0], np) + sum4(e + c[std::size_t(np)], np) : sum4(e + c[0], m);
-            }
+            add_bands(g, e, a.data() + cluster_of[std::size_t(r0 + r)] * n_bands);
+        }
+    }
+    void add_runs(simd::isa level, rmat const& blk, index_t r0, index_t n, geometry const& g,
+                  std::vector<double> const& u, std::vector<double> const& mean) {
+        col.resize(std::size_t(g.d));
+        for (index_t r = 0; r < n;) {
+            std::int64_t const c = cluster_of[std::size_t(r0 + r)];
+            index_t e = r + 1;
+            while (e < n && cluster_of[std::size_t(r0 + e)] == c) ++e;
+            std::fill(col.begin(), col.end(), 0.0);
+            detail::ropek::sq_residual(level, u.data() + r * g.r, g.r, e - r, mean.data(), g.r, col.data());
+            detail::ropek::sq_residual(level, blk.row(r).data() + g.r, blk.cols(), e - r, mean.data() + g.r, g.d - g.r,
+                                       col.data() + g.r);
+            add_bands(g, col.data(), a.data() + c * n_bands);
+            r = e;
+        }
+    }
+    /// acc[k] += Σ of e over band k's columns.
+    void add_bands(geometry const& g, double const* e, double* acc) const {
+        for (index_t k = 0; k < n_bands; ++k) {  // rotary: two runs of np columns; unrotated: one run
+            auto const& c = g.band_cols[std::size_t(k)];
+            index_t const m = index_t(c.size()), np = g.bands[std::size_t(k)].n_pairs;
+            acc[k] += np > 0 ? sum4(e + c[0], np) + sum4(e + c[std::size_t(np)], np) : sum4(e + c[0], m);
         }
     }
     /// Σ p[0 .. m) in four interleaved partial sums (independent chains; the
@@ -666,6 +796,8 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
     pair_energy rot(g), raw(g);
     std::vector<double> u, usum(std::size_t(g.d));  // the bucket's unrotated rotary columns, their sums
     std::vector<double> cs(std::size_t(g.half)), sn(cs);  // one row's cos, sin of t·θ_i
+    std::vector<index_t> o12;  // the bucket's angle table offsets (unrotate_bucket)
+    simd::isa const level = simd::active();
     rmat blk;
     for (auto const& [r0, n] : s.segment) {
         s.gather(r0, n, blk);  // every row is validated, used or not
@@ -673,17 +805,25 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
         if (!check || n < opt.min_bucket_rows) continue;
         std::fill(usum.begin(), usum.end(), 0.0);
         if (u.size() < std::size_t(n * g.r)) u.resize(std::size_t(n * g.r));  // grows only
-        for (index_t r = 0; r < n; ++r) {
-            double const* row = blk.row(r).data();
-            tt.angles(s.position[std::size_t(r0 + r)], cs.data(), sn.data());
-            unrotate_row(g, row, u.data() + r * g.r, cs.data(), sn.data(), raw, rot);
-            if (!content) continue;
-            for (index_t j = g.r; j < g.d; ++j) usum[std::size_t(j)] += row[j];
+        if (level != simd::isa::generic && tt.freq.empty()) {  // register-blocked, angles in registers
+            unrotate_bucket(level, g, tt, blk, s.position.data() + r0, n, content ? u.data() : nullptr, raw, rot, o12);
+            for (index_t r = 0; r < n && content; ++r) {
+                double const* row = blk.row(r).data();
+                for (index_t j = g.r; j < g.d; ++j) usum[std::size_t(j)] += row[j];
+            }
+        } else {
+            for (index_t r = 0; r < n; ++r) {
+                double const* row = blk.row(r).data();
+                tt.angles(s.position[std::size_t(r0 + r)], cs.data(), sn.data());
+                unrotate_row(g, row, u.data() + r * g.r, cs.data(), sn.data(), raw, rot);
+                if (!content) continue;
+                for (index_t j = g.r; j < g.d; ++j) usum[std::size_t(j)] += row[j];
+            }
         }
         std::copy(rot.cs.begin(), rot.cs.end(), usum.begin());  // Σ of the unrotated columns, the same sums
         rot.close(g, double(n));
         raw.close(g, double(n));
-        if (content) content->add_bucket(blk, r0, n, g, u, usum);
+        if (content) content->add_bucket(level, blk, r0, n, g, u, usum);
     }
     if (!check) return;
     double nu = 0, de = 0, nr = 0, dr = 0, unused = nan;

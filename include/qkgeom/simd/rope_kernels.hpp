@@ -1,0 +1,204 @@
+// qkgeom — the RoPE band analysis' kernels (docs/beyond-rope.md, "Cost").
+// IWYU pragma: private, include <qkgeom/rope_bands.hpp>
+// (SIMD kernels live in include/qkgeom/simd/; the dispatch is qkgeom/simd.hpp.)
+//
+// `unrotate_block` runs the pair loop of one bucket in register blocks: per
+// chunk of W rotary pairs (AVX-512: W = 8 doubles per zmm; AVX2: 4 per ymm)
+// the ten per-pair sums (raw Σx, Σx²; unrotated Σu, Σu²; mirror Σ R(t)x) stay
+// in registers over all the bucket's rows, cos/sin of t·θ_i are formed in
+// registers from the two angle tables (t = a + K·h), and the unrotated pair
+// u = R(t)ᵀx is written out when asked. Each lane does the operations of the
+// scalar loop in the same order (multiply, then add: no fused multiply-add),
+// so every level gives the scalar loop's sums bit for bit.
+//
+// `sq_residual_runs` adds, per run of rows of one cluster, Σ (x − μ)² per
+// column (the content residuals); `centre_scale_into` writes one group of
+// rows centred and scaled at a stride (the key groups straight into the
+// packed panels of the band Gram update).
+//
+// The pairs past the last full chunk (h not a multiple of W) run the scalar
+// loop. Below AVX2 nothing here is used: rope_bands.hpp keeps its loops.
+#pragma once
+
+#include <qkgeom/config.hpp>
+#include <qkgeom/simd.hpp>
+
+#include <cstdint>
+
+namespace qkgeom {
+namespace detail {
+namespace ropek {
+
+/// The operands of `unrotate_block`: n rows of x (row stride ldx) with the
+/// first coordinates of pairs 0 .. h − 1 at x[0 .. h) and the second ones at
+/// x[h .. 2h); per row the offsets o1 = (t mod K)·h, o2 = ⌊t / K⌋·h into the
+/// angle tables lc, ls (cos, sin of a·θ_i at [a·h + i]) and hc, hs (of a·K·θ_i).
+/// Sums added to: ra, rq (2h: Σx, Σx²), oa, oq (2h: Σu, Σu²), m1, m2 (h: Σ R(t)x).
+/// u (row stride ldu): the unrotated pairs, written when not null.
+struct unrotate_args {
+    double const* x = nullptr;
+    index_t ldx = 0, n = 0, h = 0;
+    index_t const* o1 = nullptr;
+    index_t const* o2 = nullptr;
+    double const *lc = nullptr, *ls = nullptr, *hc = nullptr, *hs = nullptr;
+    double* u = nullptr;
+    index_t ldu = 0;
+    double *ra = nullptr, *rq = nullptr, *oa = nullptr, *oq = nullptr, *m1 = nullptr, *m2 = nullptr;
+};
+
+/// Pairs [i0, i1) of `unrotate_block` one lane at a time (the tail, and the
+/// reference order of every level).
+inline void unrotate_lanes(unrotate_args const& g, index_t i0, index_t i1) noexcept {
+    index_t const h = g.h;
+    for (index_t i = i0; i < i1; ++i) {
+        double ra1 = g.ra[i], rq1 = g.rq[i], ra2 = g.ra[h + i], rq2 = g.rq[h + i];
+        double oa1 = g.oa[i], oq1 = g.oq[i], oa2 = g.oa[h + i], oq2 = g.oq[h + i], n1 = g.m1[i], n2 = g.m2[i];
+        for (index_t r = 0; r < g.n; ++r) {
+            double const a = g.x[r * g.ldx + i], b = g.x[r * g.ldx + h + i];
+            double const c1 = g.lc[g.o1[r] + i], s1 = g.ls[g.o1[r] + i], c2 = g.hc[g.o2[r] + i], s2 = g.hs[g.o2[r] + i];
+            double const c = c1 * c2 - s1 * s2, s = s1 * c2 + c1 * s2;
+            ra1 += a, rq1 += a * a, ra2 += b, rq2 += b * b;
+            n1 += c * a - s * b;
+            n2 += s * a + c * b;
+            double const ua = c * a + s * b, ub = c * b - s * a;
+            if (g.u) g.u[r * g.ldu + i] = ua, g.u[r * g.ldu + h + i] = ub;
+            oa1 += ua, oq1 += ua * ua, oa2 += ub, oq2 += ub * ub;
+        }
+        g.ra[i] = ra1, g.rq[i] = rq1, g.ra[h + i] = ra2, g.rq[h + i] = rq2;
+        g.oa[i] = oa1, g.oq[i] = oq1, g.oa[h + i] = oa2, g.oq[h + i] = oq2, g.m1[i] = n1, g.m2[i] = n2;
+    }
+}
+
+#if QKGEOM_SIMD_X86
+
+/// Unaligned loads and stores, multiply, add, subtract of zmm (8 doubles).
+struct rv512 {
+    using type = __m512d;
+    static constexpr int w = 8;
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type zero() noexcept { return _mm512_setzero_pd(); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type set1(double v) noexcept { return _mm512_set1_pd(v); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type ld(double const* p) noexcept { return _mm512_loadu_pd(p); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE void st(double* p, type v) noexcept { _mm512_storeu_pd(p, v); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm512_add_pd(a, b); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm512_sub_pd(a, b); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm512_mul_pd(a, b); }
+};
+
+/// The same for ymm (4 doubles).
+struct rv256 {
+    using type = __m256d;
+    static constexpr int w = 4;
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type zero() noexcept { return _mm256_setzero_pd(); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type set1(double v) noexcept { return _mm256_set1_pd(v); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type ld(double const* p) noexcept { return _mm256_loadu_pd(p); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE void st(double* p, type v) noexcept { _mm256_storeu_pd(p, v); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm256_add_pd(a, b); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm256_sub_pd(a, b); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm256_mul_pd(a, b); }
+};
+
+// The multiply-then-add of the scalar loop, kept unfused at every level (GCC
+// contracts a * b + c into an FMA under -ffp-contract=fast, the GNU dialects'
+// default): an empty asm makes the product opaque. Zero cost beyond the mul.
+#define QKGEOM_ROPEK_OPAQUE(v) __asm__("" : "+v"(v))
+
+/// The chunk loop of `unrotate_block` at one level (one definition per level:
+/// the body must carry its level's target attribute).
+#define QKGEOM_ROPEK_UNROTATE(NAME, TARGET_STRING, V)                                                                 \
+QKGEOM_TARGET(TARGET_STRING)                                                                                          \
+inline void NAME(unrotate_args const& g) noexcept {                                                                  \
+    using T = typename V::type;                                                                                       \
+    constexpr int W = V::w;                                                                                           \
+    index_t const h = g.h, full = h / W * W;                                                                          \
+    for (index_t i = 0; i < full; i += W) {                                                                           \
+        T ra1 = V::ld(g.ra + i), rq1 = V::ld(g.rq + i), ra2 = V::ld(g.ra + h + i), rq2 = V::ld(g.rq + h + i);        \
+        T oa1 = V::ld(g.oa + i), oq1 = V::ld(g.oq + i), oa2 = V::ld(g.oa + h + i), oq2 = V::ld(g.oq + h + i);        \
+        T n1 = V::ld(g.m1 + i), n2 = V::ld(g.m2 + i);                                                                 \
+        for (index_t r = 0; r < g.n; ++r) {                                                                           \
+            double const* xr = g.x + r * g.ldx + i;                                                                   \
+            T const a = V::ld(xr), b = V::ld(xr + h);                                                                 \
+            T const c1 = V::ld(g.lc + g.o1[r] + i), s1 = V::ld(g.ls + g.o1[r] + i);                                  \
+            T const c2 = V::ld(g.hc + g.o2[r] + i), s2 = V::ld(g.hs + g.o2[r] + i);                                  \
+            T p1 = V::mul(c1, c2), p2 = V::mul(s1, c2);                                                               \
+            QKGEOM_ROPEK_OPAQUE(p1); QKGEOM_ROPEK_OPAQUE(p2);                                                         \
+            T const c = V::sub(p1, V::mul(s1, s2)), s = V::add(p2, V::mul(c1, s2));                                   \
+            T aa = V::mul(a, a), bb = V::mul(b, b);                                                                   \
+            QKGEOM_ROPEK_OPAQUE(aa); QKGEOM_ROPEK_OPAQUE(bb);                                                         \
+            ra1 = V::add(ra1, a), rq1 = V::add(rq1, aa), ra2 = V::add(ra2, b), rq2 = V::add(rq2, bb);                 \
+            T ca = V::mul(c, a), sa = V::mul(s, a), cb = V::mul(c, b), sb = V::mul(s, b);                             \
+            QKGEOM_ROPEK_OPAQUE(ca); QKGEOM_ROPEK_OPAQUE(sa); QKGEOM_ROPEK_OPAQUE(cb); QKGEOM_ROPEK_OPAQUE(sb);        \
+            n1 = V::add(n1, V::sub(ca, sb));                                                                          \
+            n2 = V::add(n2, V::add(sa, cb));                                                                          \
+            T const ua = V::add(ca, sb), ub = V::sub(cb, sa);                                                         \
+            if (g.u) V::st(g.u + r * g.ldu + i, ua), V::st(g.u + r * g.ldu + h + i, ub);                              \
+            T uu = V::mul(ua, ua), vv = V::mul(ub, ub);                                                               \
+            QKGEOM_ROPEK_OPAQUE(uu); QKGEOM_ROPEK_OPAQUE(vv);                                                         \
+            oa1 = V::add(oa1, ua), oq1 = V::add(oq1, uu), oa2 = V::add(oa2, ub), oq2 = V::add(oq2, vv);               \
+        }                                                                                                             \
+        V::st(g.ra + i, ra1), V::st(g.rq + i, rq1), V::st(g.ra + h + i, ra2), V::st(g.rq + h + i, rq2);              \
+        V::st(g.oa + i, oa1), V::st(g.oq + i, oq1), V::st(g.oa + h + i, oa2), V::st(g.oq + h + i, oq2);              \
+        V::st(g.m1 + i, n1), V::st(g.m2 + i, n2);                                                                     \
+    }                                                                                                                 \
+    unrotate_lanes(g, full, h);                                                                                       \
+}
+QKGEOM_ROPEK_UNROTATE(unrotate_avx512, "avx512f", rv512)
+QKGEOM_ROPEK_UNROTATE(unrotate_avx2, "avx2,fma", rv256)
+#undef QKGEOM_ROPEK_UNROTATE
+
+/// Σ over rows r of one run of (x_r − μ)², per column j < m, added to acc
+/// (the order of the sum per column: rows in order), at one level.
+#define QKGEOM_ROPEK_SQRES(NAME, TARGET_STRING, V)                                                                    \
+QKGEOM_TARGET(TARGET_STRING)                                                                                          \
+inline void NAME(double const* x, index_t ldx, index_t n, double const* mu, index_t m, double* acc) noexcept {      \
+    using T = typename V::type;                                                                                       \
+    constexpr int W = V::w;                                                                                           \
+    index_t const full = m / W * W;                                                                                   \
+    for (index_t j = 0; j < full; j += W) {                                                                           \
+        T s = V::ld(acc + j);                                                                                         \
+        T const mj = V::ld(mu + j);                                                                                   \
+        for (index_t r = 0; r < n; ++r) {                                                                             \
+            T const e = V::sub(V::ld(x + r * ldx + j), mj);                                                           \
+            T ee = V::mul(e, e);                                                                                      \
+            QKGEOM_ROPEK_OPAQUE(ee);                                                                                  \
+            s = V::add(s, ee);                                                                                        \
+        }                                                                                                             \
+        V::st(acc + j, s);                                                                                            \
+    }                                                                                                                 \
+    for (index_t j = full; j < m; ++j)                                                                                \
+        for (index_t r = 0; r < n; ++r) acc[j] += (x[r * ldx + j] - mu[j]) * (x[r * ldx + j] - mu[j]);              \
+}
+QKGEOM_ROPEK_SQRES(sq_residual_avx512, "avx512f", rv512)
+QKGEOM_ROPEK_SQRES(sq_residual_avx2, "avx2,fma", rv256)
+#undef QKGEOM_ROPEK_SQRES
+
+#undef QKGEOM_ROPEK_OPAQUE
+
+#endif  // QKGEOM_SIMD_X86
+
+/// The pair loop of one bucket at `level` (see the file comment and
+/// `unrotate_args`); generic: `unrotate_lanes` over all pairs.
+inline void unrotate_block(simd::isa level, unrotate_args const& g) noexcept {
+#if QKGEOM_SIMD_X86
+    if (level == simd::isa::avx512) return unrotate_avx512(g);
+    if (level == simd::isa::avx2) return unrotate_avx2(g);
+#endif
+    (void)level;
+    unrotate_lanes(g, 0, g.h);
+}
+
+/// acc[j] += Σ_{r < n} (x[r·ldx + j] − mu[j])², j < m, at `level` (rows in
+/// order per column: the same sum at every level).
+inline void sq_residual(simd::isa level, double const* x, index_t ldx, index_t n, double const* mu, index_t m,
+                        double* acc) noexcept {
+#if QKGEOM_SIMD_X86
+    if (level == simd::isa::avx512) return sq_residual_avx512(x, ldx, n, mu, m, acc);
+    if (level == simd::isa::avx2) return sq_residual_avx2(x, ldx, n, mu, m, acc);
+#endif
+    (void)level;
+    for (index_t j = 0; j < m; ++j)
+        for (index_t r = 0; r < n; ++r) acc[j] += (x[r * ldx + j] - mu[j]) * (x[r * ldx + j] - mu[j]);
+}
+
+}  // namespace ropek
+}  // namespace detail
+}  // namespace qkgeom
