@@ -120,9 +120,9 @@ def main():
     r = m1 / mo1 if m1 and mo1 else None
     check("whole model / moments-only pass (1 thread)", fmt(r, "{:.2f}"), "<= 3.0", None if r is None else r <= 3.0)
     r = f1 / m1 if f1 and m1 else None
-    check("from page-cached files / from memory (1 thread)", fmt(r, "{:.2f}"), "<= 1.30", None if r is None else r <= 1.3)
+    check("from page-cached files / from memory (1 thread)", fmt(r, "{:.2f}"), "<= 1.10", None if r is None else r <= 1.1)
     r = f2 / m2 if f2 and m2 else None
-    check("from page-cached files / from memory (2 threads)", fmt(r, "{:.2f}"), "<= 1.30", None if r is None else r <= 1.3)
+    check("from page-cached files / from memory (2 threads)", fmt(r, "{:.2f}"), "<= 1.10", None if r is None else r <= 1.1)
     r = m1 / m2 if m1 and m2 else None
     check("whole model: 1-thread time / 2-thread time", fmt(r, "{:.2f}"), ">= 1.70", None if r is None else r >= 1.7)
     api = get(rows, "bm_model_dataset_api/threads:1")

@@ -2188,3 +2188,185 @@ TEST_CASE("issue 14: a deflated npz member over 64 MiB that would inflate more t
     auto const zs = io::serialize_npz(small, opt);
     CHECK(io::npy_to_matrix(io::parse_npz(zs, "small.npz").at("vectors")).cwiseAbs().maxCoeff() == 0.0);
 }
+
+// ---------------------------------------------------------------------------
+// Issue 18: the streaming .npy reader and read_capture_rows (rows kept in
+// their stored precision) fail and read exactly as the whole-file forms.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+/// The message, source, field and value of the input_error `f` throws ("" if none).
+template <class F>
+std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (qkgeom::input_error const& e) {
+        return e.source() + " | " + e.field() + " | " + e.value() + " | " + e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("issue 18: read_npy of every prefix and extension of a file fails as parse_npy of its bytes", "[io][npy]") {
+    temp_dir tmp;
+    std::vector<float> const v{1, 2, 3, 4, 5, 6};
+    for (unsigned major : {1u, 2u}) {
+        bytes_t const good = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", f32_le(v), major);
+        REQUIRE(io::parse_npy(good, "g.npy").data == f32_le(v));
+        fs::path const p = tmp.path / "x.npy";
+        for (std::size_t n = 0; n <= good.size() + 2; ++n) {
+            bytes_t b(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(std::min(n, good.size())));
+            b.resize(n, 0);  // n > size: trailing bytes
+            write_bytes(p, b);
+            INFO("version " << major << ", length " << n << " of " << good.size());
+            std::string const want = error_of([&] { (void)io::parse_npy(b, p.string()); });
+            CHECK(error_of([&] { (void)io::read_npy(p); }) == want);
+            if (want.empty()) CHECK(io::read_npy(p).data == io::parse_npy(b, p.string()).data);
+        }
+    }
+}
+
+TEST_CASE("issue 18: read_capture_rows keeps f32 / f16 / bf16 rows as floats, exactly; heads with f64 in double",
+          "[io][dataset]") {
+    temp_dir tmp;
+    auto const m = test_manifest();
+    io::write_manifest(tmp.path, m);
+    qkgeom::head_id const id{0, 1, 0};  // query head 1 reads key head 0
+    auto const q = test_entry(m, 0, 1, qkgeom::kind::query, 12);
+    auto const k = test_entry(m, 0, 0, qkgeom::kind::key, 9);
+    auto same = [](auto const& r, qkgeom::token_rows<qkgeom::row_matrix> const& want) {
+        CHECK(r.vectors.template cast<double>() == want.vectors);
+        CHECK(r.position == want.position);
+        CHECK(r.bucket == want.bucket);
+        CHECK(r.example_id == want.example_id);
+    };
+    for (auto fmt : {io::storage_format::npy, io::storage_format::safetensors, io::storage_format::npz})
+        for (char const* qt : {"f32", "f16", "bf16", "f64"})
+            for (char const* kt : {"f32", "bf16", "f64"}) {
+                INFO("format " << io::storage_format_name(fmt) << ", query " << qt << ", key " << kt);
+                io::write_head(tmp.path, m, q, fmt, qt);
+                io::write_head(tmp.path, m, k, fmt, kt);
+                auto const want = io::read_capture(tmp.path, m, id);
+                auto const got = io::read_capture_rows(tmp.path, m, id);
+                bool const single = std::string(qt) != "f64" && std::string(kt) != "f64";
+                REQUIRE(got.index() == (single ? 0u : 1u));
+                std::visit(
+                    [&](auto const& h) {
+                        CHECK(h.id == want.id);
+                        CHECK(h.facts == want.facts);
+                        same(h.queries, want.queries);
+                        same(h.keys, want.keys);
+                    },
+                    got);
+            }
+    // Fortran-order vectors (C order in memory after the read).
+    fs::path const sub = tmp.path / "l00h01q";
+    io::write_head(tmp.path, m, q, io::storage_format::npy, "f32");
+    io::write_head(tmp.path, m, k, io::storage_format::npy, "f32");
+    std::vector<float> col_major;
+    for (qkgeom::index_t j = 0; j < q.vectors.cols(); ++j)
+        for (qkgeom::index_t i = 0; i < q.vectors.rows(); ++i) col_major.push_back(static_cast<float>(q.vectors(i, j)));
+    io::write_npy(sub / "vectors.npy", col_major, {q.vectors.rows(), q.vectors.cols()}, true);
+    auto const got = io::read_capture_rows(tmp.path, m, id);
+    REQUIRE(got.index() == 0u);
+    CHECK(std::get<0>(got).queries.vectors.cast<double>() == q.vectors);
+}
+
+TEST_CASE("issue 18: read_capture_rows fails as read_capture, message for message", "[io][dataset]") {
+    temp_dir tmp;
+    auto const m = test_manifest();
+    io::write_manifest(tmp.path, m);
+    qkgeom::head_id const id{0, 1, 0};
+    auto const q = test_entry(m, 0, 1, qkgeom::kind::query, 13);
+    auto const k = test_entry(m, 0, 0, qkgeom::kind::key, 12);
+    auto check_same = [&] {
+        std::string const want = error_of([&] { (void)io::read_capture(tmp.path, m, id); });
+        INFO("read_capture: " << want);
+        CHECK(!want.empty());
+        CHECK(error_of([&] { (void)io::read_capture_rows(tmp.path, m, id); }) == want);
+    };
+    auto with_value = [&](io::head_entry e, qkgeom::index_t i, qkgeom::index_t j, double x) {
+        e.vectors(i, j) = x;
+        return e;
+    };
+    double const nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+    for (auto fmt : {io::storage_format::npy, io::storage_format::safetensors, io::storage_format::npz})
+        for (char const* dt : {"f32", "f16", "bf16"}) {
+            INFO("format " << io::storage_format_name(fmt) << ", dtype " << dt);
+            // write_head validates: the planted entry is written from its raw
+            // arrays, in NumPy form (directory) or as an .npz archive.
+            auto vec_array = [&](io::head_entry const& e) {
+                std::vector<float> f(e.vectors.data(), e.vectors.data() + e.vectors.size());
+                std::vector<std::int64_t> const shape{e.vectors.rows(), e.vectors.cols()};
+                if (std::string(dt) == "f32") return io::make_npy(std::span<float const>(f), shape);
+                if (std::string(dt) == "f16") {
+                    std::vector<qkgeom::float16> h;
+                    for (float x : f) h.push_back(qkgeom::float16::from_float(x));
+                    return io::make_npy(std::span<qkgeom::float16 const>(h), shape);
+                }
+                std::vector<qkgeom::bfloat16> h;
+                for (float x : f) h.push_back(qkgeom::bfloat16::from_float(x));
+                return io::make_npy(std::span<qkgeom::bfloat16 const>(h), shape);
+            };
+            auto ints = [](std::vector<std::int64_t> const& v) {
+                return io::make_npy(std::span<std::int64_t const>(v), {static_cast<std::int64_t>(v.size())});
+            };
+            auto put = [&](io::head_entry const& qe, io::head_entry const& ke) {
+                io::write_head(tmp.path, m, q, fmt, dt);
+                io::write_head(tmp.path, m, k, fmt, dt);
+                for (auto const* e : {&qe, &ke}) {
+                    if (e->vectors == (e == &qe ? q.vectors : k.vectors)) continue;
+                    auto const name = io::head_entry_name(e->layer, e->head, e->k);
+                    fs::remove_all(tmp.path / name);
+                    fs::remove(tmp.path / (name + ".npz"));
+                    fs::remove(tmp.path / (name + ".safetensors"));
+                    io::npz_file z;
+                    z.add("vectors", vec_array(*e));
+                    z.add("position", ints(e->position.values()));
+                    z.add("bucket", ints(e->bucket.values()));
+                    z.add("example_id", ints(e->example_id.values()));
+                    if (fmt == io::storage_format::npz) {
+                        write_bytes(tmp.path / (name + ".npz"), io::serialize_npz(z));
+                        continue;
+                    }
+                    fs::create_directories(tmp.path / name);
+                    for (char const* a : {"vectors", "position", "bucket", "example_id"})
+                        io::write_npy(tmp.path / name / (std::string(a) + ".npy"), z.at(a, "z"));
+                }
+            };
+            put(with_value(q, 7, 2, nan), k);  // the first offender of the query rows
+            check_same();
+            put(with_value(with_value(q, 10, 0, -inf), 11, 1, nan), k);
+            check_same();
+            put(q, with_value(k, 11, 2, inf));  // the key entry: "key entry l00h00k (read by query head 1): ..."
+            check_same();
+        }
+    // A NaN and an earlier failing check: the earlier check is reported, as before.
+    io::write_head(tmp.path, m, q, io::storage_format::npy, "f32");
+    io::write_head(tmp.path, m, k, io::storage_format::npy, "f32");
+    fs::path const sub = tmp.path / "l00h01q";
+    std::vector<float> f(q.vectors.data(), q.vectors.data() + q.vectors.size());
+    f[7] = std::numeric_limits<float>::quiet_NaN();
+    io::write_npy(sub / "vectors.npy", f, {q.vectors.rows(), q.vectors.cols()});
+    check_same();  // the NaN alone
+    std::vector<std::int64_t> short_ids(q.example_id.begin(), q.example_id.end() - 1);
+    io::write_npy(sub / "example_id.npy", short_ids, {static_cast<std::int64_t>(short_ids.size())});
+    check_same();  // the length first
+    // Truncated and extended vectors files, a wrong dtype, a wrong rank.
+    io::write_npy(sub / "example_id.npy", q.example_id.values(), {static_cast<std::int64_t>(q.example_id.size())});
+    auto const bytes = io::serialize_npy(io::make_npy(std::span<float const>(f), {q.vectors.rows(), q.vectors.cols()}));
+    for (std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{11}, std::size_t{70}, bytes.size() - 1,
+                          bytes.size() + 4}) {
+        bytes_t b(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(std::min(n, bytes.size())));
+        b.resize(n, 0);
+        write_bytes(sub / "vectors.npy", b);
+        INFO("vectors.npy of " << n << " bytes");
+        check_same();
+    }
+    io::write_npy(sub / "vectors.npy", std::vector<std::int32_t>(39, 1), {13, 3});
+    check_same();
+    io::write_npy(sub / "vectors.npy", f, {static_cast<std::int64_t>(f.size())});
+    check_same();
+}

@@ -19,11 +19,13 @@
 #include <qkgeom/io/npy.hpp>
 #include <qkgeom/io/npz.hpp>
 #include <qkgeom/io/safetensors.hpp>
+#include <qkgeom/simd/moment_kernels.hpp>
 
 #include <Eigen/Core>
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +36,8 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 namespace qkgeom::io {
@@ -792,17 +796,31 @@ inline npy_array int_array(std::vector<std::int64_t> const& v) {
     return make_npy(std::span<std::int64_t const>(v), {static_cast<std::int64_t>(v.size())});
 }
 
-/// Validates a head entry against the manifest. `src(field)` names the file of a field.
+/// Throws for value (i, j) of an entry's vectors, which is NaN, ±inf or
+/// outside the input limit (method §9.18).
 template <class Src>
-void validate_head(head_entry const& e, manifest const& m, Src const& src) {
+[[noreturn]] void fail_vector_value(Src const& src, index_t i, index_t j, double v) {
+    qkgeom::detail::fail_input(src("vectors"), "vectors[row " + std::to_string(i) + ", col " + std::to_string(j) + "]",
+                               v,
+                               std::isfinite(v) ? "value outside the input limit |x| < 2^128 (method §9.18)"
+                                                : "non-finite value");
+}
+
+/// Validates a head entry against the manifest, its vectors being n × d
+/// (held in e.vectors or elsewhere); `check_values()` throws for the first
+/// vector value outside the input limit, in its turn among the checks.
+/// `src(field)` names the file of a field.
+template <class Src, class Values>
+void validate_entry(head_entry const& e, index_t rows, index_t cols, manifest const& m, Src const& src,
+                    Values const& check_values) {
     using qkgeom::detail::fail_input;
-    auto const n = static_cast<std::size_t>(e.vectors.rows());
+    auto const n = static_cast<std::size_t>(rows);
     if (n == 0)
         fail_input(src("vectors"), "vectors.shape[0]", 0,
                    std::string(e.k == kind::query ? "query" : "key") + " entry " + head_entry_name(e.layer, e.head, e.k) +
                        " holds no rows: an entry needs at least one row");
-    if (e.vectors.cols() != m.head_dim)
-        fail_input(src("vectors"), "vectors.shape[1]", e.vectors.cols(),
+    if (cols != m.head_dim)
+        fail_input(src("vectors"), "vectors.shape[1]", cols,
                    std::string(kind_name(e.k)) + " head dimension differs from manifest head_dim = " +
                        std::to_string(m.head_dim));
     auto len = [&](auto const& v, char const* f) {
@@ -813,20 +831,16 @@ void validate_head(head_entry const& e, manifest const& m, Src const& src) {
     len(e.position, "position");
     len(e.bucket, "bucket");
     len(e.example_id, "example_id");
-    for (index_t i = 0; i < e.vectors.rows(); ++i)
-        for (index_t j = 0; j < e.vectors.cols(); ++j)
-            if (!(std::abs(e.vectors(i, j)) < input_limit))  // NaN, ±inf and |x| >= 2^128 (method §9.18)
-                fail_input(src("vectors"), "vectors[row " + std::to_string(i) + ", col " + std::to_string(j) + "]",
-                           e.vectors(i, j),
-                           std::isfinite(e.vectors(i, j)) ? "value outside the input limit |x| < 2^128 (method §9.18)"
-                                                          : "non-finite value");
+    check_values();
     for (std::size_t i = 0; i < n; ++i) {
         std::int64_t const t = e.position[static_cast<index_t>(i)];
         if (t < 0) fail_input(src("position"), "position[" + std::to_string(i) + "]", t, "position must be >= 0");
         if (t >= m.context_length)
             fail_input(src("position"), "position[" + std::to_string(i) + "]", t,
                        "position beyond manifest context_length = " + std::to_string(m.context_length));
-        std::int64_t const b = bucket_of(m.buckets, t);
+        // The spec is checked with the first row (bucket_of), the later rows
+        // reuse that check (t >= 0 above): the same exception, no per-row check.
+        std::int64_t const b = i == 0 ? bucket_of(m.buckets, t) : qkgeom::detail::bucket_of_unchecked(m.buckets, t);
         if (e.bucket[static_cast<index_t>(i)] != b)
             fail_input(src("bucket"), "bucket[" + std::to_string(i) + "]", e.bucket[static_cast<index_t>(i)],
                        "bucket inconsistent with position " + std::to_string(t) + " under the " +
@@ -842,6 +856,23 @@ void validate_head(head_entry const& e, manifest const& m, Src const& src) {
                        "differs from the manifest's sliding_window[" + std::to_string(e.layer) +
                            "] = " + (want ? std::to_string(*want) : std::string("null (full attention)")));
     }
+}
+
+/// Validates a head entry (vectors in e.vectors) against the manifest.
+/// `src(field)` names the file of a field.
+template <class Src>
+void validate_head(head_entry const& e, manifest const& m, Src const& src) {
+    validate_entry(e, e.vectors.rows(), e.vectors.cols(), m, src, [&] {
+        static_assert(input_limit == 0x1p128, "the added constant encodes the exponent of input_limit");
+        std::uint64_t acc = 0;  // any_out_of_range's test (NaN, ±inf, |x| >= 2^128), branch-free
+        double const* p = e.vectors.data();
+        for (index_t i = 0, n = e.vectors.size(); i < n; ++i)
+            acc |= (std::bit_cast<std::uint64_t>(p[i]) & 0x7ff0000000000000u) + 0x3810000000000000u;
+        if ((acc >> 63) == 0) return;
+        for (index_t i = 0; i < e.vectors.rows(); ++i)
+            for (index_t j = 0; j < e.vectors.cols(); ++j)
+                if (!(std::abs(e.vectors(i, j)) < input_limit)) fail_vector_value(src, i, j, e.vectors(i, j));
+    });
 }
 
 }  // namespace detail
@@ -1073,6 +1104,220 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 
 }  // namespace detail
 
+/// \brief Row-major single-precision matrix: the rows of an f32, f16 or bf16
+/// entry as read_capture_rows keeps them (every such value is a float, so
+/// the rows are exactly the stored values; the analyses widen them to double
+/// as they read them).
+using row_matrix_f32 = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+namespace detail {
+
+/// An entry as read: its rows in e.vectors (double) or, when `single`, in
+/// v32 (stored dtype f32, f16 or bf16); `nonfinite`: the scan made while the
+/// rows were copied into v32 found NaN or ±inf (reported by validate_read,
+/// in its turn among the checks).
+struct entry_read {
+    head_entry e;
+    row_matrix_f32 v32;
+    bool single = false;
+    bool nonfinite = false;
+};
+
+inline bool widens_to_f32(dtype t) noexcept { return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16; }
+
+/// Values per step of the copy-and-scan: the scan reads what the copy has
+/// just written, while it is in cache.
+inline constexpr std::size_t scan_chunk_values = 16384;
+
+/// Scans v32's values [from, to) (the dispatched f32 finiteness scan: for
+/// these dtypes finite is exactly |x| < 2^128).
+inline void scan_f32(entry_read& r, simd::isa level, std::size_t from, std::size_t to) noexcept {
+    r.nonfinite = qkgeom::detail::mom::any_nonfinite_f32(level, r.v32.data() + from, static_cast<index_t>(to - from)) ||
+                  r.nonfinite;
+}
+
+/// The vectors of an array in memory (dtype and rank checked): into v32
+/// with the scan when `single` and the dtype widens to f32, else into
+/// e.vectors (npy_to_matrix).
+inline void vectors_from(npy_array const& a, std::string const& src, bool single, entry_read& r) {
+    dtype const t = npy_dtype(a, src);
+    if (!single || !widens_to_f32(t)) {
+        r.e.vectors = npy_to_matrix(a, src);
+        return;
+    }
+    check_data_size(a, t, src);
+    auto const rows = static_cast<index_t>(a.shape[0]), cols = static_cast<index_t>(a.shape[1]);
+    r.v32.resize(rows, cols);
+    r.single = true;
+    std::size_t const n = static_cast<std::size_t>(rows * cols), w = dtype_size(t);
+    simd::isa const level = simd::active();
+    if (!a.fortran_order) {
+        for (std::size_t s = 0; s < n; s += scan_chunk_values) {
+            std::size_t const e = std::min(n, s + scan_chunk_values);
+            load_floats(t, a.data.data() + s * w, e - s, r.v32.data() + s);
+            scan_f32(r, level, s, e);
+        }
+        return;
+    }
+    for (index_t i = 0; i < rows; ++i)  // element (i, j) of Fortran order at i + j * rows
+        for (index_t j = 0; j < cols; ++j)
+            r.v32(i, j) = static_cast<float>(load_double(t, a.data.data(), static_cast<std::size_t>(i + j * rows)));
+    scan_f32(r, level, 0, n);
+}
+
+/// The vectors of an entry in NumPy form: f32 rows in C order go from the
+/// file straight into v32, scanned step by step as they arrive; other arrays
+/// are read whole and converted (vectors_from).
+inline void read_npy_vectors(std::filesystem::path const& path, std::string const& src, bool single, entry_read& r) {
+    npy_reader in(path);
+    check_vector_dtype(in.header(), src, r.e);
+    npy_array const& h = in.header();
+    if (!single || in.type() != dtype::f32 || h.fortran_order || std::endian::native != std::endian::little) {
+        vectors_from(in.take(), src, single, r);
+        return;
+    }
+    auto const rows = static_cast<index_t>(h.shape[0]), cols = static_cast<index_t>(h.shape[1]);
+    r.v32.resize(rows, cols);
+    r.single = true;
+    std::size_t const n = static_cast<std::size_t>(rows * cols);
+    simd::isa const level = simd::active();
+    for (std::size_t s = 0; s < n; s += scan_chunk_values) {
+        std::size_t const e = std::min(n, s + scan_chunk_values);
+        in.read_data(reinterpret_cast<unsigned char*>(r.v32.data() + s), (e - s) * sizeof(float));
+        scan_f32(r, level, s, e);
+    }
+    in.finish();
+}
+
+/// validate_head for an entry as read (rows in e.vectors or v32).
+template <class Src>
+void validate_read(entry_read const& r, manifest const& m, Src const& src) {
+    if (!r.single) {
+        validate_head(r.e, m, src);
+        return;
+    }
+    validate_entry(r.e, r.v32.rows(), r.v32.cols(), m, src, [&] {
+        if (!r.nonfinite) return;
+        for (index_t i = 0; i < r.v32.rows(); ++i)
+            for (index_t j = 0; j < r.v32.cols(); ++j)
+                if (!std::isfinite(r.v32(i, j))) fail_vector_value(src, i, j, static_cast<double>(r.v32(i, j)));
+    });
+}
+
+inline void read_npz_entry(std::filesystem::path const& nz, manifest const& m, bool single, entry_read& r) {
+    auto& e = r.e;
+    std::string const s = nz.string();
+    auto const f = read_npz(nz);
+    auto msrc = [&](std::string_view member) { return s + "[" + std::string(member) + ".npy]"; };
+    auto const& v = f.at("vectors", s);
+    check_vector_dtype(v, msrc("vectors"), e);
+    vectors_from(v, msrc("vectors"), single, r);
+    e.position = token_positions(int_vector(f.at("position", s), msrc("position"), "position"));
+    e.bucket = token_buckets(int_vector(f.at("bucket", s), msrc("bucket"), "bucket"));
+    e.example_id = example_ids(int_vector(f.at("example_id", s), msrc("example_id"), "example_id"));
+    if (auto const* w = f.find("sliding_window"))
+        e.sliding_window = int_scalar(*w, msrc("sliding_window"), "sliding_window");
+    validate_read(r, m, msrc);
+}
+
+inline void read_npy_entry(std::filesystem::path const& sub, std::string const& name, manifest const& m, bool single,
+                           entry_read& r) {
+    namespace fs = std::filesystem;
+    auto& e = r.e;
+    {
+        std::error_code ec;
+        auto const t = fs::status(sub, ec).type();
+        if (t != fs::file_type::directory)
+            qkgeom::detail::fail_input(sub.string(), "entry", name,
+                                       ec ? "cannot access the entry: " + ec.message()
+                                          : std::string("is not a directory (an entry in NumPy form is a directory "
+                                                        "of .npy files; the other forms end in .safetensors or .npz)"));
+    }
+    auto src = [&](std::string_view f) { return (sub / (std::string(f) + ".npy")).string(); };
+    read_npy_vectors(sub / "vectors.npy", src("vectors"), single, r);
+    e.position = token_positions(int_vector(read_npy(sub / "position.npy"), src("position"), "position"));
+    e.bucket = token_buckets(int_vector(read_npy(sub / "bucket.npy"), src("bucket"), "bucket"));
+    e.example_id = example_ids(int_vector(read_npy(sub / "example_id.npy"), src("example_id"), "example_id"));
+    std::error_code ec;
+    auto const wt = fs::symlink_status(sub / "sliding_window.npy", ec).type();
+    if (wt != fs::file_type::not_found && wt != fs::file_type::none)
+        e.sliding_window = int_scalar(read_npy(sub / "sliding_window.npy"), src("sliding_window"), "sliding_window");
+    validate_read(r, m, src);
+}
+
+inline void read_st_entry(std::filesystem::path const& st, manifest const& m, bool single, entry_read& r) {
+    auto& e = r.e;
+    std::string const s = st.string();
+    auto const f = read_safetensors(st, head_entry_max_header);
+    auto get = [&](std::string const& t) -> npy_array {
+        auto it = f.tensors.find(t);
+        if (it == f.tensors.end()) qkgeom::detail::fail_input(s, t, "<missing>", "required tensor is missing");
+        return to_npy_array(it->second);
+    };
+    auto const v = get("vectors");
+    check_vector_dtype(v, s, e);
+    vectors_from(v, s, single, r);
+    e.position = token_positions(int_vector(get("position"), s, "position"));
+    e.bucket = token_buckets(int_vector(get("bucket"), s, "bucket"));
+    e.example_id = example_ids(int_vector(get("example_id"), s, "example_id"));
+    if (f.tensors.count("sliding_window")) e.sliding_window = int_scalar(get("sliding_window"), s, "sliding_window");
+    validate_read(r, m, [&](std::string_view) { return s; });
+}
+
+/// read_head, the rows kept in single precision (entry_read::v32) when
+/// `single` and the stored dtype is f32, f16 or bf16.
+inline entry_read read_entry(std::filesystem::path const& dir, manifest const& m, std::int64_t layer, std::int64_t head,
+                             kind k, bool single) {
+    using qkgeom::detail::fail_input;
+    namespace fs = std::filesystem;
+    std::string const name = head_entry_name(layer, head, k);
+    if (m.n_q_heads.size() != static_cast<std::size_t>(std::max<std::int64_t>(m.n_layers, 0)) ||
+        m.n_kv_heads.size() != m.n_q_heads.size())
+        qkgeom::detail::fail_arg("qkgeom::io::read_head",
+                                 "inconsistent manifest: n_q_heads / n_kv_heads lengths differ from n_layers; n_layers",
+                                 m.n_layers);
+    if (layer < 0 || layer >= m.n_layers)
+        fail_input((dir / name).string(), "layer", layer, "layer outside [0, n_layers = " + std::to_string(m.n_layers) + ")");
+    std::int64_t const nh = k == kind::query ? m.n_q_heads[static_cast<std::size_t>(layer)]
+                                             : m.n_kv_heads[static_cast<std::size_t>(layer)];
+    if (head < 0 || head >= nh)
+        fail_input((dir / name).string(), "head", head,
+                   std::string("head outside [0, ") + (k == kind::query ? "n_q_heads" : "n_kv_heads") + " = " +
+                       std::to_string(nh) + ")");
+    entry_read r;
+    r.e.layer = layer;
+    r.e.head = head;
+    r.e.k = k;
+    auto const sub = dir / name;
+    auto const st = dir / (name + ".safetensors");
+    auto const nz = dir / (name + ".npz");
+    // Anything at an entry's path counts as that form (a directory named
+    // lLLhHHq.safetensors too): the reader then says what is wrong with it.
+    auto present = [](fs::path const& p) {
+        std::error_code ec;
+        auto const t = fs::symlink_status(p, ec).type();
+        return t != fs::file_type::not_found && t != fs::file_type::none;
+    };
+    bool const is_npy = present(sub);
+    bool const is_st = present(st);
+    bool const is_npz = present(nz);
+    if (int{is_npy} + int{is_st} + int{is_npz} > 1) {
+        std::string forms;
+        if (is_npy) forms += " " + name + "/";
+        if (is_st) forms += " " + name + ".safetensors";
+        if (is_npz) forms += " " + name + ".npz";
+        fail_input(sub.string(), "entry", name, "the entry exists in more than one storage form:" + forms);
+    }
+    if (!is_npy && !is_st && !is_npz)
+        fail_input(sub.string(), "entry", name, "head entry not found (no directory, no .safetensors, no .npz)");
+    if (is_npz) read_npz_entry(nz, m, single, r);
+    else if (is_npy) read_npy_entry(sub, name, m, single, r);
+    else read_st_entry(st, m, single, r);
+    return r;
+}
+
+}  // namespace detail
+
 /// \brief Reads and validates one head entry, detecting the storage form
 /// (directory lLLhHHq/ of .npy files, lLLhHHq.safetensors or lLLhHHq.npz;
 /// exactly one of them must exist).
@@ -1099,101 +1344,7 @@ inline void check_vector_dtype(npy_array const& a, std::string const& src, head_
 /// \throws std::bad_alloc if the arrays do not fit in memory.
 [[nodiscard]] inline head_entry read_head(std::filesystem::path const& dir, manifest const& m, std::int64_t layer,
                                           std::int64_t head, kind k) {
-    using qkgeom::detail::fail_input;
-    namespace fs = std::filesystem;
-    std::string const name = head_entry_name(layer, head, k);
-    if (m.n_q_heads.size() != static_cast<std::size_t>(std::max<std::int64_t>(m.n_layers, 0)) ||
-        m.n_kv_heads.size() != m.n_q_heads.size())
-        qkgeom::detail::fail_arg("qkgeom::io::read_head",
-                                 "inconsistent manifest: n_q_heads / n_kv_heads lengths differ from n_layers; n_layers",
-                                 m.n_layers);
-    if (layer < 0 || layer >= m.n_layers)
-        fail_input((dir / name).string(), "layer", layer, "layer outside [0, n_layers = " + std::to_string(m.n_layers) + ")");
-    std::int64_t const nh = k == kind::query ? m.n_q_heads[static_cast<std::size_t>(layer)]
-                                             : m.n_kv_heads[static_cast<std::size_t>(layer)];
-    if (head < 0 || head >= nh)
-        fail_input((dir / name).string(), "head", head,
-                   std::string("head outside [0, ") + (k == kind::query ? "n_q_heads" : "n_kv_heads") + " = " +
-                       std::to_string(nh) + ")");
-    head_entry e;
-    e.layer = layer;
-    e.head = head;
-    e.k = k;
-    auto const sub = dir / name;
-    auto const st = dir / (name + ".safetensors");
-    auto const nz = dir / (name + ".npz");
-    // Anything at an entry's path counts as that form (a directory named
-    // lLLhHHq.safetensors too): the reader then says what is wrong with it.
-    auto present = [](fs::path const& p) {
-        std::error_code ec;
-        auto const t = fs::symlink_status(p, ec).type();
-        return t != fs::file_type::not_found && t != fs::file_type::none;
-    };
-    bool const is_npy = present(sub);
-    bool const is_st = present(st);
-    bool const is_npz = present(nz);
-    if (int{is_npy} + int{is_st} + int{is_npz} > 1) {
-        std::string forms;
-        if (is_npy) forms += " " + name + "/";
-        if (is_st) forms += " " + name + ".safetensors";
-        if (is_npz) forms += " " + name + ".npz";
-        fail_input(sub.string(), "entry", name, "the entry exists in more than one storage form:" + forms);
-    }
-    if (!is_npy && !is_st && !is_npz)
-        fail_input(sub.string(), "entry", name, "head entry not found (no directory, no .safetensors, no .npz)");
-    if (is_npz) {
-        std::string const s = nz.string();
-        auto const f = read_npz(nz);
-        auto msrc = [&](std::string_view member) { return s + "[" + std::string(member) + ".npy]"; };
-        auto const& v = f.at("vectors", s);
-        detail::check_vector_dtype(v, msrc("vectors"), e);
-        e.vectors = npy_to_matrix(v, msrc("vectors"));
-        e.position = token_positions(detail::int_vector(f.at("position", s), msrc("position"), "position"));
-        e.bucket = token_buckets(detail::int_vector(f.at("bucket", s), msrc("bucket"), "bucket"));
-        e.example_id = example_ids(detail::int_vector(f.at("example_id", s), msrc("example_id"), "example_id"));
-        if (auto const* w = f.find("sliding_window"))
-            e.sliding_window = detail::int_scalar(*w, msrc("sliding_window"), "sliding_window");
-        detail::validate_head(e, m, msrc);
-    } else if (is_npy) {
-        {
-            std::error_code ec;
-            auto const t = fs::status(sub, ec).type();
-            if (t != fs::file_type::directory)
-                fail_input(sub.string(), "entry", name,
-                           ec ? "cannot access the entry: " + ec.message()
-                              : std::string("is not a directory (an entry in NumPy form is a directory of .npy "
-                                            "files; the other forms end in .safetensors or .npz)"));
-        }
-        auto src = [&](std::string_view f) { return (sub / (std::string(f) + ".npy")).string(); };
-        auto const v = read_npy(sub / "vectors.npy");
-        detail::check_vector_dtype(v, src("vectors"), e);
-        e.vectors = npy_to_matrix(v, src("vectors"));
-        e.position = token_positions(detail::int_vector(read_npy(sub / "position.npy"), src("position"), "position"));
-        e.bucket = token_buckets(detail::int_vector(read_npy(sub / "bucket.npy"), src("bucket"), "bucket"));
-        e.example_id = example_ids(detail::int_vector(read_npy(sub / "example_id.npy"), src("example_id"), "example_id"));
-        if (present(sub / "sliding_window.npy"))
-            e.sliding_window =
-                detail::int_scalar(read_npy(sub / "sliding_window.npy"), src("sliding_window"), "sliding_window");
-        detail::validate_head(e, m, src);
-    } else {
-        std::string const s = st.string();
-        auto const f = read_safetensors(st, head_entry_max_header);
-        auto get = [&](std::string const& t) -> npy_array {
-            auto it = f.tensors.find(t);
-            if (it == f.tensors.end()) fail_input(s, t, "<missing>", "required tensor is missing");
-            return to_npy_array(it->second);
-        };
-        auto const v = get("vectors");
-        detail::check_vector_dtype(v, s, e);
-        e.vectors = npy_to_matrix(v, s);
-        e.position = token_positions(detail::int_vector(get("position"), s, "position"));
-        e.bucket = token_buckets(detail::int_vector(get("bucket"), s, "bucket"));
-        e.example_id = example_ids(detail::int_vector(get("example_id"), s, "example_id"));
-        if (f.tensors.count("sliding_window"))
-            e.sliding_window = detail::int_scalar(get("sliding_window"), s, "sliding_window");
-        detail::validate_head(e, m, [&](std::string_view) { return s; });
-    }
-    return e;
+    return std::move(detail::read_entry(dir, m, layer, head, k, false).e);
 }
 
 /// \brief As above, reading DIR/manifest.json first.
@@ -1295,6 +1446,62 @@ inline std::vector<head_id> resolved_head_list(manifest const& m, model_layout c
     return f;
 }
 
+namespace detail {
+
+/// The query and key entries of a head (read_capture's checks and messages),
+/// rows kept in single precision where read_entry keeps them.
+inline std::pair<entry_read, entry_read> read_entries(std::filesystem::path const& dir, manifest const& m,
+                                                      head_id const& id, bool single) {
+    if (id.layer >= 0 && id.layer < m.n_layers) {
+        auto const L = static_cast<std::size_t>(id.layer);
+        if (key_head_of(id.q_head, m.n_q_heads[L], m.n_kv_heads[L]) != id.k_head)
+            qkgeom::detail::fail_arg("qkgeom::io::read_capture",
+                                     "k_head does not follow the GQA mapping of layer " + std::to_string(id.layer) +
+                                         " q_head " + std::to_string(id.q_head) + "; k_head",
+                                     id.k_head);
+    }
+    entry_read q = read_entry(dir, m, id.layer, id.q_head, kind::query, single);
+    entry_read k = [&] {
+        try {
+            return read_entry(dir, m, id.layer, id.k_head, kind::key, single);
+        } catch (input_error const& e) {  // say that the key entry is at fault, and which query head read it
+            throw input_error(e.source(), e.field(), e.value(),
+                              "key entry " + head_entry_name(id.layer, id.k_head, kind::key) + " (read by query head " +
+                                  std::to_string(id.q_head) + "): " + e.what());
+        }
+    }();
+    if (q.e.sliding_window != k.e.sliding_window)
+        qkgeom::detail::fail_input((dir / head_entry_name(id.layer, id.k_head, kind::key)).string(), "sliding_window",
+                                   k.e.sliding_window ? std::to_string(*k.e.sliding_window) : std::string("none"),
+                                   "differs from the query entry's sliding window");
+    return {std::move(q), std::move(k)};
+}
+
+/// A head of rows of type M from its two entries' rows.
+template <class M>
+head_capture<M> make_capture(manifest const& m, head_id const& id, token_rows<M> q, token_rows<M> k,
+                             std::optional<std::int64_t> window) {
+    head_capture<M> out;
+    out.id = id;
+    out.facts = facts_of(m, id.layer);
+    out.facts.sliding_window = window.value_or(0);
+    out.queries = std::move(q);
+    out.keys = std::move(k);
+    return out;
+}
+
+/// The rows of an entry as token_rows of single or double precision (the
+/// single ones widened exactly when double is asked for).
+inline token_rows<row_matrix_f32> rows_f32(entry_read& r) {
+    return {std::move(r.v32), std::move(r.e.position), std::move(r.e.bucket), std::move(r.e.example_id)};
+}
+inline token_rows<row_matrix> rows_f64(entry_read& r) {
+    if (r.single) r.e.vectors = r.v32.cast<double>();
+    return std::move(static_cast<token_rows<row_matrix>&>(r.e));
+}
+
+}  // namespace detail
+
 /// \brief Reads one head as one value (method §0): the query entry of
 /// (layer, q_head), the key entry of (layer, k_head), and the capture facts
 /// (the manifest's bucket scheme and context length, the entries' sliding
@@ -1314,35 +1521,35 @@ inline std::vector<head_id> resolved_head_list(manifest const& m, model_layout c
 /// \pre m is consistent, as parse_manifest guarantees
 [[nodiscard]] inline head_capture<row_matrix> read_capture(std::filesystem::path const& dir, manifest const& m,
                                                            head_id const& id) {
-    if (id.layer >= 0 && id.layer < m.n_layers) {
-        auto const L = static_cast<std::size_t>(id.layer);
-        if (key_head_of(id.q_head, m.n_q_heads[L], m.n_kv_heads[L]) != id.k_head)
-            qkgeom::detail::fail_arg("qkgeom::io::read_capture",
-                                     "k_head does not follow the GQA mapping of layer " + std::to_string(id.layer) +
-                                         " q_head " + std::to_string(id.q_head) + "; k_head",
-                                     id.k_head);
-    }
-    head_entry q = read_head(dir, m, id.layer, id.q_head, kind::query);
-    head_entry k = [&] {
-        try {
-            return read_head(dir, m, id.layer, id.k_head, kind::key);
-        } catch (input_error const& e) {  // say that the key entry is at fault, and which query head read it
-            throw input_error(e.source(), e.field(), e.value(),
-                              "key entry " + head_entry_name(id.layer, id.k_head, kind::key) + " (read by query head " +
-                                  std::to_string(id.q_head) + "): " + e.what());
-        }
-    }();
-    if (q.sliding_window != k.sliding_window)
-        qkgeom::detail::fail_input((dir / head_entry_name(id.layer, id.k_head, kind::key)).string(), "sliding_window",
-                                   k.sliding_window ? std::to_string(*k.sliding_window) : std::string("none"),
-                                   "differs from the query entry's sliding window");
-    head_capture<row_matrix> out;
-    out.id = id;
-    out.facts = facts_of(m, id.layer);
-    out.facts.sliding_window = q.sliding_window.value_or(0);
-    out.queries = std::move(static_cast<token_rows<row_matrix>&>(q));
-    out.keys = std::move(static_cast<token_rows<row_matrix>&>(k));
-    return out;
+    auto [q, k] = detail::read_entries(dir, m, id, false);
+    auto const window = q.e.sliding_window;
+    return detail::make_capture(m, id, detail::rows_f64(q), detail::rows_f64(k), window);
+}
+
+/// \brief A head as read_capture_rows returns it: rows in single precision
+/// (both entries stored as f32, f16 or bf16; the values exactly those
+/// stored) or in double (an entry stored as f64).
+using stored_capture = std::variant<head_capture<row_matrix_f32>, head_capture<row_matrix>>;
+
+/// \brief read_capture keeping the stored precision: when both entries are
+/// stored as f32, f16 or bf16 their rows stay floats (half the memory and the
+/// memory traffic of double; 16-bit values are widened to float exactly),
+/// else both are widened to double. The analyses widen each value to double
+/// as they read it, so a head analysed from either form gives bit-identical
+/// results. The rows are copied once from the file (f32 .npy: straight into
+/// the matrix) and scanned for NaN / ±inf as they are copied.
+/// \param[in] dir  the dataset directory
+/// \param[in] m    its manifest (`read_manifest(dir)`)
+/// \param[in] id   the head: layer, q_head and the k_head it reads
+/// \returns the head, single precision (index 0) or double (index 1)
+/// \throws as read_capture, with the same messages (file, field, value)
+/// \pre m is consistent, as parse_manifest guarantees
+[[nodiscard]] inline stored_capture read_capture_rows(std::filesystem::path const& dir, manifest const& m,
+                                                      head_id const& id) {
+    auto [q, k] = detail::read_entries(dir, m, id, true);
+    auto const window = q.e.sliding_window;
+    if (q.single && k.single) return detail::make_capture(m, id, detail::rows_f32(q), detail::rows_f32(k), window);
+    return detail::make_capture(m, id, detail::rows_f64(q), detail::rows_f64(k), window);
 }
 
 namespace detail {

@@ -31,6 +31,7 @@
 #include <thread>
 #include <unordered_set>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace qkgeom::io {
@@ -93,6 +94,19 @@ struct dataset_run_options {
 /// \brief How analyze_dataset analyses one head (analyze_head by default; a
 /// program with analyze_head instantiated elsewhere passes its own).
 using head_analyzer = std::function<head_analysis(head_capture<row_matrix> const&, analysis_options const&)>;
+
+/// \brief As head_analyzer, for a head whose rows stay in single precision
+/// (read_capture_rows: both entries stored as f32, f16 or bf16).
+using head_analyzer_f32 = std::function<head_analysis(head_capture<row_matrix_f32> const&, analysis_options const&)>;
+
+/// \brief The analyses of analyze_dataset for heads read in their stored
+/// precision (read_capture_rows): `f32` for heads whose entries are stored as
+/// f32, f16 or bf16, `f64` for the others. Both must give the results
+/// analyze_head gives (they are bit-identical for the two forms of a head).
+struct head_analyzers {
+    head_analyzer f64;      ///< heads with an entry stored as f64 (rows in double)
+    head_analyzer_f32 f32;  ///< heads stored as f32 / f16 / bf16 (rows in single precision, exact)
+};
 
 /// \brief "lLLhHHq (layer L, query head Q)": how failures name a head.
 /// \param[in] id the head.
@@ -157,8 +171,8 @@ inline std::string counts_text(manifest const& m) {
 
 /// The positions of a head must lie below its context length (method §9.12):
 /// a context shorter than the capture is a contradiction, never a silent clip.
-inline void check_context(head_capture<row_matrix> const& head, std::filesystem::path const& dir,
-                          dataset_run_options const& opt) {
+template <class M>
+void check_context(head_capture<M> const& head, std::filesystem::path const& dir, dataset_run_options const& opt) {
     std::int64_t const L = head.facts.context_length;
     if (L <= 0) return;
     for (auto const* rows : {&head.queries, &head.keys}) {
@@ -210,27 +224,21 @@ template <class = void>
     return p;
 }
 
-/// \brief Analyses every planned head of a dataset (the loop of `qkgeom
-/// analyze`), in parallel.
-///
-/// Lists the folder once; reports the stray entries (io::stray_entries);
-/// then per head, on `jobs` threads: a missing query entry is a failure
-/// (no I/O); else read_capture, the overrides (apply_overrides), the context
-/// check (every position below the context length) and `analyze`; an
-/// exception is the head's failure (its message). Every head is analysed or
-/// listed, never skipped.
-/// \param[in] plan the dataset and its heads (plan_dataset).
-/// \param[in] opt the options.
-/// \param[in] analyze the analysis of one head.
-/// \returns the analysed heads and the failures, in plan order.
-/// \throws qkgeom::input_error when the folder cannot be listed; under
-///         `strict`, at the first stray entry (before any analysis; the
-///         message "NAME: entry outside ...") or the first failed head (the
-///         message "lLLhHHq (layer L, query head Q): " + why).
-/// \throws std::bad_alloc when the results cannot be held.
-template <class = void>
-[[nodiscard]] dataset_run analyze_dataset(dataset_plan plan, dataset_run_options const& opt,
-                                          head_analyzer const& analyze) {
+namespace detail {
+
+/// A read head, its overrides applied and its positions checked, analysed.
+template <class M, class F>
+head_analysis analyse_read(head_capture<M>& head, std::filesystem::path const& dir, dataset_run_options const& opt,
+                           F const& analyze) {
+    apply_overrides(head.facts, opt.context, opt.window);
+    check_context(head, dir, opt);
+    return analyze(head, opt.analysis);
+}
+
+/// The loop of analyze_dataset; `one(dir, manifest, head)` reads and
+/// analyses one head (analyse_read).
+template <class One>
+[[nodiscard]] dataset_run run_dataset(dataset_plan plan, dataset_run_options const& opt, One const& one) {
     dataset_run run{plan.dir, std::move(plan.m), std::move(plan.planned), {}, {}, {}, {}};
     auto const& dir = run.dir;
     auto const present = detail::entry_names(dir);
@@ -259,10 +267,7 @@ template <class = void>
             if (opt.strict) strict_fail(detail::missing_text(dir, name));
         } else {
             try {
-                auto head = read_capture(dir, run.m, t);
-                apply_overrides(head.facts, opt.context, opt.window);
-                detail::check_context(head, dir, opt);
-                results[i] = std::make_unique<head_analysis>(analyze(head, opt.analysis));
+                results[i] = std::make_unique<head_analysis>(one(dir, run.m, t));
             } catch (std::exception const& e) {
                 if (opt.strict) strict_fail(e.what());
                 errors[i] = std::make_unique<std::string>(e.what());
@@ -283,12 +288,74 @@ template <class = void>
     return run;
 }
 
-/// \brief As above, each head analysed by analyze_head.
+}  // namespace detail
+
+
+/// \brief Analyses every planned head of a dataset (the loop of `qkgeom
+/// analyze`), in parallel.
+///
+/// Lists the folder once; reports the stray entries (io::stray_entries);
+/// then per head, on `jobs` threads: a missing query entry is a failure
+/// (no I/O); else read_capture, the overrides (apply_overrides), the context
+/// check (every position below the context length) and `analyze`; an
+/// exception is the head's failure (its message). Every head is analysed or
+/// listed, never skipped.
+/// \param[in] plan the dataset and its heads (plan_dataset).
+/// \param[in] opt the options.
+/// \param[in] analyze the analysis of one head.
+/// \returns the analysed heads and the failures, in plan order.
+/// \throws qkgeom::input_error when the folder cannot be listed; under
+///         `strict`, at the first stray entry (before any analysis; the
+///         message "NAME: entry outside ...") or the first failed head (the
+///         message "lLLhHHq (layer L, query head Q): " + why).
+/// \throws std::bad_alloc when the results cannot be held.
+template <class = void>
+[[nodiscard]] dataset_run analyze_dataset(dataset_plan plan, dataset_run_options const& opt,
+                                          head_analyzer const& analyze) {
+    return detail::run_dataset(std::move(plan), opt,
+                               [&](std::filesystem::path const& dir, manifest const& m, head_id const& t) {
+                                   auto head = read_capture(dir, m, t);
+                                   return detail::analyse_read(head, dir, opt, analyze);
+                               });
+}
+
+/// \brief As above, each head read in its stored precision
+/// (read_capture_rows: f32, f16 and bf16 rows stay floats, half the memory
+/// traffic of double) and analysed by `analyze.f32` or `analyze.f64`. The
+/// messages, the failures and the results are those of the overload above
+/// when the two analyzers compute analyze_head (bit-identical results).
+/// \param[in] plan the dataset and its heads (plan_dataset).
+/// \param[in] opt the options.
+/// \param[in] analyze the analyses of one head, per precision.
+/// \returns the analysed heads and the failures, in plan order.
+/// \throws as the overload above.
+template <class = void>
+[[nodiscard]] dataset_run analyze_dataset(dataset_plan plan, dataset_run_options const& opt,
+                                          head_analyzers const& analyze) {
+    return detail::run_dataset(std::move(plan), opt,
+                               [&](std::filesystem::path const& dir, manifest const& m, head_id const& t) {
+                                   auto head = read_capture_rows(dir, m, t);
+                                   if (auto* h = std::get_if<head_capture<row_matrix_f32>>(&head))
+                                       return detail::analyse_read(*h, dir, opt, analyze.f32);
+                                   return detail::analyse_read(std::get<head_capture<row_matrix>>(head), dir, opt,
+                                                               analyze.f64);
+                               });
+}
+
+/// \brief As above, each head read in its stored precision and analysed by
+/// analyze_head.
+/// \param[in] plan the dataset and its heads (plan_dataset).
+/// \param[in] opt the options.
+/// \returns the analysed heads and the failures, in plan order.
+/// \throws as the overloads above.
 template <class = void>
 [[nodiscard]] dataset_run analyze_dataset(dataset_plan plan, dataset_run_options const& opt) {
-    return analyze_dataset(std::move(plan), opt, [](head_capture<row_matrix> const& h, analysis_options const& o) {
-        return analyze_head(h, o);
-    });
+    return analyze_dataset(
+        std::move(plan), opt,
+        head_analyzers{[](head_capture<row_matrix> const& h, analysis_options const& o) { return analyze_head(h, o); },
+                       [](head_capture<row_matrix_f32> const& h, analysis_options const& o) {
+                           return analyze_head(h, o);
+                       }});
 }
 
 /// \brief As above, for the dataset in DIR: analyze_dataset(plan_dataset(dir), opt).

@@ -515,6 +515,71 @@ inline dtype npy_dtype(npy_array const& a, std::string const& source = "<npy>") 
                                "unsupported dtype (supported: <f8 <f4 <f2 <V2(bf16) <i8 <i4 <i2 |i1 <u8 <u4 <u2 |u1)");
 }
 
+namespace detail {
+
+/// The checks of parse_npy up to the data, for a file of `file_size` bytes of
+/// which `bytes` holds the first ones: at least min(file_size, 12) and, when
+/// the header length fits in the file, the whole header. Fills `a` (its data
+/// left empty) and returns the offset of the data.
+inline std::size_t parse_npy_header(std::span<unsigned char const> bytes, std::uint64_t file_size,
+                                    std::string const& source, npy_array& a) {
+    using qkgeom::detail::fail_input;
+    static constexpr unsigned char magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+    if (file_size < 6 || std::memcmp(bytes.data(), magic, 6) != 0) {
+        std::string seen;
+        for (std::size_t i = 0; i < std::min<std::uint64_t>(file_size, 6); ++i) {
+            static constexpr char hex[] = "0123456789abcdef";
+            seen += "\\x";
+            seen.push_back(hex[bytes[i] >> 4]);
+            seen.push_back(hex[bytes[i] & 0xF]);
+        }
+        fail_input(source, "magic", seen.empty() ? std::string("<empty>") : seen,
+                   file_size < 6 ? "file truncated: too short for the .npy magic \\x93NUMPY"
+                                    : "not a .npy file: wrong magic (expected \\x93NUMPY)");
+    }
+    if (file_size < 8) fail_input(source, "version", file_size, "file truncated inside the version bytes");
+    unsigned const major = bytes[6], minor = bytes[7];
+    if (!((major == 1 || major == 2 || major == 3) && minor == 0))
+        fail_input(source, "version", std::to_string(major) + "." + std::to_string(minor),
+                   "unsupported .npy format version (supported: 1.0, 2.0, 3.0)");
+    std::size_t const len_bytes = major == 1 ? 2 : 4;
+    if (file_size < 8 + len_bytes)
+        fail_input(source, "header_len", file_size, "file truncated inside the header length");
+    std::uint64_t const hlen = detail::load_le(bytes.data() + 8, len_bytes);
+    std::size_t const hstart = 8 + len_bytes;
+    if (hlen > file_size - hstart)
+        fail_input(source, "header_len", hlen,
+                   "file truncated: header length exceeds the " + std::to_string(file_size - hstart) +
+                       " bytes left in the file");
+    std::string_view const header(reinterpret_cast<char const*>(bytes.data() + hstart), static_cast<std::size_t>(hlen));
+    if (major < 3) {
+        for (char c : header)
+            if (static_cast<unsigned char>(c) >= 0x80)
+                fail_input(source, "header", static_cast<int>(static_cast<unsigned char>(c)),
+                           "non-ASCII byte in a version 1.0/2.0 header");
+    }
+    if (header.empty() || header.back() != '\n')
+        fail_input(source, "header", hlen, "header does not end with a newline");
+    detail::npy_header_parser(header, source).run(a);
+    dtype const t = npy_dtype(a, source);
+    std::uint64_t need = 0;
+    if (!detail::byte_count(a.shape, dtype_size(t), need))
+        fail_input(source, "shape", detail::shape_text(a.shape), "shape too large (byte count overflows)");
+    std::size_t const dstart = hstart + static_cast<std::size_t>(hlen);
+    std::uint64_t const have = file_size - dstart;
+    if (have < need)
+        fail_input(source, "data", have,
+                   "file truncated: shape " + detail::shape_text(a.shape) + " of " + a.descr + " needs " +
+                       std::to_string(need) + " data bytes, found");
+    if (have > need)
+        fail_input(source, "data", have,
+                   "trailing bytes: shape " + detail::shape_text(a.shape) + " of " + a.descr + " needs " +
+                       std::to_string(need) + " data bytes, found");
+    return dstart;
+}
+
+}  // namespace detail
+
 /// \brief Parses a complete .npy file held in memory.
 /// \param[in] bytes the whole file.
 /// \param[in] source  file name (or label) used in error messages.
@@ -528,62 +593,116 @@ inline dtype npy_dtype(npy_array const& a, std::string const& source = "<npy>") 
 ///         trailing bytes).
 /// \throws std::bad_alloc if the copy cannot be allocated.
 [[nodiscard]] inline npy_array parse_npy(std::span<unsigned char const> bytes, std::string const& source = "<npy>") {
-    using qkgeom::detail::fail_input;
-    static constexpr unsigned char magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
-    if (bytes.size() < 6 || std::memcmp(bytes.data(), magic, 6) != 0) {
-        std::string seen;
-        for (std::size_t i = 0; i < std::min<std::size_t>(bytes.size(), 6); ++i) {
-            static constexpr char hex[] = "0123456789abcdef";
-            seen += "\\x";
-            seen.push_back(hex[bytes[i] >> 4]);
-            seen.push_back(hex[bytes[i] & 0xF]);
-        }
-        fail_input(source, "magic", seen.empty() ? std::string("<empty>") : seen,
-                   bytes.size() < 6 ? "file truncated: too short for the .npy magic \\x93NUMPY"
-                                    : "not a .npy file: wrong magic (expected \\x93NUMPY)");
-    }
-    if (bytes.size() < 8) fail_input(source, "version", bytes.size(), "file truncated inside the version bytes");
-    unsigned const major = bytes[6], minor = bytes[7];
-    if (!((major == 1 || major == 2 || major == 3) && minor == 0))
-        fail_input(source, "version", std::to_string(major) + "." + std::to_string(minor),
-                   "unsupported .npy format version (supported: 1.0, 2.0, 3.0)");
-    std::size_t const len_bytes = major == 1 ? 2 : 4;
-    if (bytes.size() < 8 + len_bytes)
-        fail_input(source, "header_len", bytes.size(), "file truncated inside the header length");
-    std::uint64_t const hlen = detail::load_le(bytes.data() + 8, len_bytes);
-    std::size_t const hstart = 8 + len_bytes;
-    if (hlen > bytes.size() - hstart)
-        fail_input(source, "header_len", hlen,
-                   "file truncated: header length exceeds the " + std::to_string(bytes.size() - hstart) +
-                       " bytes left in the file");
-    std::string_view const header(reinterpret_cast<char const*>(bytes.data() + hstart), static_cast<std::size_t>(hlen));
-    if (major < 3) {
-        for (char c : header)
-            if (static_cast<unsigned char>(c) >= 0x80)
-                fail_input(source, "header", static_cast<int>(static_cast<unsigned char>(c)),
-                           "non-ASCII byte in a version 1.0/2.0 header");
-    }
-    if (header.empty() || header.back() != '\n')
-        fail_input(source, "header", hlen, "header does not end with a newline");
     npy_array a;
-    detail::npy_header_parser(header, source).run(a);
-    dtype const t = npy_dtype(a, source);
-    std::uint64_t need = 0;
-    if (!detail::byte_count(a.shape, dtype_size(t), need))
-        fail_input(source, "shape", detail::shape_text(a.shape), "shape too large (byte count overflows)");
-    std::size_t const dstart = hstart + static_cast<std::size_t>(hlen);
-    std::size_t const have = bytes.size() - dstart;
-    if (have < need)
-        fail_input(source, "data", have,
-                   "file truncated: shape " + detail::shape_text(a.shape) + " of " + a.descr + " needs " +
-                       std::to_string(need) + " data bytes, found");
-    if (have > need)
-        fail_input(source, "data", have,
-                   "trailing bytes: shape " + detail::shape_text(a.shape) + " of " + a.descr + " needs " +
-                       std::to_string(need) + " data bytes, found");
+    std::size_t const dstart = detail::parse_npy_header(bytes, bytes.size(), source, a);
     a.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(dstart), bytes.end());
     return a;
 }
+
+/// \brief A .npy file opened for reading, its header parsed and checked as
+/// parse_npy checks it (the data length included), the stream at the first
+/// data byte: the caller reads the data where it wants it (one copy from the
+/// operating system, no staging buffer).
+class npy_reader {
+public:
+    /// \brief Opens `path` and parses its header.
+    /// \param[in] path the file.
+    /// \throws qkgeom::input_error as read_npy, before any data byte is read.
+    /// \throws std::bad_alloc if the header does not fit in memory.
+    explicit npy_reader(std::filesystem::path const& path) : src_(path.string()) {
+        using qkgeom::detail::fail_input;
+        size_ = regular_file_size(path);
+        if (size_ > static_cast<std::uint64_t>(std::numeric_limits<std::streamsize>::max()) ||
+            size_ > static_cast<std::uint64_t>(std::numeric_limits<std::size_t>::max()))
+            fail_input(src_, "file size", size_, "file too large for this platform");
+        errno = 0;
+        in_.open(path, std::ios::binary);
+        if (!in_) fail_input(src_, "file", src_, "cannot open file: " + detail::errno_text(errno));
+        // The magic, version and header length (12 bytes at most), then the
+        // header itself when its length fits in the file.
+        std::vector<unsigned char> head(static_cast<std::size_t>(std::min<std::uint64_t>(size_, 12)));
+        read(head.data(), head.size());
+        if (head.size() >= 10 && head[6] >= 1 && head[6] <= 3) {
+            std::size_t const hstart = head[6] == 1 ? 10 : 12;
+            std::uint64_t const hlen = head.size() >= hstart ? detail::load_le(head.data() + 8, hstart - 8) : 0;
+            if (head.size() >= hstart && hlen <= size_ - hstart && hstart + hlen > head.size()) {
+                std::size_t const have = head.size();
+                head.resize(hstart + static_cast<std::size_t>(hlen));
+                read(head.data() + have, head.size() - have);
+            }
+        }
+        std::size_t const dstart = detail::parse_npy_header(head, size_, src_, a_);
+        type_ = npy_dtype(a_, src_);
+        data_bytes_ = size_ - dstart;
+        // Data bytes already read with the first 12 (a 1.0 header shorter
+        // than 2 bytes, which the parse rejects anyway): served first.
+        if (head.size() > dstart) {
+            a_.data.assign(head.begin() + static_cast<std::ptrdiff_t>(dstart), head.end());
+            pending_ = a_.data.size();
+        }
+    }
+
+    /// \brief The header: descr, shape, order (data empty).
+    /// \returns the array header.
+    [[nodiscard]] npy_array const& header() const noexcept { return a_; }
+    /// \brief The element type of the data.
+    /// \returns the dtype of the descr.
+    [[nodiscard]] dtype type() const noexcept { return type_; }
+    /// \brief The number of data bytes, prod(shape) * itemsize.
+    /// \returns the count.
+    [[nodiscard]] std::uint64_t data_bytes() const noexcept { return data_bytes_; }
+
+    /// \brief Reads the next `n` data bytes into `out`.
+    /// \param[out] out where they go.
+    /// \param[in] n how many.
+    /// \throws qkgeom::input_error when the file ends first ("read error or
+    ///         file shrank while being read").
+    void read_data(unsigned char* out, std::size_t n) {
+        std::size_t const from_head = std::min(n, pending_);
+        if (from_head > 0) {
+            std::memcpy(out, a_.data.data() + (a_.data.size() - pending_), from_head);
+            pending_ -= from_head;
+        }
+        read(out + from_head, n - from_head);
+    }
+
+    /// \brief Checks that the file ends where its data ends.
+    /// \throws qkgeom::input_error when it has grown since it was opened.
+    void finish() {
+        if (in_.peek() != std::char_traits<char>::eof())
+            qkgeom::detail::fail_input(src_, "file", size_, "file grew while being read (expected size)");
+    }
+
+    /// \brief Reads all the data into the header's array and returns it (read_npy).
+    /// \returns the array, as parse_npy.
+    /// \throws qkgeom::input_error as read_data and finish.
+    /// \throws std::bad_alloc if the data does not fit in memory.
+    [[nodiscard]] npy_array take() {
+        std::vector<unsigned char> data(static_cast<std::size_t>(data_bytes_));
+        read_data(data.data(), data.size());
+        finish();
+        a_.data = std::move(data);
+        return std::move(a_);
+    }
+
+private:
+    void read(unsigned char* out, std::size_t n) {
+        if (n == 0) return;
+        in_.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n));
+        done_ += static_cast<std::uint64_t>(in_.gcount());
+        if (static_cast<std::size_t>(in_.gcount()) != n)
+            qkgeom::detail::fail_input(src_, "file", done_,
+                                       "read error or file shrank while being read: expected " +
+                                           std::to_string(size_) + " bytes, read");
+    }
+
+    std::string src_;
+    std::ifstream in_;
+    std::uint64_t size_ = 0, done_ = 0, data_bytes_ = 0;
+    std::size_t pending_ = 0;
+    npy_array a_;
+    dtype type_{};
+};
 
 /// \brief Reads and parses a .npy file.
 /// \param[in] path the file.
@@ -594,8 +713,7 @@ inline dtype npy_dtype(npy_array const& a, std::string const& source = "<npy>") 
 ///         reason), and for everything parse_npy rejects.
 /// \throws std::bad_alloc if the file does not fit in memory.
 [[nodiscard]] inline npy_array read_npy(std::filesystem::path const& path) {
-    auto const bytes = detail::read_file_bytes(path);
-    return parse_npy(bytes, path.string());
+    return npy_reader(path).take();
 }
 
 /// \brief Serialises an array as .npy (version 1.0 when the header fits in
@@ -727,6 +845,10 @@ inline void check_data_size(npy_array const& a, dtype t, std::string const& sour
         qkgeom::detail::fail_input(source, "descr", a.descr, std::string(field) + ": expected an integer dtype");
     std::size_t const n = static_cast<std::size_t>(a.size());
     std::vector<std::int64_t> out(n);
+    if (t == dtype::i64 && (!a.fortran_order || a.shape.size() <= 1) && std::endian::native == std::endian::little) {
+        if (n > 0) std::memcpy(out.data(), a.data.data(), n * sizeof(std::int64_t));  // storage order = C order
+        return out;
+    }
     // Fortran order: map C index to storage index.
     std::vector<std::int64_t> idx(a.shape.size(), 0);
     for (std::size_t c = 0; c < n; ++c) {
@@ -750,6 +872,20 @@ inline void check_data_size(npy_array const& a, dtype t, std::string const& sour
     return out;
 }
 
+namespace detail {
+
+/// out[i] = element i of contiguous little-endian storage of f32, f16 or
+/// bf16 values, i < n, as float (exact: every such value is a float).
+inline void load_floats(dtype t, unsigned char const* p, std::size_t n, float* out) noexcept {
+    if (t == dtype::f32 && std::endian::native == std::endian::little) {
+        if (n > 0) std::memcpy(out, p, n * sizeof(float));
+        return;
+    }
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(load_double(t, p, i));
+}
+
+}  // namespace detail
+
 /// \brief Row-major double matrix (what readers return for vectors).
 using row_matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
@@ -770,6 +906,21 @@ using row_matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::
         qkgeom::detail::fail_input(source, "shape", detail::shape_text(a.shape), "expected a rank-2 array (rows, cols)");
     auto const r = static_cast<index_t>(a.shape[0]), c = static_cast<index_t>(a.shape[1]);
     row_matrix m(r, c);
+    if (!a.fortran_order && (t == dtype::f64 || t == dtype::f32) && std::endian::native == std::endian::little) {
+        std::size_t const n = static_cast<std::size_t>(r * c);  // storage order = the matrix's
+        unsigned char const* p = a.data.data();
+        double* out = m.data();
+        if (t == dtype::f64) {
+            if (n > 0) std::memcpy(out, p, n * sizeof(double));
+        } else {
+            for (std::size_t i = 0; i < n; ++i) {
+                float f;
+                std::memcpy(&f, p + i * sizeof(float), sizeof f);
+                out[i] = static_cast<double>(f);
+            }
+        }
+        return m;
+    }
     // element (i, j) lives at i*c + j (C) or i + j*r (Fortran)
     index_t const rs = a.fortran_order ? 1 : c, cs = a.fortran_order ? r : 1;
     for (index_t i = 0; i < r; ++i)
