@@ -220,6 +220,106 @@ TEST_CASE("rope_bands: the band Gram update equals the brute-force sum over the 
     }
 }
 
+TEST_CASE("rope_bands: the register-blocked pair loop gives the row loop's sums at every level", "[rope]") {
+    namespace rd = qkgeom::detail::rope;
+    std::mt19937_64 rng(23);
+    std::normal_distribution<double> nd;
+    std::uniform_int_distribution<std::int64_t> pos(0, 999);
+    for (index_t const h : {index_t(13), index_t(32)}) {  // 13: a tail of pairs past the vector chunks
+        qkgeom::rope_spec spec;
+        spec.rotary_dim = 2 * h;
+        index_t const d = 2 * h + 3, n = 41;
+        rd::geometry const g = rd::make_geometry(spec, d, 3, 1.0);
+        rd::trig_table const tt(g.freq, 999);
+        rd::rmat x(n, d);
+        std::vector<std::int64_t> t(static_cast<std::size_t>(n));
+        for (index_t i = 0; i < n; ++i) {
+            t[std::size_t(i)] = pos(rng);
+            for (index_t j = 0; j < d; ++j) x(i, j) = nd(rng) + 0.3 * double(j % 5);
+        }
+        rd::pair_energy raw0(g), rot0(g);  // the row loop (the generic level's path)
+        std::vector<double> u0(static_cast<std::size_t>(n * g.r)), cs(static_cast<std::size_t>(h)), sn(cs);
+        for (index_t r = 0; r < n; ++r) {
+            tt.angles(t[std::size_t(r)], cs.data(), sn.data());
+            rd::unrotate_row(g, x.row(r).data(), u0.data() + r * g.r, cs.data(), sn.data(), raw0, rot0);
+        }
+        for (auto level : {qkgeom::simd::isa::generic, qkgeom::simd::isa::avx2, qkgeom::simd::isa::avx512}) {
+            if (level > qkgeom::simd::detected()) continue;
+            CAPTURE(h, qkgeom::simd::isa_name(level));
+            rd::pair_energy raw(g), rot(g);
+            std::vector<double> u(std::size_t(n * g.r), -1.0);
+            std::vector<index_t> work;
+            rd::unrotate_bucket(level, g, tt, x, t.data(), n, u.data(), raw, rot, work);
+            CHECK(u == u0);  // multiply then add in the row loop's order: equal bit for bit
+            CHECK(raw.cs == raw0.cs);
+            CHECK(raw.cq == raw0.cq);
+            CHECK(rot.cs == rot0.cs);
+            CHECK(rot.cq == rot0.cq);
+            CHECK(rot.r1 == rot0.r1);
+            CHECK(rot.r2 == rot0.r2);
+            std::vector<double> mu(static_cast<std::size_t>(d)), acc(static_cast<std::size_t>(d), 0.25);
+            for (index_t j = 0; j < d; ++j) mu[std::size_t(j)] = 0.1 * double(j);
+            qkgeom::detail::ropek::sq_residual(level, x.data(), d, n, mu.data(), d, acc.data());
+            for (index_t j = 0; j < d; ++j) {
+                double s = 0.25;
+                for (index_t r = 0; r < n; ++r) s += (x(r, j) - mu[std::size_t(j)]) * (x(r, j) - mu[std::size_t(j)]);
+                CHECK(acc[std::size_t(j)] == Approx(s).epsilon(1e-14));
+            }
+        }
+    }
+}
+
+TEST_CASE("rope_bands: key groups packed into the band panels give the brute-force band Gram blocks", "[rope]") {
+    namespace rd = qkgeom::detail::rope;
+    std::mt19937_64 rng(29);
+    std::normal_distribution<double> nd;
+    qkgeom::rope_spec spec;
+    spec.rotary_dim = 10;  // 5 pairs in 2 bands of 2 and 3 pairs: panels straddle the two runs; 4 plain columns
+    spec.pairing = rope_pairing::interleaved;
+    index_t const d = 14, n = 23;
+    rd::geometry const g = rd::make_geometry(spec, d, 2, 1.0);
+    REQUIRE(g.bands.size() == 3);
+    struct rows_t {
+        std::vector<std::int64_t> example, bucket;
+    } k;
+    for (index_t i = 0; i < n; ++i) k.example.push_back(i < 5 ? 0 : i < 6 ? 1 : i < 15 ? 2 : 3), k.bucket.push_back(4);
+    rd::rmat x(n, d);
+    for (index_t i = 0; i < n; ++i)
+        for (index_t j = 0; j < d; ++j) x(i, j) = nd(rng) + double(k.example[std::size_t(i)]) * 0.5 * double(j);
+    for (auto level : {qkgeom::simd::isa::generic, qkgeom::simd::isa::avx2, qkgeom::simd::isa::avx512}) {
+        if (level > qkgeom::simd::detected()) continue;
+        CAPTURE(qkgeom::simd::isa_name(level));
+        qkgeom::simd::scoped_limit const cap(level);
+        rd::key_prefix kp(g);
+        kp.add_cell(k, 0, n, x, g);
+        REQUIRE(kp.pairs.back() == 10 + 0 + 36 + 28);  // pairs within examples: 5, 1, 9 and 8 keys
+        for (std::size_t b = 0; b < g.bands.size(); ++b) {
+            auto const& cols = g.band_cols[b];
+            for (std::size_t j = 0; j < cols.size(); ++j)
+                for (std::size_t i = j; i < cols.size(); ++i) {
+                    double s = 0;  // Σ over same-example pairs of Δ_i Δ_j
+                    for (index_t p = 0; p < n; ++p)
+                        for (index_t q = p + 1; q < n; ++q)
+                            if (k.example[std::size_t(p)] == k.example[std::size_t(q)])
+                                s += (x(p, cols[i]) - x(q, cols[i])) * (x(p, cols[j]) - x(q, cols[j]));
+                    CHECK(kp.pref.back()[b](index_t(i), index_t(j)) == Approx(s).epsilon(1e-12));
+                }
+        }
+    }
+}
+
+TEST_CASE("rope_bands: dense cluster ids by counting equal those by sorting", "[rope]") {
+    namespace rd = qkgeom::detail::rope;
+    std::vector<std::int64_t> const small = {7, 3, 3, 9, 7, 12, 3, -2};
+    std::vector<std::int64_t> big;  // the same order of ids spread past the counting range
+    for (auto e : small) big.push_back(e * (std::int64_t{1} << 40));
+    rd::content_acc const a(small, 2), b(big, 2);
+    CHECK(a.n_clusters == 5);
+    CHECK(b.n_clusters == 5);
+    CHECK(a.cluster_of == std::vector<std::int64_t>{2, 1, 1, 3, 2, 4, 1, 0});
+    CHECK(b.cluster_of == a.cluster_of);
+}
+
 TEST_CASE("rope_bands: no signal and no settings give statuses and NaN", "[rope]") {
     planted p;
     p.mean_mag = 0.0;  // zero pre-RoPE mean: nothing to check

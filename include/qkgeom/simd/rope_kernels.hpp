@@ -46,6 +46,17 @@ struct unrotate_args {
     double *ra = nullptr, *rq = nullptr, *oa = nullptr, *oq = nullptr, *m1 = nullptr, *m2 = nullptr;
 };
 
+/// v, opaque to the optimiser: a product passed through it is not fused with
+/// the following add (GCC contracts a * b + c into an FMA inside the AVX2 /
+/// AVX-512 functions this is inlined into, -ffp-contract=fast being its C++
+/// default).
+[[nodiscard]] QKGEOM_ALWAYS_INLINE double unfused(double v) noexcept {
+#if QKGEOM_SIMD_X86
+    __asm__("" : "+x"(v));
+#endif
+    return v;
+}
+
 /// Pairs [i0, i1) of `unrotate_block` one lane at a time (the tail, and the
 /// reference order of every level).
 inline void unrotate_lanes(unrotate_args const& g, index_t i0, index_t i1) noexcept {
@@ -56,13 +67,14 @@ inline void unrotate_lanes(unrotate_args const& g, index_t i0, index_t i1) noexc
         for (index_t r = 0; r < g.n; ++r) {
             double const a = g.x[r * g.ldx + i], b = g.x[r * g.ldx + h + i];
             double const c1 = g.lc[g.o1[r] + i], s1 = g.ls[g.o1[r] + i], c2 = g.hc[g.o2[r] + i], s2 = g.hs[g.o2[r] + i];
-            double const c = c1 * c2 - s1 * s2, s = s1 * c2 + c1 * s2;
-            ra1 += a, rq1 += a * a, ra2 += b, rq2 += b * b;
-            n1 += c * a - s * b;
-            n2 += s * a + c * b;
-            double const ua = c * a + s * b, ub = c * b - s * a;
+            double const c = unfused(c1 * c2) - unfused(s1 * s2), s = unfused(s1 * c2) + unfused(c1 * s2);
+            ra1 += a, rq1 += unfused(a * a), ra2 += b, rq2 += unfused(b * b);
+            double const ca = unfused(c * a), sa = unfused(s * a), cb = unfused(c * b), sb = unfused(s * b);
+            n1 += ca - sb;
+            n2 += sa + cb;
+            double const ua = ca + sb, ub = cb - sa;
             if (g.u) g.u[r * g.ldu + i] = ua, g.u[r * g.ldu + h + i] = ub;
-            oa1 += ua, oq1 += ua * ua, oa2 += ub, oq2 += ub * ub;
+            oa1 += ua, oq1 += unfused(ua * ua), oa2 += ub, oq2 += unfused(ub * ub);
         }
         g.ra[i] = ra1, g.rq[i] = rq1, g.ra[h + i] = ra2, g.rq[h + i] = rq2;
         g.oa[i] = oa1, g.oq[i] = oq1, g.oa[h + i] = oa2, g.oq[h + i] = oq2, g.m1[i] = n1, g.m2[i] = n2;
@@ -119,9 +131,9 @@ inline void NAME(unrotate_args const& g) noexcept {                             
             T const a = V::ld(xr), b = V::ld(xr + h);                                                                 \
             T const c1 = V::ld(g.lc + g.o1[r] + i), s1 = V::ld(g.ls + g.o1[r] + i);                                  \
             T const c2 = V::ld(g.hc + g.o2[r] + i), s2 = V::ld(g.hs + g.o2[r] + i);                                  \
-            T p1 = V::mul(c1, c2), p2 = V::mul(s1, c2);                                                               \
-            QKGEOM_ROPEK_OPAQUE(p1); QKGEOM_ROPEK_OPAQUE(p2);                                                         \
-            T const c = V::sub(p1, V::mul(s1, s2)), s = V::add(p2, V::mul(c1, s2));                                   \
+            T p1 = V::mul(c1, c2), p2 = V::mul(s1, s2), p3 = V::mul(s1, c2), p4 = V::mul(c1, s2);                     \
+            QKGEOM_ROPEK_OPAQUE(p1); QKGEOM_ROPEK_OPAQUE(p2); QKGEOM_ROPEK_OPAQUE(p3); QKGEOM_ROPEK_OPAQUE(p4);        \
+            T const c = V::sub(p1, p2), s = V::add(p3, p4);                                                           \
             T aa = V::mul(a, a), bb = V::mul(b, b);                                                                   \
             QKGEOM_ROPEK_OPAQUE(aa); QKGEOM_ROPEK_OPAQUE(bb);                                                         \
             ra1 = V::add(ra1, a), rq1 = V::add(rq1, aa), ra2 = V::add(ra2, b), rq2 = V::add(rq2, bb);                 \
@@ -165,7 +177,7 @@ inline void NAME(double const* x, index_t ldx, index_t n, double const* mu, inde
         V::st(acc + j, s);                                                                                            \
     }                                                                                                                 \
     for (index_t j = full; j < m; ++j)                                                                                \
-        for (index_t r = 0; r < n; ++r) acc[j] += (x[r * ldx + j] - mu[j]) * (x[r * ldx + j] - mu[j]);              \
+        for (index_t r = 0; r < n; ++r) acc[j] += unfused((x[r * ldx + j] - mu[j]) * (x[r * ldx + j] - mu[j]));     \
 }
 QKGEOM_ROPEK_SQRES(sq_residual_avx512, "avx512f", rv512)
 QKGEOM_ROPEK_SQRES(sq_residual_avx2, "avx2,fma", rv256)
