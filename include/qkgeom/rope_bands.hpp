@@ -641,7 +641,7 @@ struct key_prefix {
     void add_cell(S const& k, index_t r0, index_t n, rmat const& blk, geometry const& g) {
         simd::isa const level = simd::active();
         index_t const W = level == simd::isa::generic ? 1 : detail::mom::panel_width(level);
-        if (plan_w != W) plan_w = W, plan = gram_update::pack_plan(g.band_cols, W, first);
+        if (plan_w != W) make_plan(g, W);
         groups.clear();
         index_t nz = 0;
         std::int64_t np = 0;
@@ -658,6 +658,29 @@ struct key_prefix {
         index_t const P = index_t(plan.size()) / W;
         if (buf.size() < std::size_t(P * W * nz + 8)) buf.resize(std::size_t(P * W * nz + 8));
         double* const pk = detail::mom::align64(buf.data());
+        if (level != simd::isa::generic && quads_ok) {  // the dispatched kernel: the same values
+            quad_dst.resize(quad_src.size());
+            for (std::size_t q = 0; q < quad_src.size(); ++q)  // panel ⌊4q / W⌋, lane 4q mod W, row 0
+                quad_dst[q] = index_t(q) * 4 / W * nz * W + index_t(q) * 4 % W;
+            mean.resize(std::size_t(g.d));
+            index_t kk = 0;
+            for (auto const& [s0, m] : groups) {
+                detail::ropek::centre_group(level, blk.row(s0).data(), blk.cols(), m, g.d, mean.data(),
+                                            std::sqrt(double(m)), quad_src.data(), quad_dst.data(),
+                                            index_t(quad_src.size()), pk + kk * W, W);
+                kk += m;
+            }
+        } else {
+            pack_groups(blk, g, nz, W, pk);
+        }
+        for (std::size_t b = 0; b < g.bands.size(); ++b)  // lower triangles only
+            gram_update::update(level, pk + first[b] * nz * W, nz, index_t(g.band_cols[b].size()), pref.back()[b]);
+    }
+
+private:
+    /// The groups into the panels by the scalar loops (generic level, or a
+    /// panel lane run that is not 4 contiguous columns).
+    void pack_groups(rmat const& blk, geometry const& g, index_t nz, index_t W, double* pk) {
         index_t kk = 0;
         for (auto const& [s0, m] : groups) {
             mean.assign(std::size_t(g.d), 0.0);  // the group mean as center_rows forms it
@@ -673,11 +696,20 @@ struct key_prefix {
             else gram_update::pack_rows<1>(blk, s0, m, mean.data(), scale, plan, nz, kk, pk);
             kk += m;
         }
-        for (std::size_t b = 0; b < g.bands.size(); ++b)  // lower triangles only
-            gram_update::update(level, pk + first[b] * nz * W, nz, index_t(g.band_cols[b].size()), pref.back()[b]);
     }
-
-private:
+    /// The packing plan at width W; quad_src: the first source column of each
+    /// run of 4 lanes, quads_ok: every run is 4 contiguous columns (W ≥ 4).
+    void make_plan(geometry const& g, index_t W) {
+        plan_w = W, plan = gram_update::pack_plan(g.band_cols, W, first);
+        quad_src.clear();
+        quads_ok = W >= 4;
+        for (std::size_t q = 0; quads_ok && q < plan.size(); q += 4) {
+            for (std::size_t l = 0; l < 4; ++l) quads_ok = quads_ok && plan[q] >= 0 && plan[q + l] == plan[q] + index_t(l);
+            quad_src.push_back(plan[q]);
+        }
+    }
+    std::vector<index_t> quad_src, quad_dst;  // per run of 4 lanes: source column, packed offset of the group's row 0
+    bool quads_ok = false;
     std::vector<std::pair<index_t, index_t>> groups;  // work: (first row in blk, rows) of the groups of ≥ 2 keys
     std::vector<index_t> plan, first;                 // the packing plan at panel width plan_w
     index_t plan_w = 0;

@@ -94,6 +94,7 @@ struct rv512 {
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm512_add_pd(a, b); }
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm512_sub_pd(a, b); }
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm512_mul_pd(a, b); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type div(type a, type b) noexcept { return _mm512_div_pd(a, b); }
 };
 
 /// The same for ymm (4 doubles).
@@ -107,6 +108,7 @@ struct rv256 {
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm256_add_pd(a, b); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm256_sub_pd(a, b); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm256_mul_pd(a, b); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type div(type a, type b) noexcept { return _mm256_div_pd(a, b); }
 };
 
 // The multiply-then-add of the scalar loop, kept unfused at every level (GCC
@@ -185,6 +187,42 @@ QKGEOM_ROPEK_SQRES(sq_residual_avx2, "avx2,fma", rv256)
 
 #undef QKGEOM_ROPEK_OPAQUE
 
+/// The mean of m rows (Σ in row order per column, then / m) and the rows
+/// centred and scaled, (x − mean)·scale, written per quad q of 4 contiguous
+/// source columns src[q] .. src[q] + 3 to dst[q] + i·stride (row i) — the
+/// same operations as the scalar loops, so the same values at every level.
+/// mu: d entries (work). One definition per level (ymm for the quads).
+#define QKGEOM_ROPEK_GROUP(NAME, TARGET_STRING, V)                                                                    \
+QKGEOM_TARGET(TARGET_STRING)                                                                                          \
+inline void NAME(double const* x, index_t ldx, index_t m, index_t d, double* mu, double scale, index_t const* src,   \
+                 index_t const* dst, index_t nq, double* out, index_t stride) noexcept {                             \
+    using T = typename V::type;                                                                                       \
+    constexpr int W = V::w;                                                                                           \
+    index_t const full = d / W * W;                                                                                   \
+    T const dm = V::set1(static_cast<double>(m));                                                                     \
+    for (index_t j = 0; j < full; j += W) {                                                                           \
+        T s = V::zero();                                                                                              \
+        for (index_t i = 0; i < m; ++i) s = V::add(s, V::ld(x + i * ldx + j));                                        \
+        V::st(mu + j, V::div(s, dm));                                                                                 \
+    }                                                                                                                 \
+    for (index_t j = full; j < d; ++j) {                                                                              \
+        double s = 0;                                                                                                 \
+        for (index_t i = 0; i < m; ++i) s += x[i * ldx + j];                                                          \
+        mu[j] = s / static_cast<double>(m);                                                                           \
+    }                                                                                                                 \
+    __m256d const sc = _mm256_set1_pd(scale);                                                                         \
+    for (index_t q = 0; q < nq; ++q) {                                                                                \
+        __m256d const mq = _mm256_loadu_pd(mu + src[q]);                                                              \
+        double const* xq = x + src[q];                                                                                \
+        double* o = out + dst[q];                                                                                     \
+        for (index_t i = 0; i < m; ++i)                                                                               \
+            _mm256_storeu_pd(o + i * stride, _mm256_mul_pd(_mm256_sub_pd(_mm256_loadu_pd(xq + i * ldx), mq), sc));   \
+    }                                                                                                                 \
+}
+QKGEOM_ROPEK_GROUP(centre_group_avx512, "avx512f", rv512)
+QKGEOM_ROPEK_GROUP(centre_group_avx2, "avx2,fma", rv256)
+#undef QKGEOM_ROPEK_GROUP
+
 #endif  // QKGEOM_SIMD_X86
 
 /// The pair loop of one bucket at `level` (see the file comment and
@@ -209,6 +247,19 @@ inline void sq_residual(simd::isa level, double const* x, index_t ldx, index_t n
     (void)level;
     for (index_t j = 0; j < m; ++j)
         for (index_t r = 0; r < n; ++r) acc[j] += (x[r * ldx + j] - mu[j]) * (x[r * ldx + j] - mu[j]);
+}
+
+/// The group mean and centred, scaled quads of `centre_group_*` at `level`
+/// (avx2 or avx512; nothing at generic: rope_bands.hpp keeps its loops).
+inline void centre_group(simd::isa level, double const* x, index_t ldx, index_t m, index_t d, double* mu,
+                         double scale, index_t const* src, index_t const* dst, index_t nq, double* out,
+                         index_t stride) noexcept {
+#if QKGEOM_SIMD_X86
+    if (level == simd::isa::avx512) return centre_group_avx512(x, ldx, m, d, mu, scale, src, dst, nq, out, stride);
+    if (level == simd::isa::avx2) return centre_group_avx2(x, ldx, m, d, mu, scale, src, dst, nq, out, stride);
+#endif
+    (void)level, (void)x, (void)ldx, (void)m, (void)d, (void)mu, (void)scale, (void)src, (void)dst, (void)nq;
+    (void)out, (void)stride;
 }
 
 }  // namespace ropek
