@@ -1,10 +1,12 @@
-// qkgeom program — analyze_head for the program's two row types: heads read
-// from a capture (row-major double) and synthetic heads (Eigen::MatrixXd).
+// qkgeom program — analyze_head for the program's row types: heads read
+// from a capture (row-major double, or row-major float for f32 / f16 / bf16
+// entries) and synthetic heads (Eigen::MatrixXd).
 // The engines themselves are instantiated once, in instantiate_*.cpp
 // (qkgeom/extern_templates.hpp).
 #include "program.hpp"
 
 #include <qkgeom/extern_templates.hpp>
+#include <qkgeom/io/dataset.hpp>
 #include <qkgeom/plasticity.hpp>
 
 namespace qkgeom_app {
@@ -14,6 +16,11 @@ qkgeom::head_analysis analyze(qkgeom::head_capture<qkgeom::row_matrix> const& he
 }
 
 qkgeom::head_analysis analyze(qkgeom::head_capture<Eigen::MatrixXd> const& head, qkgeom::analysis_options const& opt) {
+    return qkgeom::analyze_head(head, opt);
+}
+
+qkgeom::head_analysis analyze(qkgeom::head_capture<qkgeom::io::row_matrix_f32> const& head,
+                              qkgeom::analysis_options const& opt) {
     return qkgeom::analyze_head(head, opt);
 }
 

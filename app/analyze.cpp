@@ -15,6 +15,11 @@
 
 namespace qkgeom_app {
 
+/// analyze_head for heads read in single precision (analysis.cpp; to join
+/// the other two row types' declarations in program.hpp).
+qkgeom::head_analysis analyze(qkgeom::head_capture<qkgeom::io::row_matrix_f32> const& head,
+                              qkgeom::analysis_options const& opt);
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -56,7 +61,8 @@ std::string failure_text(qkgeom::io::dataset_run const& run) {
 }
 
 /// The heads of a run through the program's analyze (analysis.cpp: the
-/// engines are instantiated there once).
+/// engines are instantiated there once), each read in its stored precision
+/// (f32 / f16 / bf16 rows stay floats; results bit-identical to double rows).
 qkgeom::io::dataset_run analyze_folder(cli const& c, qkgeom::io::dataset_plan plan, progress& bar) {
     qkgeom::io::dataset_run_options o;
     o.analysis = c.opt;
@@ -66,9 +72,14 @@ qkgeom::io::dataset_run analyze_folder(cli const& c, qkgeom::io::dataset_plan pl
     o.window = c.window;
     o.context_name = "--context";
     o.on_head_done = [&bar](std::string const& name) { bar.tick(name); };
-    return qkgeom::io::analyze_dataset(std::move(plan), o,
-                                       [](qkgeom::head_capture<qkgeom::row_matrix> const& h,
-                                          qkgeom::analysis_options const& opt) { return analyze(h, opt); });
+    qkgeom::io::head_analyzers const a{
+        [](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& opt) {
+            return analyze(h, opt);
+        },
+        [](qkgeom::head_capture<qkgeom::io::row_matrix_f32> const& h, qkgeom::analysis_options const& opt) {
+            return analyze(h, opt);
+        }};
+    return qkgeom::io::analyze_dataset(std::move(plan), o, a);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -404,7 +405,8 @@ namespace {
 
 /// 1 layer, 6 query heads, 2 key heads, d = 5, L = 500; every key entry and
 /// the query entries `q_heads`, 20 rows each.
-io::manifest loop_dataset(fs::path const& dir, std::vector<std::int64_t> const& q_heads) {
+io::manifest loop_dataset(fs::path const& dir, std::vector<std::int64_t> const& q_heads,
+                          io::dtype vectors = io::dtype::f32) {
     io::manifest m;
     m.model = "loop-test";
     m.n_layers = 1;
@@ -415,7 +417,7 @@ io::manifest loop_dataset(fs::path const& dir, std::vector<std::int64_t> const& 
     m.context_length = 500;
     std::mt19937_64 rng(5);
     std::normal_distribution<double> g;
-    io::dataset_writer w(dir, m);
+    io::dataset_writer w(dir, m, vectors);
     auto put = [&](kind k, std::int64_t h) {
         Eigen::MatrixXd v(20, 5);
         for (Eigen::Index i = 0; i < v.size(); ++i) v.data()[i] = g(rng);
@@ -549,4 +551,49 @@ TEST_CASE("policy names: tables, round trips and messages", "[dataset_writer][po
     CHECK_THROWS_WITH(qkgeom::parse_policy<qkgeom::semantic_model>("diagonal", "Options.semantic"),
                       Catch::Matchers::Equals("Options.semantic: 'diagonal' is not one of diag | full | global_linear"));
     CHECK(qkgeom::parse_policy<qkgeom::sign_policy>("query_anchor", "--sign") == qkgeom::sign_policy::query_anchor);
+}
+
+TEST_CASE("analyze_dataset: heads read in their stored precision give bit-identical results and the same failures "
+          "(issue 18)",
+          "[dataset_writer][io]") {
+    for (auto t : {io::dtype::f32, io::dtype::f16, io::dtype::bf16, io::dtype::f64}) {
+        INFO("vectors " << io::dtype_name(t));
+        temp_dir tmp;
+        loop_dataset(tmp.path, {0, 1, 2, 4}, t);
+        io::dataset_run_options o;
+        o.jobs = 2;
+        std::atomic<int> f32_heads{0};
+        io::head_analyzers const stored{
+            [](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& a) {
+                return qkgeom::analyze_head(h, a);
+            },
+            [&](qkgeom::head_capture<io::row_matrix_f32> const& h, qkgeom::analysis_options const& a) {
+                ++f32_heads;
+                return qkgeom::analyze_head(h, a);
+            }};
+        io::head_analyzer const doubles = [](qkgeom::head_capture<qkgeom::row_matrix> const& h,
+                                             qkgeom::analysis_options const& a) { return qkgeom::analyze_head(h, a); };
+        auto const a = io::analyze_dataset(io::plan_dataset(tmp.path), o, stored);
+        auto const b = io::analyze_dataset(io::plan_dataset(tmp.path), o, doubles);
+        CHECK(f32_heads == (t == io::dtype::f64 ? 0 : 4));
+        REQUIRE(a.heads.size() == 4);
+        REQUIRE(b.heads.size() == 4);
+        for (std::size_t i = 0; i < 4; ++i) {
+            auto const x = qkgeom::head_metric_values(a.heads[i]), y = qkgeom::head_metric_values(b.heads[i]);
+            INFO("head " << i);
+            CHECK(std::memcmp(x.data(), y.data(), sizeof x) == 0);  // bit for bit, NaN included
+            // the heads were really analysed (20 rows: the closed forms are finite)
+            CHECK(a.heads[i].n_q_tokens == 20);
+            CHECK(std::count_if(x.begin(), x.end(), [](double v) { return std::isfinite(v); }) >= 20);
+        }
+        CHECK(a.missing == b.missing);
+        // The failures of the override checks name the same entry, position and source.
+        o.context = 100;
+        o.context_name = "--context";
+        auto const la = io::analyze_dataset(io::plan_dataset(tmp.path), o, stored);
+        auto const lb = io::analyze_dataset(io::plan_dataset(tmp.path), o, doubles);
+        REQUIRE(la.failures.size() == 4);
+        REQUIRE(lb.failures.size() == 4);
+        for (std::size_t i = 0; i < 4; ++i) CHECK(la.failures[i].message == lb.failures[i].message);
+    }
 }
