@@ -89,11 +89,8 @@ inline void split_buffer::flush(split_model const& sm, double w0, double s0, boo
     double* const zf = zn + k;
     double* const ze = zf + k;
     // v ≤ 0 gives ±inf or NaN here, replaced below
-    sse2::split_z(d1.data(), mc.data(), vc.data(), al, s0, k, zn);
-    if (fro) {
-        sse2::split_z(d1.data(), mf.data(), vf.data(), w0, s0, k, zf);
-        sse2::split_z(d1.data(), mf.data(), vf.data(), al, s0, k, ze);
-    }
+    sse2::split_z(simd::active(), {d1.data(), mc.data(), vc.data(), fro ? mf.data() : nullptr, vf.data(), al, w0, s0, k,
+                                   zn, zf, ze});
     vpp::batch(zn, zn, fro ? 3 * k : k);
     for (std::size_t i = 0; i < k; ++i) {
         double const t = d1[i];

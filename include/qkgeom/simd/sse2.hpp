@@ -245,22 +245,75 @@ inline void diag_pair_moments_split(simd::isa level, double const* a, double con
     if (!frozen) c[2] = c[0], c[3] = c[1];
 }
 
-/// The z of one counterfactual of the split pass (docs/beyond-split.md) for
-/// k pairs: z[i] = (al t[i] + mc[i]) / √(s0 t[i]² + vc[i]) (v ≤ 0 gives ±inf or
-/// NaN: the caller replaces those).
-inline void split_z(double const* t, double const* mc, double const* vc, double al, double s0, std::size_t k,
-                    double* z) noexcept {
+/// The z of the split pass's counterfactuals (docs/beyond-split.md) for k
+/// pairs (v ≤ 0 gives ±inf or NaN: the caller replaces those):
+///   zn[i] = (al t[i] + mc[i]) / √(s0 t[i]² + vc[i])   (no drift)
+/// and, when `mf` is not null, with r = √(s0 t[i]² + vf[i]) (one root for both),
+///   zf[i] = (w0 t[i] + mf[i]) / r,   ze[i] = (al t[i] + mf[i]) / r
+/// (frozen content, neither). Every level computes each value with the same
+/// operations in the same order (no multiply-add): the same bits.
+struct split_z_args {
+    double const *t, *mc, *vc, *mf, *vf;
+    double al, w0, s0;
+    std::size_t k;
+    double *zn, *zf, *ze;
+};
+
+/// The scalar loop of `split_z` over pairs [i, k).
+inline void split_z_tail(split_z_args const& g, std::size_t i) noexcept {
+    for (; i < g.k; ++i) {
+        double const t = g.t[i], tt = t * t;
+        g.zn[i] = (g.al * t + g.mc[i]) / std::sqrt(g.s0 * tt + g.vc[i]);
+        if (g.mf == nullptr) continue;
+        double const r = std::sqrt(g.s0 * tt + g.vf[i]);
+        g.zf[i] = (g.w0 * t + g.mf[i]) / r;
+        g.ze[i] = (g.al * t + g.mf[i]) / r;
+    }
+}
+
+#if QKGEOM_SIMD_X86
+/// The AVX body of `split_z` (target "avx2" without "fma": no contraction).
+QKGEOM_TARGET("avx2")
+inline void split_z_avx2(split_z_args const& g) noexcept {
+    __m256d const alv = _mm256_set1_pd(g.al), w0v = _mm256_set1_pd(g.w0), s0v = _mm256_set1_pd(g.s0);
+    std::size_t i = 0;
+    for (; i + 4 <= g.k; i += 4) {
+        __m256d const tv = _mm256_loadu_pd(g.t + i);
+        __m256d const tt = _mm256_mul_pd(s0v, _mm256_mul_pd(tv, tv)), at = _mm256_mul_pd(alv, tv);
+        __m256d const vn = _mm256_add_pd(tt, _mm256_loadu_pd(g.vc + i));
+        _mm256_storeu_pd(g.zn + i, _mm256_div_pd(_mm256_add_pd(at, _mm256_loadu_pd(g.mc + i)), _mm256_sqrt_pd(vn)));
+        if (g.mf == nullptr) continue;
+        __m256d const r = _mm256_sqrt_pd(_mm256_add_pd(tt, _mm256_loadu_pd(g.vf + i)));
+        __m256d const mf = _mm256_loadu_pd(g.mf + i);
+        _mm256_storeu_pd(g.zf + i, _mm256_div_pd(_mm256_add_pd(_mm256_mul_pd(w0v, tv), mf), r));
+        _mm256_storeu_pd(g.ze + i, _mm256_div_pd(_mm256_add_pd(at, mf), r));
+    }
+    split_z_tail(g, i);
+}
+#endif
+
+/// `split_z_args`' z at `level` (AVX2 at avx2 and avx512, else SSE2).
+inline void split_z(simd::isa level, split_z_args const& g) noexcept {
+#if QKGEOM_SIMD_X86
+    if (level != simd::isa::generic) return split_z_avx2(g);
+#endif
+    (void)level;
     std::size_t i = 0;
 #ifdef QKGEOM_DETAIL_SSE2
-    __m128d const alv = _mm_set1_pd(al), s0v = _mm_set1_pd(s0);
-    for (; i + 2 <= k; i += 2) {
-        __m128d const tv = _mm_loadu_pd(t + i);
-        __m128d const v = _mm_add_pd(_mm_mul_pd(s0v, _mm_mul_pd(tv, tv)), _mm_loadu_pd(vc + i));
-        __m128d const m = _mm_add_pd(_mm_mul_pd(alv, tv), _mm_loadu_pd(mc + i));
-        _mm_storeu_pd(z + i, _mm_div_pd(m, _mm_sqrt_pd(v)));
+    __m128d const alv = _mm_set1_pd(g.al), w0v = _mm_set1_pd(g.w0), s0v = _mm_set1_pd(g.s0);
+    for (; i + 2 <= g.k; i += 2) {
+        __m128d const tv = _mm_loadu_pd(g.t + i);
+        __m128d const tt = _mm_mul_pd(s0v, _mm_mul_pd(tv, tv)), at = _mm_mul_pd(alv, tv);
+        __m128d const vn = _mm_add_pd(tt, _mm_loadu_pd(g.vc + i));
+        _mm_storeu_pd(g.zn + i, _mm_div_pd(_mm_add_pd(at, _mm_loadu_pd(g.mc + i)), _mm_sqrt_pd(vn)));
+        if (g.mf == nullptr) continue;
+        __m128d const r = _mm_sqrt_pd(_mm_add_pd(tt, _mm_loadu_pd(g.vf + i)));
+        __m128d const mf = _mm_loadu_pd(g.mf + i);
+        _mm_storeu_pd(g.zf + i, _mm_div_pd(_mm_add_pd(_mm_mul_pd(w0v, tv), mf), r));
+        _mm_storeu_pd(g.ze + i, _mm_div_pd(_mm_add_pd(at, mf), r));
     }
 #endif
-    for (; i < k; ++i) z[i] = (al * t[i] + mc[i]) / std::sqrt(s0 * (t[i] * t[i]) + vc[i]);
+    split_z_tail(g, i);
 }
 
 /// One Gram-tile column: z[a] = (s[a] − sb)/√max(v, 0), v = nrm[a] + nb − 2 col[a],
