@@ -768,14 +768,26 @@ struct content_acc {
             std::int64_t const c = cluster_of[std::size_t(r0 + r)];
             index_t e = r + 1;
             while (e < n && cluster_of[std::size_t(r0 + e)] == c) ++e;
-            std::fill(col.begin(), col.end(), 0.0);
             detail::ropek::sq_residual(level, u.data() + r * g.r, g.r, e - r, mean.data(), g.r, col.data());
             detail::ropek::sq_residual(level, blk.row(r).data() + g.r, blk.cols(), e - r, mean.data() + g.r, g.d - g.r,
                                        col.data() + g.r);
-            add_bands(g, col.data(), a.data() + c * n_bands);
+            add_bands_paired(g, col.data(), a.data() + c * n_bands);
             r = e;
         }
     }
+    /// acc[k] += Σ of e over band k's columns (rotary bands: per pair, the
+    /// pair's two columns first; the sums of squares in another order than
+    /// the generic level's: equal to rounding).
+    void add_bands_paired(geometry const& g, double const* e, double* acc) {
+        pair_sum.resize(std::size_t(g.half));
+        double* __restrict f = pair_sum.data();
+        for (index_t i = 0; i < g.half; ++i) f[i] = e[i] + e[g.half + i];
+        for (index_t k = 0; k < n_bands; ++k) {
+            auto const& b = g.bands[std::size_t(k)];
+            acc[k] += b.rotary ? sum4(f + b.first_pair, b.n_pairs) : sum4(e + g.r, b.n_coords);
+        }
+    }
+    std::vector<double> pair_sum;  // work: per pair, the run's sum over its two columns
     /// acc[k] += Σ of e over band k's columns.
     void add_bands(geometry const& g, double const* e, double* acc) const {
         for (index_t k = 0; k < n_bands; ++k) {  // rotary: two runs of np columns; unrotated: one run
@@ -861,10 +873,8 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
         if (u.size() < std::size_t(n * g.r)) u.resize(std::size_t(n * g.r));  // grows only
         if (level != simd::isa::generic && tt.freq.empty()) {  // register-blocked, angles in registers
             unrotate_bucket(level, g, tt, blk, s.position.data() + r0, n, content ? u.data() : nullptr, raw, rot, o12);
-            for (index_t r = 0; r < n && content; ++r) {
-                double const* row = blk.row(r).data();
-                for (index_t j = g.r; j < g.d; ++j) usum[std::size_t(j)] += row[j];
-            }
+            if (content && n > 0)
+                detail::ropek::col_sums(level, blk.row(0).data() + g.r, blk.cols(), n, g.d - g.r, usum.data() + g.r);
         } else {
             for (index_t r = 0; r < n; ++r) {
                 double const* row = blk.row(r).data();

@@ -259,11 +259,17 @@ TEST_CASE("rope_bands: the register-blocked pair loop gives the row loop's sums 
             CHECK(rot.r2 == rot0.r2);
             std::vector<double> mu(static_cast<std::size_t>(d)), acc(static_cast<std::size_t>(d), 0.25);
             for (index_t j = 0; j < d; ++j) mu[std::size_t(j)] = 0.1 * double(j);
-            qkgeom::detail::ropek::sq_residual(level, x.data(), d, n, mu.data(), d, acc.data());
+            qkgeom::detail::ropek::sq_residual(level, x.data(), d, n, mu.data(), d, acc.data());  // acc = the sums
+            std::vector<double> sums(mu);  // col_sums adds to what is there
+            qkgeom::detail::ropek::col_sums(level, x.data(), d, n, d, sums.data());
             for (index_t j = 0; j < d; ++j) {
-                double s = 0.25;
-                for (index_t r = 0; r < n; ++r) s += (x(r, j) - mu[std::size_t(j)]) * (x(r, j) - mu[std::size_t(j)]);
+                double s = 0, t1 = mu[std::size_t(j)];
+                for (index_t r = 0; r < n; ++r) {
+                    s += (x(r, j) - mu[std::size_t(j)]) * (x(r, j) - mu[std::size_t(j)]);
+                    t1 += x(r, j);
+                }
                 CHECK(acc[std::size_t(j)] == Approx(s).epsilon(1e-14));
+                CHECK(sums[std::size_t(j)] == Approx(t1).epsilon(1e-14));
             }
         }
     }

@@ -159,7 +159,7 @@ QKGEOM_ROPEK_UNROTATE(unrotate_avx512, "avx512f", rv512)
 QKGEOM_ROPEK_UNROTATE(unrotate_avx2, "avx2,fma", rv256)
 #undef QKGEOM_ROPEK_UNROTATE
 
-/// Σ over rows r of one run of (x_r − μ)², per column j < m, added to acc
+/// Σ over rows r of one run of (x_r − μ)², per column j < m, into acc
 /// (the order of the sum per column: rows in order), at one level.
 #define QKGEOM_ROPEK_SQRES(NAME, TARGET_STRING, V)                                                                    \
 QKGEOM_TARGET(TARGET_STRING)                                                                                          \
@@ -168,7 +168,7 @@ inline void NAME(double const* x, index_t ldx, index_t n, double const* mu, inde
     constexpr int W = V::w;                                                                                           \
     index_t const full = m / W * W;                                                                                   \
     for (index_t j = 0; j < full; j += W) {                                                                           \
-        T s = V::ld(acc + j);                                                                                         \
+        T s = V::zero();                                                                                              \
         T const mj = V::ld(mu + j);                                                                                   \
         for (index_t r = 0; r < n; ++r) {                                                                             \
             T const e = V::sub(V::ld(x + r * ldx + j), mj);                                                           \
@@ -178,9 +178,31 @@ inline void NAME(double const* x, index_t ldx, index_t n, double const* mu, inde
         }                                                                                                             \
         V::st(acc + j, s);                                                                                            \
     }                                                                                                                 \
-    for (index_t j = full; j < m; ++j)                                                                                \
-        for (index_t r = 0; r < n; ++r) acc[j] += unfused((x[r * ldx + j] - mu[j]) * (x[r * ldx + j] - mu[j]));     \
+    for (index_t j = full; j < m; ++j) {                                                                              \
+        double s = 0;                                                                                                 \
+        for (index_t r = 0; r < n; ++r) s += unfused((x[r * ldx + j] - mu[j]) * (x[r * ldx + j] - mu[j]));          \
+        acc[j] = s;                                                                                                   \
+    }                                                                                                                 \
 }
+
+/// acc[j] += Σ_{r < n} x[r·ldx + j] (rows in order), j < m, at one level.
+#define QKGEOM_ROPEK_COLSUM(NAME, TARGET_STRING, V)                                                                   \
+QKGEOM_TARGET(TARGET_STRING)                                                                                          \
+inline void NAME(double const* x, index_t ldx, index_t n, index_t m, double* acc) noexcept {                         \
+    using T = typename V::type;                                                                                       \
+    constexpr int W = V::w;                                                                                           \
+    index_t const full = m / W * W;                                                                                   \
+    for (index_t j = 0; j < full; j += W) {                                                                           \
+        T s = V::ld(acc + j);                                                                                         \
+        for (index_t r = 0; r < n; ++r) s = V::add(s, V::ld(x + r * ldx + j));                                        \
+        V::st(acc + j, s);                                                                                            \
+    }                                                                                                                 \
+    for (index_t j = full; j < m; ++j)                                                                                \
+        for (index_t r = 0; r < n; ++r) acc[j] += x[r * ldx + j];                                                     \
+}
+QKGEOM_ROPEK_COLSUM(col_sums_avx512, "avx512f", rv512)
+QKGEOM_ROPEK_COLSUM(col_sums_avx2, "avx2,fma", rv256)
+#undef QKGEOM_ROPEK_COLSUM
 QKGEOM_ROPEK_SQRES(sq_residual_avx512, "avx512f", rv512)
 QKGEOM_ROPEK_SQRES(sq_residual_avx2, "avx2,fma", rv256)
 #undef QKGEOM_ROPEK_SQRES
@@ -236,7 +258,7 @@ inline void unrotate_block(simd::isa level, unrotate_args const& g) noexcept {
     unrotate_lanes(g, 0, g.h);
 }
 
-/// acc[j] += Σ_{r < n} (x[r·ldx + j] − mu[j])², j < m, at `level` (rows in
+/// acc[j] = Σ_{r < n} (x[r·ldx + j] − mu[j])², j < m, at `level` (rows in
 /// order per column: the same sum at every level).
 inline void sq_residual(simd::isa level, double const* x, index_t ldx, index_t n, double const* mu, index_t m,
                         double* acc) noexcept {
@@ -245,8 +267,23 @@ inline void sq_residual(simd::isa level, double const* x, index_t ldx, index_t n
     if (level == simd::isa::avx2) return sq_residual_avx2(x, ldx, n, mu, m, acc);
 #endif
     (void)level;
+    for (index_t j = 0; j < m; ++j) {
+        double s = 0;
+        for (index_t r = 0; r < n; ++r) s += unfused((x[r * ldx + j] - mu[j]) * (x[r * ldx + j] - mu[j]));
+        acc[j] = s;
+    }
+}
+
+/// acc[j] += Σ_{r < n} x[r·ldx + j], j < m, at `level` (rows in order per
+/// column: the same sums as the scalar loop at every level).
+inline void col_sums(simd::isa level, double const* x, index_t ldx, index_t n, index_t m, double* acc) noexcept {
+#if QKGEOM_SIMD_X86
+    if (level == simd::isa::avx512) return col_sums_avx512(x, ldx, n, m, acc);
+    if (level == simd::isa::avx2) return col_sums_avx2(x, ldx, n, m, acc);
+#endif
+    (void)level;
     for (index_t j = 0; j < m; ++j)
-        for (index_t r = 0; r < n; ++r) acc[j] += (x[r * ldx + j] - mu[j]) * (x[r * ldx + j] - mu[j]);
+        for (index_t r = 0; r < n; ++r) acc[j] += x[r * ldx + j];
 }
 
 /// The group mean and centred, scaled quads of `centre_group_*` at `level`
