@@ -529,82 +529,89 @@ std::uint64_t bits_of(double x) {
 
 }  // namespace
 
-TEST_CASE("split: the fused direct kernel and the counterfactual z give the same bits at every level", "[split][simd]") {
+TEST_CASE("split: the fused direct kernel gives m, v of diag_pair_moments and the same bits at every level",
+          "[split][simd]") {
     namespace k = qkgeom::detail::sse2;
     using qkgeom::simd::isa;
-    auto const levels = qkgeom_test::isa_levels_to_run("split kernels");
+    auto const levels = qkgeom_test::isa_levels_to_run("split direct kernel");
     std::mt19937_64 gen(17);
     std::normal_distribution<double> nd(0.0, 1.0);
     std::uniform_real_distribution<double> ud(0.1, 2.0);
-    SECTION("m, v as diag_pair_moments (the split-off kernel) and the content sums as a long double sum") {
-        for (index_t d : {1, 2, 3, 4, 5, 7, 8, 12, 13, 128}) {
-            auto const n = static_cast<std::size_t>(d);
-            std::vector<double> a(n), b(n), w(n), s2(n), wf(n), s2f(n);
-            for (int trial = 0; trial < 20; ++trial) {
-                for (std::size_t l = 0; l < n; ++l) {
-                    a[l] = nd(gen), b[l] = trial == 0 ? a[l] : nd(gen);  // trial 0: identical keys (all products 0)
-                    w[l] = nd(gen), s2[l] = ud(gen), wf[l] = nd(gen), s2f[l] = ud(gen);
+    for (index_t d : {1, 2, 3, 4, 5, 7, 8, 12, 13, 128}) {
+        auto const n = static_cast<std::size_t>(d);
+        std::vector<double> a(n), b(n), w(n), s2(n), wf(n), s2f(n);
+        for (int trial = 0; trial < 20; ++trial) {
+            for (std::size_t l = 0; l < n; ++l) {
+                a[l] = nd(gen), b[l] = trial == 0 ? a[l] : nd(gen);  // trial 0: identical keys (all products 0)
+                w[l] = nd(gen), s2[l] = ud(gen), wf[l] = nd(gen), s2f[l] = ud(gen);
+            }
+            double m0 = 0, v0 = 0;
+            k::diag_pair_moments(a.data(), b.data(), w.data(), s2.data(), d, m0, v0);
+            // long double reference of the content sums, and Σ|terms| for the tolerance
+            long double ref[4] = {0, 0, 0, 0}, mag[4] = {0, 0, 0, 0};
+            for (std::size_t l = 1; l < n; ++l) {
+                long double const dl = static_cast<long double>(a[l]) - b[l];
+                long double const t[4] = {w[l] * dl, s2[l] * dl * dl, wf[l] * dl, s2f[l] * dl * dl};
+                for (int c = 0; c < 4; ++c) ref[c] += t[c], mag[c] += std::abs(t[c]);
+            }
+            for (bool frozen : {true, false}) {
+                std::vector<std::array<double, 6>> got;
+                for (isa level : levels) {
+                    double m = -1, v = -1, c[4] = {-1, -1, -1, -1};
+                    k::diag_pair_moments_split(level, a.data(), b.data(), w.data(), s2.data(),
+                                               frozen ? wf.data() : nullptr, frozen ? s2f.data() : nullptr, d, m,
+                                               v, c);
+                    got.push_back({m, v, c[0], c[1], c[2], c[3]});
                 }
-                double m0 = 0, v0 = 0;
-                k::diag_pair_moments(a.data(), b.data(), w.data(), s2.data(), d, m0, v0);
-                // long double reference of the content sums, and Σ|terms| for the tolerance
-                long double ref[4] = {0, 0, 0, 0}, mag[4] = {0, 0, 0, 0};
-                for (std::size_t l = 1; l < n; ++l) {
-                    long double const dl = static_cast<long double>(a[l]) - b[l];
-                    long double const t[4] = {w[l] * dl, s2[l] * dl * dl, wf[l] * dl, s2f[l] * dl * dl};
-                    for (int c = 0; c < 4; ++c) ref[c] += t[c], mag[c] += std::abs(t[c]);
-                }
-                for (bool frozen : {true, false}) {
-                    std::vector<std::array<double, 6>> got;
-                    for (isa level : levels) {
-                        double m = -1, v = -1, c[4] = {-1, -1, -1, -1};
-                        k::diag_pair_moments_split(level, a.data(), b.data(), w.data(), s2.data(),
-                                                   frozen ? wf.data() : nullptr, frozen ? s2f.data() : nullptr, d, m,
-                                                   v, c);
-                        got.push_back({m, v, c[0], c[1], c[2], c[3]});
-                    }
-                    for (std::size_t li = 0; li < levels.size(); ++li) {
-                        INFO("d " << d << " trial " << trial << " frozen " << frozen << " level "
-                                  << qkgeom::simd::isa_name(levels[li]));
-                        auto const& g = got[li];
-                        CHECK(bits_of(g[0]) == bits_of(m0));
-                        CHECK(bits_of(g[1]) == bits_of(v0));
-                        for (int c = 0; c < 6; ++c) CHECK(bits_of(g[c]) == bits_of(got[0][c]));
-                        for (int c = 0; c < 4; ++c) {
-                            int const rc = frozen ? c : c % 2;  // not frozen: c[2] = c[0], c[3] = c[1]
-                            CHECK(std::abs(static_cast<long double>(g[2 + c]) - ref[rc]) <= 1e-14L * mag[rc]);
-                        }
+                for (std::size_t li = 0; li < levels.size(); ++li) {
+                    INFO("d " << d << " trial " << trial << " frozen " << frozen << " level "
+                              << qkgeom::simd::isa_name(levels[li]));
+                    auto const& g = got[li];
+                    CHECK(bits_of(g[0]) == bits_of(m0));
+                    CHECK(bits_of(g[1]) == bits_of(v0));
+                    for (int c = 0; c < 6; ++c) CHECK(bits_of(g[c]) == bits_of(got[0][c]));
+                    for (int c = 0; c < 4; ++c) {
+                        int const rc = frozen ? c : c % 2;  // not frozen: c[2] = c[0], c[3] = c[1]
+                        CHECK(std::abs(static_cast<long double>(g[2 + c]) - ref[rc]) <= 1e-14L * mag[rc]);
                     }
                 }
             }
         }
     }
-    SECTION("the counterfactual z: every level as the formula, one root for frozen and neither") {
-        for (std::size_t n : {0u, 1u, 2u, 3u, 4u, 5u, 7u, 9u, 17u, 64u}) {
-            std::vector<double> t(n), mc(n), vc(n), mf(n), vf(n);
-            for (std::size_t i = 0; i < n; ++i) {
-                t[i] = nd(gen), mc[i] = nd(gen), vc[i] = ud(gen), mf[i] = nd(gen), vf[i] = ud(gen);
-                if (i % 5 == 3) vc[i] = -ud(gen), vf[i] = -0.0;  // v ≤ 0: NaN or ±inf, as the formula gives
-            }
-            double const al = 0.3, w0 = -0.7, s0 = 1.3;
-            for (bool frozen : {true, false}) {
-                for (isa level : levels) {
-                    INFO("n " << n << " frozen " << frozen << " level " << qkgeom::simd::isa_name(level));
-                    std::vector<double> zn(n, 5.0), zf(n, 5.0), ze(n, 5.0);
-                    k::split_z(level, {t.data(), mc.data(), vc.data(), frozen ? mf.data() : nullptr, vf.data(), al, w0,
-                                       s0, n, zn.data(), zf.data(), ze.data()});
-                    for (std::size_t i = 0; i < n; ++i) {
-                        // volatile: the reference is rounded operation by operation (no multiply-add)
-                        volatile double const tt = t[i] * t[i], st = s0 * tt, at = al * t[i], wt = w0 * t[i];
-                        CHECK(bits_of(zn[i]) == bits_of((at + mc[i]) / std::sqrt(st + vc[i])));
-                        if (frozen) {
-                            double const r = std::sqrt(st + vf[i]);
-                            CHECK(bits_of(zf[i]) == bits_of((wt + mf[i]) / r));
-                            CHECK(bits_of(ze[i]) == bits_of((at + mf[i]) / r));
-                        } else {
-                            CHECK(zf[i] == 5.0);  // untouched
-                            CHECK(ze[i] == 5.0);
-                        }
+}
+
+TEST_CASE("split: the counterfactual z at every level is the formula, one root for frozen and neither",
+          "[split][simd]") {
+    namespace k = qkgeom::detail::sse2;
+    using qkgeom::simd::isa;
+    auto const levels = qkgeom_test::isa_levels_to_run("split z");
+    std::mt19937_64 gen(19);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    std::uniform_real_distribution<double> ud(0.1, 2.0);
+    for (std::size_t n : {0u, 1u, 2u, 3u, 4u, 5u, 7u, 9u, 17u, 64u}) {
+        std::vector<double> t(n), mc(n), vc(n), mf(n), vf(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            t[i] = nd(gen), mc[i] = nd(gen), vc[i] = ud(gen), mf[i] = nd(gen), vf[i] = ud(gen);
+            if (i % 5 == 3) vc[i] = -ud(gen), vf[i] = -0.0;  // v ≤ 0: NaN or ±inf, as the formula gives
+        }
+        double const al = 0.3, w0 = -0.7, s0 = 1.3;
+        for (bool frozen : {true, false}) {
+            for (isa level : levels) {
+                INFO("n " << n << " frozen " << frozen << " level " << qkgeom::simd::isa_name(level));
+                std::vector<double> zn(n, 5.0), zf(n, 5.0), ze(n, 5.0);
+                k::split_z(level, {t.data(), mc.data(), vc.data(), frozen ? mf.data() : nullptr, vf.data(), al, w0,
+                                   s0, n, zn.data(), zf.data(), ze.data()});
+                for (std::size_t i = 0; i < n; ++i) {
+                    // volatile: the reference is rounded operation by operation (no multiply-add)
+                    volatile double const tt = t[i] * t[i], st = s0 * tt, at = al * t[i], wt = w0 * t[i];
+                    CHECK(bits_of(zn[i]) == bits_of((at + mc[i]) / std::sqrt(st + vc[i])));
+                    if (frozen) {
+                        double const r = std::sqrt(st + vf[i]);
+                        CHECK(bits_of(zf[i]) == bits_of((wt + mf[i]) / r));
+                        CHECK(bits_of(ze[i]) == bits_of((at + mf[i]) / r));
+                    } else {
+                        CHECK(zf[i] == 5.0);  // untouched
+                        CHECK(ze[i] == 5.0);
                     }
                 }
             }

@@ -315,6 +315,7 @@ inline counts count_wins(simd::isa level, float const* si, float const* sj, doub
     if (level == simd::isa::avx512) return count_avx512(si, sj, qn, kk, ka, n);
     if (level == simd::isa::avx2) return count_avx2(si, sj, qn, kk, ka, n);
 #endif
+    (void)level;  // QKGEOM_NO_SIMD_DISPATCH: the generic kernel only
     return count_generic(si, sj, qn, kk, ka, n);
 }
 
