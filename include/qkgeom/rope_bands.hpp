@@ -311,7 +311,11 @@ struct sorted_rows {
             if (reader.col_stride() != 1) return;
             char const* p = reinterpret_cast<char const*>(reader.data() + i * reader.row_stride());
             auto const bytes = std::size_t(reader.cols()) * sizeof(*reader.data());
+#if defined(__GNUC__) || defined(__clang__)
             for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+#else
+            (void)p, (void)bytes;
+#endif
         } else {
             (void)i;
         }
