@@ -95,8 +95,8 @@ head_component_weights.csv, qk_pca.csv, model_report.csv, layer_report.csv,
 head_rope_bands.csv, head_rope_bucket_bands.csv, gqa_groups.csv.
 Pictures (docs/pictures.md) next to the CSVs: plasticity_profile.svg,
 plasticity_heatmap.svg, component_weights.svg, taxonomy_scatter.svg,
-plasticity_split.svg; analyze also writes OUT/model_comparison.svg and
-OUT/index.html.
+plasticity_split.svg, rope_bands.svg, gqa_groups.svg; analyze also writes
+OUT/model_comparison.svg and OUT/index.html.
 Study reports (study, demo; docs/study.md): OUT/study_*.csv (models with
 bootstrap intervals, profiles, trajectory and bias decomposition, taxonomy,
 layer depth, correlations with exact permutation p-values, per length, per-head
@@ -120,6 +120,12 @@ Options (defaults are the thesis'; method section in brackets, docs/method.md):
       --max-exact-pairs N    auto: exact up to N evaluations per head (4000000) [§6]
       --samples N            sampled: pairs per cell (2000) [§6]
       --seed N               sampled: seed (0) [§6]
+      --no-split             skip the split of AP_drop into bias and content parts [§10.1]
+      --no-ranks             skip top-1 flip and Kendall of m keys [§10.4]
+      --rank-keys M          keys per set of the top-1/Kendall analysis, 2..64 (8) [§10.4]
+      --rank-sets N          key sets drawn per query bucket (16) [§10.4]
+      --rank-draw POLICY     prefix | same_bucket: how a key set is drawn (prefix) [§10.4]
+      --rope-bands N         frequency bands of the RoPE analysis (8) [§10.2]
       --window W             sliding window in tokens for heads whose capture records
                              none (the capture's own window wins) [§6]
       --context L            context length for the quantiles and the heatmap grid,
@@ -261,6 +267,12 @@ cli parse(int argc, char** argv) {
         else if (a == "--max-exact-pairs") o.plasticity.max_exact_pairs = parse_int(a, value(), 0);
         else if (a == "--samples") o.plasticity.samples_per_cell = parse_int(a, value(), 1);
         else if (a == "--seed") o.plasticity.seed = static_cast<std::uint64_t>(parse_int(a, value(), 0));
+        else if (a == "--no-split") o.plasticity.split_profile = false;
+        else if (a == "--no-ranks") o.ranks_on = false;
+        else if (a == "--rank-keys") o.ranks.keys_per_set = parse_int(a, value(), 2);
+        else if (a == "--rank-sets") o.ranks.sets_per_bucket = parse_int(a, value(), 1);
+        else if (a == "--rank-draw") o.ranks.keys = parse_policy<qkgeom::rank_key_policy>(a, value());
+        else if (a == "--rope-bands") o.rope.n_bands = parse_int(a, value(), 1);
         else if (a == "--window") c.window = parse_int(a, value(), 0);
         else if (a == "--context") c.context = parse_int(a, value(), 0);
         else usage_error("unknown option '" + a + "'");
@@ -272,6 +284,7 @@ cli parse(int argc, char** argv) {
     if (!(o.pca.thresholds.low >= 0 && o.pca.thresholds.low <= o.pca.thresholds.high && o.pca.thresholds.high <= 1))
         usage_error("--low/--high: need 0 <= low <= high <= 1");
     if (!(o.ks_alpha > 0 && o.ks_alpha < 1)) usage_error("--ks-alpha: need 0 < alpha < 1");
+    if (o.ranks.keys_per_set > 64) usage_error("--rank-keys: need 2 <= M <= 64");
     if (c.jobs == 0) c.jobs = std::max(1u, std::thread::hardware_concurrency());
     return c;
 }

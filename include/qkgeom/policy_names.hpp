@@ -9,6 +9,8 @@
 #include <qkgeom/householder.hpp>
 #include <qkgeom/pca.hpp>
 #include <qkgeom/plasticity/options.hpp>
+#include <qkgeom/plasticity/ranks.hpp>
+#include <qkgeom/rope_bands.hpp>
 #include <qkgeom/rotation.hpp>
 
 #include <array>
@@ -26,7 +28,7 @@ namespace qkgeom {
 /// \brief The name table of a policy enumeration: `choices`, an array of
 /// (name, value) pairs sorted by name, one per value of the enumeration.
 /// Defined for sign_policy, separation_policy, semantic_model, pair_policy,
-/// ap_weighting and enumeration_policy; undefined for other types.
+/// ap_weighting, enumeration_policy and rank_key_policy; undefined for other types.
 template <class E>
 struct policy_table;
 
@@ -54,6 +56,11 @@ template <>
 struct policy_table<ap_weighting> {
     static constexpr std::array<std::pair<std::string_view, ap_weighting>, 2> choices{
         {{"cell_mean", ap_weighting::cell_mean}, {"query_count", ap_weighting::query_count}}};
+};
+template <>
+struct policy_table<rank_key_policy> {
+    static constexpr std::array<std::pair<std::string_view, rank_key_policy>, 2> choices{
+        {{"prefix", rank_key_policy::prefix}, {"same_bucket", rank_key_policy::same_bucket}}};
 };
 template <>
 struct policy_table<enumeration_policy> {
@@ -129,10 +136,14 @@ template <named_policy E>
 /// \param[in] o the options.
 /// \returns "components=… sign=… low=… high=… separation=… semantic=…
 ///          diagnostics=… ks_alpha=… pairs=… weighting=… enumeration=…
-///          max_exact_pairs=… samples=… seed=…", then the heatmap edges
-///          when not the default grid (numbers in shortest round-trip form).
-///          Options that change speed only (dense_min_keys, tile_keys,
-///          empirical) are not part of it.
+///          max_exact_pairs=… samples=… seed=… split=… ranks=… rank_keys=…
+///          rank_sets=… rank_points=… rank_shifts=… rank_draw=… rank_seed=…
+///          rope_bands=… rope_min_span=… rope_min_energy_z=… rope_consistent=…
+///          rope_inconsistent=… rope_min_rows=… rope_max_mirror=…", then the
+///          heatmap edges when not the default grid (numbers in shortest
+///          round-trip form). Options that change speed only (dense_min_keys,
+///          tile_keys, empirical) or only what is kept (rank_options::keep_sets)
+///          are not part of it.
 /// \throws std::bad_alloc if the text cannot be allocated.
 [[nodiscard]] inline std::string options_text(analysis_options const& o) {
     auto num = [](double x) {
@@ -154,6 +165,14 @@ template <named_policy E>
            " enumeration=" + name(o.plasticity.enumeration) +
            " max_exact_pairs=" + std::to_string(o.plasticity.max_exact_pairs) +
            " samples=" + std::to_string(o.plasticity.samples_per_cell) + " seed=" + std::to_string(o.plasticity.seed) +
+           " split=" + (o.plasticity.split_profile ? "on" : "off") + " ranks=" + (o.ranks_on ? "on" : "off") +
+           " rank_keys=" + std::to_string(o.ranks.keys_per_set) + " rank_sets=" + std::to_string(o.ranks.sets_per_bucket) +
+           " rank_points=" + std::to_string(o.ranks.lattice_points) +
+           " rank_shifts=" + std::to_string(o.ranks.lattice_shifts) + " rank_draw=" + name(o.ranks.keys) +
+           " rank_seed=" + std::to_string(o.ranks.seed) + " rope_bands=" + std::to_string(o.rope.n_bands) +
+           " rope_min_span=" + num(o.rope.min_angle_span) + " rope_min_energy_z=" + num(o.rope.min_energy_z) +
+           " rope_consistent=" + num(o.rope.consistent_above) + " rope_inconsistent=" + num(o.rope.inconsistent_below) +
+           " rope_min_rows=" + std::to_string(o.rope.min_bucket_rows) + " rope_max_mirror=" + num(o.rope.max_mirror_ratio) +
            edges(" heatmap_distance=", o.plasticity.heatmap.distance_edges) +
            edges(" heatmap_offset=", o.plasticity.heatmap.offset_edges);
 }

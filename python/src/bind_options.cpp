@@ -69,6 +69,18 @@ std::vector<option_field> const& fields() {
         value<std::int64_t>("samples", [](auto& o) -> auto& { return o.plasticity.samples_per_cell; },
                             "sampled: pairs per cell (--samples)"),
         value<std::uint64_t>("seed", [](auto& o) -> auto& { return o.plasticity.seed; }, "sampled: seed (--seed)"),
+        value<bool>("split", [](auto& o) -> auto& { return o.plasticity.split_profile; },
+                    "split AP_drop into bias and content parts (--no-split turns it off) [§10.1]"),
+        value<bool>("ranks", [](auto& o) -> auto& { return o.ranks_on; },
+                    "top-1 flip and Kendall of m keys (--no-ranks turns it off) [§10.4]"),
+        value<qkgeom::index_t>("rank_keys", [](auto& o) -> auto& { return o.ranks.keys_per_set; },
+                               "keys per set m, 2..64 (--rank-keys, 8) [§10.4]"),
+        value<std::int64_t>("rank_sets", [](auto& o) -> auto& { return o.ranks.sets_per_bucket; },
+                            "key sets per query bucket (--rank-sets, 16) [§10.4]"),
+        policy<qkgeom::rank_key_policy>("rank_draw", [](auto& o) -> auto& { return o.ranks.keys; },
+                                        "prefix | same_bucket: the key-set draw (--rank-draw) [§10.4]"),
+        value<qkgeom::index_t>("rope_bands", [](auto& o) -> auto& { return o.rope.n_bands; },
+                               "frequency bands of the RoPE analysis (--rope-bands, 8) [§10.2]"),
     };
     return f;
 }

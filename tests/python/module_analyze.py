@@ -90,10 +90,12 @@ check(all(str(getattr(h0, c)) == str(row[c]) or (isinstance(getattr(h0, c), floa
 
 flags = ["--components", "3", "--sign", "query_anchor", "--low", "0.2", "--high", "0.8", "--separation",
          "max_separation", "--semantic", "full", "--no-diagnostics", "--ks-alpha", "0.01", "--pairs", "prefix",
-         "--weighting", "cell_mean", "--enumeration", "sampled", "--samples", "64", "--seed", "5"]
+         "--weighting", "cell_mean", "--enumeration", "sampled", "--samples", "64", "--seed", "5", "--no-split",
+         "--rank-keys", "4", "--rank-sets", "8", "--rank-draw", "same_bucket", "--rope-bands", "3"]
 opts = q.Options(components=3, sign="query_anchor", low=0.2, high=0.8, separation="max_separation",
                  semantic="full", diagnostics=False, ks_alpha=0.01, pairs="prefix", weighting="cell_mean",
-                 enumeration="sampled", samples=64, seed=5)
+                 enumeration="sampled", samples=64, seed=5, split=False, rank_keys=4, rank_sets=8,
+                 rank_draw="same_bucket", rope_bands=3)
 out2 = os.path.join(W, "out_options")
 cli_analyze(synth, out2, *flags)
 run2 = q.analyze_dataset(synth, opts, jobs=1)
@@ -102,6 +104,13 @@ compare_all(heads_from_arrays(synth, opts), out2, "analyze_head from arrays with
 d1, d2 = qf.head_metrics_frame(run1), qf.head_metrics_frame(run2)
 check(not np.array_equal(d1["ap_overall"].to_numpy(), d2["ap_overall"].to_numpy()), "options change ap_overall")
 check(len(qf.qk_pca_frame(run2)) == 3 * 5, "components=3: three qk_pca rows per head")
+check(d2["ap_drop_bias"].isna().all() and d1["ap_drop_bias"].notna().all(), "split=False: ap_drop_bias nan")
+check(q.Options(ranks=False).ranks is False and q.Options().rank_keys == 8, "Options: ranks, rank_keys")
+try:
+    q.Options(rank_draw="nearest")
+    check(False, "Options(rank_draw='nearest') must raise")
+except ValueError as e:
+    check("prefix | same_bucket" in str(e), f"rank_draw error lists the choices: {e}")
 
 broken = os.path.join(W, "synth_missing")
 shutil.copytree(synth, broken)

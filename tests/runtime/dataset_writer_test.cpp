@@ -26,6 +26,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <functional>
 #include <set>
 #include <span>
 #include <string>
@@ -551,6 +552,38 @@ TEST_CASE("policy names: tables, round trips and messages", "[dataset_writer][po
     CHECK_THROWS_WITH(qkgeom::parse_policy<qkgeom::semantic_model>("diagonal", "Options.semantic"),
                       Catch::Matchers::Equals("Options.semantic: 'diagonal' is not one of diag | full | global_linear"));
     CHECK(qkgeom::parse_policy<qkgeom::sign_policy>("query_anchor", "--sign") == qkgeom::sign_policy::query_anchor);
+    CHECK(round(qkgeom::rank_key_policy{}) == 2);
+    // options_text: every option that changes a result changes the text
+    // (it is a study's cache key); the speed-only ones do not.
+    qkgeom::analysis_options const base;
+    std::string const t0 = qkgeom::options_text(base);
+    std::vector<std::function<void(qkgeom::analysis_options&)>> const changes{
+        [](auto& o) { o.plasticity.split_profile = false; },
+        [](auto& o) { o.ranks_on = false; },
+        [](auto& o) { o.ranks.keys_per_set = 4; },
+        [](auto& o) { o.ranks.sets_per_bucket = 3; },
+        [](auto& o) { o.ranks.lattice_points = 2; },
+        [](auto& o) { o.ranks.lattice_shifts = 3; },
+        [](auto& o) { o.ranks.keys = qkgeom::rank_key_policy::same_bucket; },
+        [](auto& o) { o.ranks.seed = 1; },
+        [](auto& o) { o.rope.n_bands = 4; },
+        [](auto& o) { o.rope.min_angle_span = 1.0; },
+        [](auto& o) { o.rope.min_energy_z = 5.0; },
+        [](auto& o) { o.rope.consistent_above = 0.9; },
+        [](auto& o) { o.rope.inconsistent_below = 0.4; },
+        [](auto& o) { o.rope.min_bucket_rows = 3; },
+        [](auto& o) { o.rope.max_mirror_ratio = 0.25; },
+        [](auto& o) { o.plasticity.seed = 1; }};
+    std::set<std::string> texts{t0};
+    for (auto const& change : changes) {
+        auto o = base;
+        change(o);
+        CHECK(texts.insert(qkgeom::options_text(o)).second);  // differs from the default and from each other
+    }
+    auto fast = base;
+    fast.ranks.keep_sets = true;
+    fast.plasticity.dense_min_keys = 7;
+    CHECK(qkgeom::options_text(fast) == t0);
 }
 
 TEST_CASE("analyze_dataset: heads read in their stored precision give bit-identical results and the same failures "

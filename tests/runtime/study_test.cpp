@@ -350,6 +350,15 @@ TEST_CASE("the cache: analysed once, again only for changed bytes or options; a 
     with_file_options.options = qkgeom::json::parse(R"({"pairs": "prefix", "samples": 10, "enumeration": "sampled"})");
     CHECK(statuses(st::run_all(with_file_options, o)) ==
           std::vector<S>{S::analysed, S::analysed, S::analysed, S::analysed});
+    // The options of the analyses beyond the thesis are part of the key too:
+    // given in the file they re-analyse; the same from the caller finds them.
+    with_file_options.options = qkgeom::json::parse(R"({"rank_keys": 4, "split": false})");
+    CHECK(statuses(st::run_all(with_file_options, o)) ==
+          std::vector<S>{S::analysed, S::analysed, S::analysed, S::analysed});
+    auto o4 = o;
+    o4.analysis.ranks.keys_per_set = 4;
+    o4.analysis.plasticity.split_profile = false;
+    CHECK(statuses(st::run_all(spec, o4)) == std::vector<S>{S::cached, S::cached, S::cached, S::cached});
     // A fresh cache with the old one as previous: every entry is copied, none analysed.
     auto o3 = o;
     o3.cache = tmp.path / "cache2";

@@ -213,8 +213,13 @@ inline void apply_options(spec_reader const& rd, json::value const& v, analysis_
                           std::int64_t& window) {
     rd.keys(v, "options",
             {"components", "sign", "low", "high", "separation", "semantic", "diagnostics", "ks_alpha", "pairs",
-             "weighting", "enumeration", "max_exact_pairs", "samples", "seed", "window", "context"});
+             "weighting", "enumeration", "max_exact_pairs", "samples", "seed", "window", "context", "split", "ranks",
+             "rank_keys", "rank_sets", "rank_draw", "rope_bands"});
     auto const f = [](char const* k) { return std::string("options.") + k; };
+    auto const boolean = [&](json::value const& x, char const* k) {
+        if (!x.is_bool()) rd.fail(f(k), spec_reader::shown(x), "expected true or false");
+        return x.as_bool();
+    };
     auto& p = o.plasticity;
     for (auto const& [k, x] : v.as_object()) {
         if (k == "components") o.pca.n_components = rd.integer(x, f("components"), 1, 1 << 20);
@@ -223,16 +228,20 @@ inline void apply_options(spec_reader const& rd, json::value const& v, analysis_
         else if (k == "high") o.pca.thresholds.high = rd.number(x, f("high"));
         else if (k == "separation") o.rotation.separation = policy_option<separation_policy>(rd, x, f("separation"));
         else if (k == "semantic") o.householder.model = policy_option<semantic_model>(rd, x, f("semantic"));
-        else if (k == "diagnostics") {
-            if (!x.is_bool()) rd.fail(f("diagnostics"), spec_reader::shown(x), "expected true or false");
-            o.diagnostics = x.as_bool();
-        } else if (k == "ks_alpha") o.ks_alpha = rd.number(x, f("ks_alpha"));
+        else if (k == "diagnostics") o.diagnostics = boolean(x, "diagnostics");
+        else if (k == "ks_alpha") o.ks_alpha = rd.number(x, f("ks_alpha"));
         else if (k == "pairs") p.pairs = policy_option<pair_policy>(rd, x, f("pairs"));
         else if (k == "weighting") p.weighting = policy_option<ap_weighting>(rd, x, f("weighting"));
         else if (k == "enumeration") p.enumeration = policy_option<enumeration_policy>(rd, x, f("enumeration"));
         else if (k == "max_exact_pairs") p.max_exact_pairs = rd.integer(x, f("max_exact_pairs"), 0, INT64_MAX);
         else if (k == "samples") p.samples_per_cell = rd.integer(x, f("samples"), 1, INT64_MAX);
         else if (k == "seed") p.seed = static_cast<std::uint64_t>(rd.integer(x, f("seed"), 0, INT64_MAX));
+        else if (k == "split") p.split_profile = boolean(x, "split");
+        else if (k == "ranks") o.ranks_on = boolean(x, "ranks");
+        else if (k == "rank_keys") o.ranks.keys_per_set = rd.integer(x, f("rank_keys"), 2, 64);
+        else if (k == "rank_sets") o.ranks.sets_per_bucket = rd.integer(x, f("rank_sets"), 1, INT64_MAX);
+        else if (k == "rank_draw") o.ranks.keys = policy_option<rank_key_policy>(rd, x, f("rank_draw"));
+        else if (k == "rope_bands") o.rope.n_bands = rd.integer(x, f("rope_bands"), 1, 1 << 20);
         else if (k == "window") window = rd.integer(x, f("window"), 0, INT64_MAX);
         else context = rd.integer(x, f("context"), 0, INT64_MAX);
     }
