@@ -15,11 +15,6 @@
 
 namespace qkgeom_app {
 
-/// analyze_head for heads read in single precision (analysis.cpp; to join
-/// the other two row types' declarations in program.hpp).
-qkgeom::head_analysis analyze(qkgeom::head_capture<qkgeom::io::row_matrix_f32> const& head,
-                              qkgeom::analysis_options const& opt);
-
 namespace {
 
 namespace fs = std::filesystem;

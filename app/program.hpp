@@ -146,9 +146,13 @@ void write_run_reports(std::filesystem::path const& dir, std::string const& name
 /// the context length; --window applies to heads whose capture records none.
 void apply_overrides(cli const& c, qkgeom::capture_facts& facts);
 
-/// analyze_head for the program's two row types (analysis.cpp).
+/// analyze_head for the program's three row types (analysis.cpp): double
+/// rows, the demo's in-memory rows and heads read in single precision
+/// (`io::read_capture_rows`).
 qkgeom::head_analysis analyze(qkgeom::head_capture<qkgeom::row_matrix> const& head, qkgeom::analysis_options const& opt);
 qkgeom::head_analysis analyze(qkgeom::head_capture<Eigen::MatrixXd> const& head, qkgeom::analysis_options const& opt);
+qkgeom::head_analysis analyze(qkgeom::head_capture<qkgeom::io::row_matrix_f32> const& head,
+                              qkgeom::analysis_options const& opt);
 
 /// The synthetic generator (generate.cpp: instantiated there only).
 std::vector<qkgeom::synthetic::head_capture> generate_layer(qkgeom::synthetic::layer_spec const& layer,
