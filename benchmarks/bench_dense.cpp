@@ -80,6 +80,21 @@ void bm_dense_plasticity(benchmark::State& st) {
     dense_counters(st, m, c.head.keys.vectors.cols());
 }
 
+/// The same without the split of AP_drop (docs/beyond-split.md): the Φ pass
+/// alone, against the same Gram pass (the split's cost is the difference to
+/// bm_dense_plasticity).
+void bm_dense_plasticity_nosplit(benchmark::State& st) {
+    index_t const m = index_t(st.range(0));
+    auto const c = make_dense(m);
+    auto opt = dense_options();
+    opt.split_profile = false;
+    for (auto _ : st) {
+        auto const r = qkgeom::attention_plasticity(c.model, c.head, opt);
+        benchmark::DoNotOptimize(r.ap_overall);
+    }
+    dense_counters(st, m, c.head.keys.vectors.cols());
+}
+
 void bm_dense_gram(benchmark::State& st) {
     index_t const m = index_t(st.range(0));
     auto const c = make_dense(m);
@@ -98,8 +113,10 @@ void bm_dense_gram(benchmark::State& st) {
 
 #define QKGEOM_DENSE_SIZES ->ArgName("keys")->Arg(1024)->Arg(2048)->Arg(4096)->Arg(8192)->Arg(16384)
 BENCHMARK(bm_dense_plasticity) QKGEOM_DENSE_SIZES->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_dense_plasticity_nosplit) QKGEOM_DENSE_SIZES->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_dense_gram) QKGEOM_DENSE_SIZES->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_dense_plasticity)->ArgName("keys")->Arg(65536)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
+BENCHMARK(bm_dense_plasticity_nosplit)->ArgName("keys")->Arg(65536)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 BENCHMARK(bm_dense_gram)->ArgName("keys")->Arg(65536)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
 }  // namespace
