@@ -74,7 +74,8 @@ namespace mom {
 
 #if QKGEOM_SIMD_X86
 
-/// The few vector operations `centre_pack_body` needs, for zmm (8 doubles).
+/// The vector operations of the dispatched kernels (moments here, the RoPE
+/// bands in rope_kernels.hpp), for zmm (8 doubles).
 struct vec512 {
     using type = __m512d;
     static constexpr int w = 8;
@@ -86,6 +87,9 @@ struct vec512 {
     }
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type load(double const* p) noexcept { return _mm512_load_pd(p); }
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE void store(double* p, type v) noexcept { _mm512_store_pd(p, v); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type loadu(double const* p) noexcept { return _mm512_loadu_pd(p); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE void storeu(double* p, type v) noexcept { _mm512_storeu_pd(p, v); }
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type div(type a, type b) noexcept { return _mm512_div_pd(a, b); }
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm512_add_pd(a, b); }
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm512_sub_pd(a, b); }
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm512_mul_pd(a, b); }
@@ -116,6 +120,9 @@ struct vec256 {
     }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type load(double const* p) noexcept { return _mm256_load_pd(p); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE void store(double* p, type v) noexcept { _mm256_store_pd(p, v); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type loadu(double const* p) noexcept { return _mm256_loadu_pd(p); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE void storeu(double* p, type v) noexcept { _mm256_storeu_pd(p, v); }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type div(type a, type b) noexcept { return _mm256_div_pd(a, b); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm256_add_pd(a, b); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm256_sub_pd(a, b); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm256_mul_pd(a, b); }

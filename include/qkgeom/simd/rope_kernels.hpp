@@ -22,6 +22,7 @@
 
 #include <qkgeom/config.hpp>
 #include <qkgeom/simd.hpp>
+#include <qkgeom/simd/moment_kernels.hpp>
 
 #include <cstdint>
 
@@ -83,33 +84,9 @@ inline void unrotate_lanes(unrotate_args const& g, index_t i0, index_t i1) noexc
 
 #if QKGEOM_SIMD_X86
 
-/// Unaligned loads and stores, multiply, add, subtract of zmm (8 doubles).
-struct rv512 {
-    using type = __m512d;
-    static constexpr int w = 8;
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type zero() noexcept { return _mm512_setzero_pd(); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type set1(double v) noexcept { return _mm512_set1_pd(v); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type ld(double const* p) noexcept { return _mm512_loadu_pd(p); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE void st(double* p, type v) noexcept { _mm512_storeu_pd(p, v); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm512_add_pd(a, b); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm512_sub_pd(a, b); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm512_mul_pd(a, b); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type div(type a, type b) noexcept { return _mm512_div_pd(a, b); }
-};
-
-/// The same for ymm (4 doubles).
-struct rv256 {
-    using type = __m256d;
-    static constexpr int w = 4;
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type zero() noexcept { return _mm256_setzero_pd(); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type set1(double v) noexcept { return _mm256_set1_pd(v); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type ld(double const* p) noexcept { return _mm256_loadu_pd(p); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE void st(double* p, type v) noexcept { _mm256_storeu_pd(p, v); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm256_add_pd(a, b); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm256_sub_pd(a, b); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm256_mul_pd(a, b); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type div(type a, type b) noexcept { return _mm256_div_pd(a, b); }
-};
+// The vector operations are the moments kernels' (mom::vec512, mom::vec256).
+using rv512 = mom::vec512;
+using rv256 = mom::vec256;
 
 // The multiply-then-add of the scalar loop, kept unfused at every level (GCC
 // contracts a * b + c into an FMA under -ffp-contract=fast, the GNU dialects'
@@ -125,14 +102,14 @@ inline void NAME(unrotate_args const& g) noexcept {                             
     constexpr int W = V::w;                                                                                           \
     index_t const h = g.h, full = h / W * W;                                                                          \
     for (index_t i = 0; i < full; i += W) {                                                                           \
-        T ra1 = V::ld(g.ra + i), rq1 = V::ld(g.rq + i), ra2 = V::ld(g.ra + h + i), rq2 = V::ld(g.rq + h + i);        \
-        T oa1 = V::ld(g.oa + i), oq1 = V::ld(g.oq + i), oa2 = V::ld(g.oa + h + i), oq2 = V::ld(g.oq + h + i);        \
-        T n1 = V::ld(g.m1 + i), n2 = V::ld(g.m2 + i);                                                                 \
+        T ra1 = V::loadu(g.ra + i), rq1 = V::loadu(g.rq + i), ra2 = V::loadu(g.ra + h + i), rq2 = V::loadu(g.rq + h + i);        \
+        T oa1 = V::loadu(g.oa + i), oq1 = V::loadu(g.oq + i), oa2 = V::loadu(g.oa + h + i), oq2 = V::loadu(g.oq + h + i);        \
+        T n1 = V::loadu(g.m1 + i), n2 = V::loadu(g.m2 + i);                                                                 \
         for (index_t r = 0; r < g.n; ++r) {                                                                           \
             double const* xr = g.x + r * g.ldx + i;                                                                   \
-            T const a = V::ld(xr), b = V::ld(xr + h);                                                                 \
-            T const c1 = V::ld(g.lc + g.o1[r] + i), s1 = V::ld(g.ls + g.o1[r] + i);                                  \
-            T const c2 = V::ld(g.hc + g.o2[r] + i), s2 = V::ld(g.hs + g.o2[r] + i);                                  \
+            T const a = V::loadu(xr), b = V::loadu(xr + h);                                                                 \
+            T const c1 = V::loadu(g.lc + g.o1[r] + i), s1 = V::loadu(g.ls + g.o1[r] + i);                                  \
+            T const c2 = V::loadu(g.hc + g.o2[r] + i), s2 = V::loadu(g.hs + g.o2[r] + i);                                  \
             T p1 = V::mul(c1, c2), p2 = V::mul(s1, s2), p3 = V::mul(s1, c2), p4 = V::mul(c1, s2);                     \
             QKGEOM_ROPEK_OPAQUE(p1); QKGEOM_ROPEK_OPAQUE(p2); QKGEOM_ROPEK_OPAQUE(p3); QKGEOM_ROPEK_OPAQUE(p4);        \
             T const c = V::sub(p1, p2), s = V::add(p3, p4);                                                           \
@@ -144,14 +121,14 @@ inline void NAME(unrotate_args const& g) noexcept {                             
             n1 = V::add(n1, V::sub(ca, sb));                                                                          \
             n2 = V::add(n2, V::add(sa, cb));                                                                          \
             T const ua = V::add(ca, sb), ub = V::sub(cb, sa);                                                         \
-            if (g.u) V::st(g.u + r * g.ldu + i, ua), V::st(g.u + r * g.ldu + h + i, ub);                              \
+            if (g.u) V::storeu(g.u + r * g.ldu + i, ua), V::storeu(g.u + r * g.ldu + h + i, ub);                              \
             T uu = V::mul(ua, ua), vv = V::mul(ub, ub);                                                               \
             QKGEOM_ROPEK_OPAQUE(uu); QKGEOM_ROPEK_OPAQUE(vv);                                                         \
             oa1 = V::add(oa1, ua), oq1 = V::add(oq1, uu), oa2 = V::add(oa2, ub), oq2 = V::add(oq2, vv);               \
         }                                                                                                             \
-        V::st(g.ra + i, ra1), V::st(g.rq + i, rq1), V::st(g.ra + h + i, ra2), V::st(g.rq + h + i, rq2);              \
-        V::st(g.oa + i, oa1), V::st(g.oq + i, oq1), V::st(g.oa + h + i, oa2), V::st(g.oq + h + i, oq2);              \
-        V::st(g.m1 + i, n1), V::st(g.m2 + i, n2);                                                                     \
+        V::storeu(g.ra + i, ra1), V::storeu(g.rq + i, rq1), V::storeu(g.ra + h + i, ra2), V::storeu(g.rq + h + i, rq2);              \
+        V::storeu(g.oa + i, oa1), V::storeu(g.oq + i, oq1), V::storeu(g.oa + h + i, oa2), V::storeu(g.oq + h + i, oq2);              \
+        V::storeu(g.m1 + i, n1), V::storeu(g.m2 + i, n2);                                                                     \
     }                                                                                                                 \
     unrotate_lanes(g, full, h);                                                                                       \
 }
@@ -169,14 +146,14 @@ inline void NAME(double const* x, index_t ldx, index_t n, double const* mu, inde
     index_t const full = m / W * W;                                                                                   \
     for (index_t j = 0; j < full; j += W) {                                                                           \
         T s = V::zero();                                                                                              \
-        T const mj = V::ld(mu + j);                                                                                   \
+        T const mj = V::loadu(mu + j);                                                                                   \
         for (index_t r = 0; r < n; ++r) {                                                                             \
-            T const e = V::sub(V::ld(x + r * ldx + j), mj);                                                           \
+            T const e = V::sub(V::loadu(x + r * ldx + j), mj);                                                           \
             T ee = V::mul(e, e);                                                                                      \
             QKGEOM_ROPEK_OPAQUE(ee);                                                                                  \
             s = V::add(s, ee);                                                                                        \
         }                                                                                                             \
-        V::st(acc + j, s);                                                                                            \
+        V::storeu(acc + j, s);                                                                                            \
     }                                                                                                                 \
     for (index_t j = full; j < m; ++j) {                                                                              \
         double s = 0;                                                                                                 \
@@ -193,9 +170,9 @@ inline void NAME(double const* x, index_t ldx, index_t n, index_t m, double* acc
     constexpr int W = V::w;                                                                                           \
     index_t const full = m / W * W;                                                                                   \
     for (index_t j = 0; j < full; j += W) {                                                                           \
-        T s = V::ld(acc + j);                                                                                         \
-        for (index_t r = 0; r < n; ++r) s = V::add(s, V::ld(x + r * ldx + j));                                        \
-        V::st(acc + j, s);                                                                                            \
+        T s = V::loadu(acc + j);                                                                                         \
+        for (index_t r = 0; r < n; ++r) s = V::add(s, V::loadu(x + r * ldx + j));                                        \
+        V::storeu(acc + j, s);                                                                                            \
     }                                                                                                                 \
     for (index_t j = full; j < m; ++j)                                                                                \
         for (index_t r = 0; r < n; ++r) acc[j] += x[r * ldx + j];                                                     \
@@ -224,8 +201,8 @@ inline void NAME(double const* x, index_t ldx, index_t m, index_t d, double* mu,
     T const dm = V::set1(static_cast<double>(m));                                                                     \
     for (index_t j = 0; j < full; j += W) {                                                                           \
         T s = V::zero();                                                                                              \
-        for (index_t i = 0; i < m; ++i) s = V::add(s, V::ld(x + i * ldx + j));                                        \
-        V::st(mu + j, V::div(s, dm));                                                                                 \
+        for (index_t i = 0; i < m; ++i) s = V::add(s, V::loadu(x + i * ldx + j));                                        \
+        V::storeu(mu + j, V::div(s, dm));                                                                                 \
     }                                                                                                                 \
     for (index_t j = full; j < d; ++j) {                                                                              \
         double s = 0;                                                                                                 \
