@@ -201,6 +201,23 @@ struct moments {
     ///         statistics may then be partly updated).
     template <class = void>  // instantiated on use
     void add_block(double const* x, double const* t, index_t nb, Eigen::MatrixXd& scratch) {
+        add_block_rows(x, dim(), nullptr, t, nb, scratch);
+    }
+
+    /// \brief `add_block` for rows where they are: row k of the block is
+    /// x + rows[k]·ld, or x + k·ld when `rows` is null; S is double or float
+    /// (f32 rows are widened exactly on load, no widened copy is made at the
+    /// avx2 / avx512 levels). Nothing is validated.
+    /// \param[in] x the first value of row 0 (rows == null) or of the indexed rows.
+    /// \param[in] ld values from one row to the next (≥ d).
+    /// \param[in] rows nb row indices, or null.
+    /// \param[in] t nb positions (finite).
+    /// \param[in] nb the number of rows; nb ≤ 0 does nothing.
+    /// \param[out] scratch work space (reuse it across calls).
+    /// \throws std::bad_alloc if a temporary cannot be allocated.
+    template <class S>
+    void add_block_rows(S const* x, index_t ld, index_t const* rows, double const* t, index_t nb,
+                        Eigen::MatrixXd& scratch) {
         if (nb <= 0) return;
         index_t const d = dim();
         Eigen::Map<Eigen::VectorXd const> T(t, nb);
@@ -212,7 +229,7 @@ struct moments {
         bt += tcorr;
         tc.array() -= tcorr;
         Eigen::VectorXd bx(d), bxt(d);  // block mean x̄_B and C_xt,B = R τ
-        block_x(x, tc.data(), nb, bx, bxt, scratch);  // also c_xx (lower) += R Rᵀ
+        block_x(x, ld, rows, tc.data(), nb, bx, bxt, scratch);  // also c_xx (lower) += R Rᵀ
 
         double const na = static_cast<double>(n), nbd = static_cast<double>(nb), nt = na + nbd;
         double const f = na * nbd / nt;
@@ -230,24 +247,26 @@ struct moments {
         n += nb;
     }
 
-    /// \brief The row part of `add_block`: the corrected block mean `bx`, the
-    /// block's C_xt,B = R τ (`tc`: the nb centred positions) into `bxt`, and
-    /// R Rᵀ added to the lower triangle of `c_xx`, R the centred block.
+    /// \brief The row part of `add_block_rows`: the corrected block mean `bx`,
+    /// the block's C_xt,B = R τ (`tc`: the nb centred positions) into `bxt`,
+    /// and R Rᵀ added to the lower triangle of `c_xx`, R the centred block.
     ///
-    /// At `simd::active()` = avx2 or avx512 the fused centring and the
-    /// register-blocked rank-k update of simd/moment_kernels.hpp run; at the
-    /// generic level, Eigen (GEMV and `rankUpdate`). The levels agree to
-    /// rounding (docs/moments.md, "The kernels").
-    /// \param[in] x nb × d doubles, row-major.
+    /// At `simd::active()` = avx2 or avx512 the two-pass centring and the
+    /// register-blocked rank-k update of simd/moment_kernels.hpp run on the
+    /// rows where they are, the correction ε of the block mean entering as
+    /// R Rᵀ = Σ rᵢ rᵢᵀ − nb ε εᵀ (rᵢ = xᵢ − x̃); at the generic level, Eigen
+    /// (GEMV and `rankUpdate`) on a double copy of the block. The levels
+    /// agree to rounding (docs/moments.md, "The kernels").
+    /// \param[in] x, ld, rows the block's rows (as `add_block_rows`).
     /// \param[in] tc nb centred positions.
     /// \param[in] nb the number of rows, ≥ 1.
     /// \param[out] bx the block mean (d).
     /// \param[out] bxt Σ rᵢ τᵢ (d).
     /// \param[out] scratch work space (reuse it across calls).
     /// \throws std::bad_alloc if the work space cannot be allocated.
-    template <class = void>  // instantiated on use
-    void block_x(double const* x, double const* tc, index_t nb, Eigen::VectorXd& bx, Eigen::VectorXd& bxt,
-                 Eigen::MatrixXd& scratch) {
+    template <class S>
+    void block_x(S const* x, index_t ld, index_t const* rows, double const* tc, index_t nb, Eigen::VectorXd& bx,
+                 Eigen::VectorXd& bxt, Eigen::MatrixXd& scratch) {
         index_t const d = dim();
         simd::isa const level = d > 0 ? simd::active() : simd::isa::generic;
         if (level != simd::isa::generic) {
@@ -256,14 +275,32 @@ struct moments {
             if (scratch.size() < need) scratch.resize(need, 1);
             double* pk = detail::mom::align64(scratch.data());
             double* mb = pk + dp * nb;
-            detail::mom::centre_pack(level, x, tc, nb, d, pk, mb, mb + dp);
+            detail::mom::centre_pack(level, x, ld, rows, tc, nb, d, pk, mb, mb + dp, mb + 2 * dp);
             detail::mom::syrk_packed(level, pk, nb, d, c_xx.data(), d);
+            double const* eps = mb + 2 * dp;  // lower triangle −= nb ε εᵀ
+            for (index_t j = 0; j < d; ++j) {
+                double const f = static_cast<double>(nb) * eps[j];
+                double* col = c_xx.data() + j * d;
+                for (index_t i = j; i < d; ++i) col[i] -= f * eps[i];
+            }
             bx = Eigen::Map<Eigen::VectorXd const>(mb, d);
             bxt = Eigen::Map<Eigen::VectorXd const>(mb + dp, d);
             return;
         }
         using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-        Eigen::Map<RowMat const> X(x, nb, d);
+        RowMat copy;
+        double const* xd = nullptr;
+        if constexpr (std::is_same_v<S, double>)
+            if (rows == nullptr && ld == d) xd = x;
+        if (xd == nullptr) {  // a double copy of the block
+            copy.resize(nb, d);
+            for (index_t k = 0; k < nb; ++k) {
+                S const* src = x + (rows != nullptr ? rows[k] : k) * ld;
+                for (index_t j = 0; j < d; ++j) copy(k, j) = static_cast<double>(src[j]);
+            }
+            xd = copy.data();
+        }
+        Eigen::Map<RowMat const> X(xd, nb, d);
         double const inv = 1.0 / static_cast<double>(nb);
         Eigen::RowVectorXd mx = X.colwise().sum() * inv;
         scratch.resize(d, nb);  // column-major d × nb = centred block, transposed
@@ -371,28 +408,70 @@ void check_batch(std::string_view where, index_t d, R const& r, P const& p, B co
     }
 }
 
-/// Streams the rows listed in `idx` through `m.add_block` in blocks.
+/// Work space of `absorb_rows`, reused across the groups of one `add`.
+struct absorb_work {
+    std::vector<double> xb, tb;
+    Eigen::MatrixXd scratch;
+};
+
+/// Streams the rows listed in `idx` through `m.add_block_rows` in blocks:
+/// contiguous f32 rows are read in place by the dispatched kernels, other
+/// rows are read (widened) into a double block first.
 template <MatrixReader R, IndexReader P>
-void absorb_rows(moments& m, R const& r, P const& p, std::span<index_t const> idx) {
+void absorb_rows(moments& m, R const& r, P const& p, std::span<index_t const> idx, absorb_work& w) {
     index_t const d = m.dim();
     index_t const B = moments::block_rows;
-    std::vector<double> xb(static_cast<std::size_t>(B * d));
-    std::vector<double> tb(static_cast<std::size_t>(B));
-    Eigen::MatrixXd scratch;
-    auto const [f32, ld] = contiguous_f32(r);  // f32 rows: widened by the dispatched kernel
+    w.tb.resize(static_cast<std::size_t>(B));
+    auto const [f32, ld] = contiguous_f32(r);
+    bool const in_place = f32 != nullptr && simd::active() != simd::isa::generic;
+    if (!in_place) w.xb.resize(static_cast<std::size_t>(B * d));
     simd::isa const level = simd::active();
     auto const total = static_cast<index_t>(idx.size());
     for (index_t s = 0; s < total; s += B) {
         index_t const nb = std::min(B, total - s);
-        for (index_t i = 0; i < nb; ++i) {
-            index_t const row = idx[static_cast<std::size_t>(s + i)];
-            if (f32 != nullptr) mom::widen_f32(level, f32 + row * ld, xb.data() + i * d, d);
-            else r.read_row(row, xb.data() + i * d);
-            tb[static_cast<std::size_t>(i)] = static_cast<double>(p[row]);
+        index_t const* rows = idx.data() + s;
+        for (index_t i = 0; i < nb; ++i) w.tb[static_cast<std::size_t>(i)] = static_cast<double>(p[rows[i]]);
+        if (in_place) {
+            m.add_block_rows(f32, ld, rows, w.tb.data(), nb, w.scratch);
+            continue;
         }
-        m.add_block(xb.data(), tb.data(), nb, scratch);
+        for (index_t i = 0; i < nb; ++i) {
+            if (f32 != nullptr) mom::widen_f32(level, f32 + rows[i] * ld, w.xb.data() + i * d, d);
+            else r.read_row(rows[i], w.xb.data() + i * d);
+        }
+        m.add_block(w.xb.data(), w.tb.data(), nb, w.scratch);
     }
     m.symmetrize();
+}
+
+/// The row indices 0 … n − 1 grouped by bucket, stable (rows keep their input
+/// order within a bucket): as they are when the buckets are already in
+/// order, by counting when their range is at most 4n + 64, else by a stable
+/// sort.
+template <IndexReader B>
+[[nodiscard]] std::vector<index_t> group_by_bucket(B const& b) {
+    index_t const n = b.size();
+    std::vector<index_t> idx(static_cast<std::size_t>(n));
+    std::iota(idx.begin(), idx.end(), index_t{0});
+    if (n == 0) return idx;
+    bool sorted = true;
+    std::int64_t lo = b[0], hi = b[0];
+    for (index_t i = 1; i < n; ++i) {
+        sorted = sorted && b[i - 1] <= b[i];
+        lo = std::min<std::int64_t>(lo, b[i]);
+        hi = std::max<std::int64_t>(hi, b[i]);
+    }
+    if (sorted) return idx;
+    // hi − lo cannot overflow: the buckets are non-negative (check_batch).
+    if (static_cast<std::uint64_t>(hi - lo) <= static_cast<std::uint64_t>(4 * n + 64)) {
+        std::vector<index_t> start(static_cast<std::size_t>(hi - lo + 2), 0);
+        for (index_t i = 0; i < n; ++i) ++start[static_cast<std::size_t>(b[i] - lo + 1)];
+        std::partial_sum(start.begin(), start.end(), start.begin());
+        for (index_t i = 0; i < n; ++i) idx[static_cast<std::size_t>(start[static_cast<std::size_t>(b[i] - lo)]++)] = i;
+        return idx;
+    }
+    std::stable_sort(idx.begin(), idx.end(), [&](index_t a, index_t c) { return b[a] < b[c]; });
+    return idx;
 }
 
 }  // namespace detail
@@ -417,7 +496,8 @@ void add_rows(moments& m, X const& rows, P const& positions) {
     detail::check_batch<decltype(r), decltype(p), decltype(p)>("qkgeom::add_rows", m.dim(), r, p, nullptr);
     std::vector<index_t> idx(static_cast<std::size_t>(r.rows()));
     std::iota(idx.begin(), idx.end(), index_t{0});
-    detail::absorb_rows(m, r, p, idx);
+    detail::absorb_work w;
+    detail::absorb_rows(m, r, p, idx, w);
 }
 
 /// \brief The statistics of one kind (queries or keys) of one head, per
@@ -481,17 +561,15 @@ struct bucketed_moments {
         auto const b = as_indices(bucket_ids);
         if (d <= 0) detail::fail_arg("qkgeom::bucketed_moments::add", "head dimension d must be >= 1", d);
         detail::check_batch("qkgeom::bucketed_moments::add", d, r, p, &b);
-        // Group row indices by bucket (stable: rows keep their input order).
-        std::vector<index_t> idx(static_cast<std::size_t>(r.rows()));
-        std::iota(idx.begin(), idx.end(), index_t{0});
-        std::stable_sort(idx.begin(), idx.end(), [&](index_t a, index_t c) { return b[a] < b[c]; });
+        std::vector<index_t> const idx = detail::group_by_bucket(b);  // stable: input order within a bucket
+        detail::absorb_work w;
         std::size_t s = 0;
         while (s < idx.size()) {
             std::int64_t const bucket = b[idx[s]];
             std::size_t e = s;
             while (e < idx.size() && b[idx[e]] == bucket) ++e;
             auto [it, inserted] = buckets.try_emplace(bucket, d);
-            detail::absorb_rows(it->second, r, p, std::span<index_t const>(idx.data() + s, e - s));
+            detail::absorb_rows(it->second, r, p, std::span<index_t const>(idx.data() + s, e - s), w);
             s = e;
         }
     }

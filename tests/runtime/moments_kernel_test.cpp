@@ -168,7 +168,8 @@ TEST_CASE("moment kernels: the rank-k update adds to the lower triangle only", "
                 double* pk = qkgeom::detail::mom::align64(work.data());
                 index_t const w = qkgeom::detail::mom::panel_width(level), dp = (d + w - 1) / w * w;
                 double* mb = pk + dp * nb;
-                qkgeom::detail::mom::centre_pack(level, r.x.data(), tau.data(), nb, d, pk, mb, mb + dp);
+                qkgeom::detail::mom::centre_pack(level, r.x.data(), d, nullptr, tau.data(), nb, d, pk, mb, mb + dp,
+                                                 mb + 2 * dp);
                 // C starts as a sentinel pattern: the strict upper triangle and
                 // the rows past d must come back untouched.
                 Eigen::MatrixXd c(ldc, d);
@@ -176,9 +177,12 @@ TEST_CASE("moment kernels: the rank-k update adds to the lower triangle only", "
                     for (index_t i = 0; i < ldc; ++i) c(i, j) = 1000.0 + static_cast<double>(i * d + j);
                 Eigen::MatrixXd const before = c;
                 qkgeom::detail::mom::syrk_packed(level, pk, nb, d, c.data(), ldc);
-                // Brute force: centred rows R (about the packed mean) in long double.
+                // Brute force: rows R about the first-pass mean x̃ = mean − ε (what
+                // the panels hold; the caller subtracts nb ε εᵀ) in long double.
                 LMat const R = (r.x.cast<long double>().rowwise() -
-                                Eigen::Map<Eigen::VectorXd const>(mb, d).cast<long double>().transpose());
+                                (Eigen::Map<Eigen::VectorXd const>(mb, d).cast<long double>() -
+                                 Eigen::Map<Eigen::VectorXd const>(mb + 2 * dp, d).cast<long double>())
+                                    .transpose());
                 LMat const rr = R.transpose() * R;
                 double worst = 0;
                 bool untouched = true;
@@ -229,5 +233,51 @@ TEST_CASE("fma_peak_probe: counts its flops at every level", "[simd]") {
         CHECK(r.checksum > 0);
         CHECK(r.checksum < lanes);
         CHECK(simd::fma_peak_probe(0).flops == 0);
+    }
+}
+
+TEST_CASE("moment kernels: buckets in any order give each bucket the moments of its own rows",
+          "[moments][simd]") {
+    // bucketed_moments::add groups the rows by bucket (already in order, by
+    // counting for a small range, by a stable sort for a wide one) and reads
+    // f32 rows in place through the row index. Each bucket must hold, bit for
+    // bit, what add_rows gives for that bucket's rows alone in input order, at
+    // every level, and match the long-double reference.
+    index_t const n = 700, d = 65;
+    rows const r = make_rows(77, n, d, kind_of_rows::f32);
+    std::mt19937_64 gen(5);
+    for (int regime = 0; regime < 3; ++regime) {
+        std::vector<std::int64_t> b(static_cast<std::size_t>(n));
+        for (index_t i = 0; i < n; ++i) {
+            std::int64_t const g = std::uniform_int_distribution<std::int64_t>(0, 4)(gen);
+            b[static_cast<std::size_t>(i)] = regime == 0 ? i * 5 / n : regime == 1 ? 3 + g : g * 1'000'000'007LL;
+        }
+        for (simd::isa level : levels_here()) {
+            INFO("level " << simd::isa_name(level) << ", regime " << regime);
+            simd::scoped_limit const cap(level);
+            qkgeom::bucketed_moments bm(d);
+            bm.add(r.xf, r.t, b);
+            std::size_t seen = 0;
+            for (auto const& [bucket, m] : bm.buckets) {
+                std::vector<index_t> mine;
+                for (index_t i = 0; i < n; ++i)
+                    if (b[static_cast<std::size_t>(i)] == bucket) mine.push_back(i);
+                RowMatF xs(static_cast<index_t>(mine.size()), d);
+                RowMat xd(static_cast<index_t>(mine.size()), d);
+                std::vector<std::int64_t> ts;
+                for (std::size_t k = 0; k < mine.size(); ++k) {
+                    xs.row(static_cast<index_t>(k)) = r.xf.row(mine[k]);
+                    xd.row(static_cast<index_t>(k)) = r.x.row(mine[k]);
+                    ts.push_back(r.t[static_cast<std::size_t>(mine[k])]);
+                }
+                qkgeom::moments alone(d);
+                qkgeom::add_rows(alone, xs, ts);
+                CHECK(m.n == alone.n);
+                CHECK(moments_diff(m, alone) == 0.0);
+                CHECK(error_vs_reference(m, xd, ts) <= tol_unit);
+                seen += mine.size();
+            }
+            CHECK(seen == static_cast<std::size_t>(n));
+        }
     }
 }

@@ -2,16 +2,22 @@
 // IWYU pragma: private, include <qkgeom/moments.hpp>
 // (SIMD kernels live in include/qkgeom/simd/; the dispatch is qkgeom/simd.hpp.)
 //
-// One block of nb ≤ 256 rows of dimension d (row-major doubles, already
-// widened) is absorbed into the moments in two dispatched steps, at the widest
+// One block of nb ≤ 256 rows of dimension d (row-major doubles or floats) is
+// absorbed into the moments in two dispatched steps, at the widest
 // level `simd::active()` allows (AVX-512: W = 8 doubles per zmm; AVX2 + FMA:
 // W = 4 per ymm):
 //
-//   centre_pack   three passes over the block, each O(nb·d): the column sums
-//                 (first-pass block mean x̃), then rᵢ = xᵢ − x̃ written into the
-//                 packed layout with their sums (ε·nb), then rᵢ ← rᵢ − ε with
-//                 the block's Σ rᵢ τᵢ (τ the centred positions): the two-pass
-//                 corrected block mean of moments.hpp, returned as x̃ + ε.
+//   centre_pack   two passes over the block's rows, four panels at a time
+//                 with the sums in registers, reading the rows where they are
+//                 (double, or f32 widened on load; optionally gathered through
+//                 a row index, so no widened copy of the block is made): the
+//                 column sums (first-pass block mean x̃), then rᵢ = xᵢ − x̃
+//                 written into the packed layout with Σ rᵢ and Σ rᵢ τᵢ (τ the
+//                 centred positions). ε = Σ rᵢ / nb is the correction of the
+//                 two-pass block mean (x̃ + ε is returned); the corrected sums
+//                 follow without a third pass: Σ (rᵢ − ε) τᵢ = Σ rᵢ τᵢ − ε Σ τᵢ
+//                 here, and Σ (rᵢ − ε)(rᵢ − ε)ᵀ = Σ rᵢ rᵢᵀ − nb ε εᵀ by the
+//                 caller (a rank-1 update after syrk_packed).
 //                 Packed layout: panels of W coordinates, panel p holds the
 //                 nb rows' coordinates pW … pW+W−1 row after row
 //                 (pk[(p·nb + k)·W + l] = r_k[pW + l]), coordinates ≥ d zero.
@@ -49,7 +55,8 @@ namespace mom {
 }
 
 /// Doubles of work space `centre_pack` + `syrk_packed` need for d and nb:
-/// the packed block, three d-vectors (padded) and 64 bytes of alignment slack.
+/// the packed block, three d-vectors (padded: mean, cxt, ε) and 64 bytes of
+/// alignment slack.
 [[nodiscard]] constexpr index_t work_size(simd::isa level, index_t d, index_t nb) noexcept {
     index_t const w = panel_width(level);
     index_t const dp = (d + w - 1) / w * w;
@@ -85,6 +92,17 @@ struct vec512 {
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type load_n(double const* p, index_t n) noexcept {
         return n >= 8 ? _mm512_loadu_pd(p) : _mm512_maskz_loadu_pd(static_cast<__mmask8>((1u << n) - 1u), p);
     }
+    /// The first n floats (1 ≤ n ≤ 8) from p, widened; zeros past them.
+    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type load_n(float const* p, index_t n) noexcept {
+        __m256 f;
+        if (n >= 8) {
+            f = _mm256_loadu_ps(p);
+        } else {
+            __m256i const lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            f = _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane));
+        }
+        return _mm512_maskz_cvtps_pd(0xff, f);  // maskz: GCC 12 warns on the undefined source of _mm512_cvtps_pd
+    }
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type load(double const* p) noexcept { return _mm512_load_pd(p); }
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE void store(double* p, type v) noexcept { _mm512_store_pd(p, v); }
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type loadu(double const* p) noexcept { return _mm512_loadu_pd(p); }
@@ -118,6 +136,11 @@ struct vec256 {
         __m256i const lane = _mm256_setr_epi64x(0, 1, 2, 3);
         return _mm256_maskload_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), lane));
     }
+    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type load_n(float const* p, index_t n) noexcept {
+        if (n >= 4) return _mm256_cvtps_pd(_mm_loadu_ps(p));
+        __m128i const lane = _mm_setr_epi32(0, 1, 2, 3);
+        return _mm256_cvtps_pd(_mm_maskload_ps(p, _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(n)), lane)));
+    }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type load(double const* p) noexcept { return _mm256_load_pd(p); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE void store(double* p, type v) noexcept { _mm256_store_pd(p, v); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type loadu(double const* p) noexcept { return _mm256_loadu_pd(p); }
@@ -140,65 +163,97 @@ struct vec256 {
     }
 };
 
-/// Centre and pack one block (see the file comment): pass 1 (rows in order)
-/// x̃ = Σ x / nb; pass 2 (rows in order) r = x − x̃ into the panels, ε = Σ r / nb;
-/// pass 3 (panel by panel) r ← r − ε and Σ r τ. `x`: nb × d row-major; `tau`:
-/// nb centred positions; out: `pk` (dp·nb, 64-byte aligned), `mean` (x̃ + ε,
-/// dp; lanes past d are 0 since x loads as 0 there), `cxt` (Σ r τ, dp; ε
-/// before pass 3). Passes 1–2 read x contiguously (prefetch-friendly).
+/// Centre and pack G panels of one block (see the file comment), panels p0 …
+/// p0 + G − 1, the last with `last` lanes (1 … W; the others full): pass 1
+/// (rows in order) x̃ = Σ x / nb, pass 2 (rows in order) r = x − x̃ into the
+/// panels with Σ r and Σ r τ, all in registers. Row k is x + rows[k]·ld, or
+/// x + k·ld when `rows` is null; S is double or float (widened on load).
+/// Writes `mean` = x̃ + ε, `eps` = ε = Σ r / nb and `cxt` = Σ r τ − ε Σ τ
+/// (= Σ (r − ε) τ) for the G panels; `st` = Σ τ, `inv` = 1/nb.
 /// (One definition per level: the body must carry its level's target attribute.)
-#define QKGEOM_MOM_CENTRE_PACK(NAME, TARGET_STRING, V)                                                               \
-QKGEOM_TARGET(TARGET_STRING)                                                                                  \
-inline void NAME(double const* x, double const* tau, index_t nb, index_t d, double* pk, double* mean, double* cxt) {  \
+#define QKGEOM_MOM_CENTRE_GROUP(NAME, TARGET_STRING, V)                                                               \
+template <int G, class S>                                                                                             \
+QKGEOM_TARGET(TARGET_STRING)                                                                                          \
+QKGEOM_ALWAYS_INLINE void NAME(S const* x, index_t ld, index_t const* rows, double const* tau, index_t nb,            \
+                               index_t p0, index_t last, double st, double* pk, double* mean, double* cxt,           \
+                               double* eps) {                                                                         \
     using T = typename V::type;                                                                                       \
     constexpr int W = V::w;                                                                                           \
-    index_t const np = (d + W - 1) / W, full = d / W, tail = d - full * W;                                            \
     T const inv = V::set1(1.0 / static_cast<double>(nb));                                                             \
-    for (index_t p = 0; p < np; ++p) V::store(mean + p * W, V::zero());                                               \
-    for (index_t k = 0; k < nb; ++k) {                                                                                \
-        double const* row = x + k * d;                                                                                \
-        for (index_t p = 0; p < full; ++p)                                                                            \
-            V::store(mean + p * W, V::add(V::load(mean + p * W), V::load_n(row + p * W, W)));                         \
-        if (tail > 0)                                                                                                 \
-            V::store(mean + full * W, V::add(V::load(mean + full * W), V::load_n(row + full * W, tail)));             \
-    }                                                                                                                 \
-    for (index_t p = 0; p < np; ++p) {                                                                                \
-        V::store(mean + p * W, V::mul(V::load(mean + p * W), inv));                                                   \
-        V::store(cxt + p * W, V::zero());                                                                             \
-    }                                                                                                                 \
-    for (index_t k = 0; k < nb; ++k) {                                                                                \
-        double const* row = x + k * d;                                                                                \
-        for (index_t p = 0; p < np; ++p) {                                                                            \
-            T const r = V::sub(V::load_n(row + p * W, p < full ? W : tail), V::load(mean + p * W));                   \
-            V::store(pk + (p * nb + k) * W, r);                                                                       \
-            V::store(cxt + p * W, V::add(V::load(cxt + p * W), r));                                                   \
-        }                                                                                                             \
-    }                                                                                                                 \
+    auto const row = [=](index_t k) { return x + (rows != nullptr ? rows[k] : k) * ld + p0 * W; };                  \
+    T a0[G], a1[G];                                                                                                   \
+    _Pragma("GCC unroll 4") for (int g = 0; g < G; ++g) a0[g] = a1[g] = V::zero();                                    \
     index_t const nb2 = nb / 2 * 2;                                                                                   \
-    for (index_t p = 0; p < np; ++p) {                                                                                \
-        double* dst = pk + p * nb * W;                                                                                \
-        T const eps = V::mul(V::load(cxt + p * W), inv);                                                              \
-        T s0 = V::zero(), s1 = V::zero();                                                                             \
-        for (index_t k = 0; k < nb2; k += 2) {                                                                        \
-            T const r0 = V::sub(V::load(dst + k * W), eps), r1 = V::sub(V::load(dst + (k + 1) * W), eps);             \
-            V::store(dst + k * W, r0);                                                                                \
-            V::store(dst + (k + 1) * W, r1);                                                                          \
-            s0 = V::fmadd(r0, V::set1(tau[k]), s0);                                                                   \
-            s1 = V::fmadd(r1, V::set1(tau[k + 1]), s1);                                                               \
+    for (index_t k = 0; k < nb2; k += 2) {                                                                            \
+        S const* r0 = row(k);                                                                                         \
+        S const* r1 = row(k + 1);                                                                                     \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; ++g) {                                                         \
+            index_t const n = g + 1 < G ? W : last;                                                                   \
+            a0[g] = V::add(a0[g], V::load_n(r0 + g * W, n));                                                          \
+            a1[g] = V::add(a1[g], V::load_n(r1 + g * W, n));                                                          \
         }                                                                                                             \
-        if (nb2 < nb) {                                                                                               \
-            T const r0 = V::sub(V::load(dst + nb2 * W), eps);                                                         \
-            V::store(dst + nb2 * W, r0);                                                                              \
-            s0 = V::fmadd(r0, V::set1(tau[nb2]), s0);                                                                 \
+    }                                                                                                                 \
+    if (nb2 < nb) {                                                                                                   \
+        S const* r0 = row(nb2);                                                                                       \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; ++g)                                                           \
+            a0[g] = V::add(a0[g], V::load_n(r0 + g * W, g + 1 < G ? W : last));                                      \
+    }                                                                                                                 \
+    T m[G], sr[G], srt[G];                                                                                            \
+    _Pragma("GCC unroll 4") for (int g = 0; g < G; ++g) {                                                             \
+        m[g] = V::mul(V::add(a0[g], a1[g]), inv);                                                                     \
+        sr[g] = srt[g] = V::zero();                                                                                   \
+    }                                                                                                                 \
+    for (index_t k = 0; k < nb; ++k) {                                                                                \
+        S const* r0 = row(k);                                                                                         \
+        T const tk = V::set1(tau[k]);                                                                                 \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; ++g) {                                                         \
+            T const r = V::sub(V::load_n(r0 + g * W, g + 1 < G ? W : last), m[g]);                                    \
+            V::store(pk + ((p0 + g) * nb + k) * W, r);                                                                \
+            sr[g] = V::add(sr[g], r);                                                                                 \
+            srt[g] = V::fmadd(r, tk, srt[g]);                                                                         \
         }                                                                                                             \
-        V::store(mean + p * W, V::add(V::load(mean + p * W), eps));                                                   \
-        V::store(cxt + p * W, V::add(s0, s1));                                                                        \
+    }                                                                                                                 \
+    T const vst = V::set1(st);                                                                                        \
+    _Pragma("GCC unroll 4") for (int g = 0; g < G; ++g) {                                                             \
+        T const e = V::mul(sr[g], inv);                                                                               \
+        V::store(eps + (p0 + g) * W, e);                                                                              \
+        V::store(mean + (p0 + g) * W, V::add(m[g], e));                                                               \
+        V::store(cxt + (p0 + g) * W, V::sub(srt[g], V::mul(e, vst)));                                                 \
     }                                                                                                                 \
 }
 
-QKGEOM_MOM_CENTRE_PACK(centre_pack_avx512, "avx512f", vec512)
-QKGEOM_MOM_CENTRE_PACK(centre_pack_avx2, "avx2,fma", vec256)
+/// Centre and pack one block (see the file comment): the panels four at a
+/// time through the level's group kernel. `x`, `ld`, `rows`: as the group
+/// kernel; `tau`: nb centred positions; out: `pk` (dp·nb, 64-byte aligned),
+/// `mean` (x̃ + ε), `cxt` (Σ (r − ε) τ) and `eps` (ε), dp each (lanes past d
+/// are 0: x loads as 0 there). `pk` holds r = x − x̃ (not r − ε): the caller
+/// subtracts nb·ε εᵀ from the rank-k update (method §1's corrected two-pass
+/// sum of squares).
+#define QKGEOM_MOM_CENTRE_PACK(NAME, TARGET_STRING, GROUP, W)                                                         \
+template <class S>                                                                                                    \
+QKGEOM_TARGET(TARGET_STRING)                                                                                          \
+inline void NAME(S const* x, index_t ld, index_t const* rows, double const* tau, index_t nb, index_t d, double* pk,  \
+                 double* mean, double* cxt, double* eps) {                                                            \
+    index_t const np = (d + (W) - 1) / (W);                                                                           \
+    index_t const last = d - (np - 1) * (W);                                                                          \
+    double st = 0;                                                                                                    \
+    for (index_t k = 0; k < nb; ++k) st += tau[k];                                                                    \
+    index_t p0 = 0;                                                                                                   \
+    for (; p0 + 4 < np; p0 += 4) GROUP<4>(x, ld, rows, tau, nb, p0, (W), st, pk, mean, cxt, eps);                    \
+    switch (np - p0) {                                                                                                \
+        case 4: GROUP<4>(x, ld, rows, tau, nb, p0, last, st, pk, mean, cxt, eps); break;                              \
+        case 3: GROUP<3>(x, ld, rows, tau, nb, p0, last, st, pk, mean, cxt, eps); break;                              \
+        case 2: GROUP<2>(x, ld, rows, tau, nb, p0, last, st, pk, mean, cxt, eps); break;                              \
+        default: GROUP<1>(x, ld, rows, tau, nb, p0, last, st, pk, mean, cxt, eps); break;                             \
+    }                                                                                                                 \
+}
+
+QKGEOM_MOM_CENTRE_GROUP(centre_group_avx512, "avx512f", vec512)
+QKGEOM_MOM_CENTRE_GROUP(centre_group_avx2, "avx2,fma", vec256)
+QKGEOM_MOM_CENTRE_PACK(centre_pack_avx512, "avx512f", centre_group_avx512, 8)
+QKGEOM_MOM_CENTRE_PACK(centre_pack_avx2, "avx2,fma", centre_group_avx2, 4)
 #undef QKGEOM_MOM_CENTRE_PACK
+#undef QKGEOM_MOM_CENTRE_GROUP
 
 /// One register tile at a level (V = vec512: 8 columns of zmm; vec256: 4 of
 /// ymm): rows i0 … i0 + W·MV of the column panel at `b` (W columns from j0),
@@ -325,16 +380,20 @@ inline void widen_f32(simd::isa level, float const* p, double* out, index_t n) n
     for (index_t j = 0; j < n; ++j) out[j] = static_cast<double>(p[j]);
 }
 
-/// Centre and pack one block at `level` (avx2 or avx512; see the file comment).
+/// Centre and pack one block at `level` (avx2 or avx512; see the file comment
+/// and the level kernels above): row k is x + rows[k]·ld (x + k·ld when
+/// `rows` is null), S = double or float.
 /// \pre level is avx2 or avx512 and ≤ simd::detected(); nb ≥ 1; `pk` 64-byte
 ///      aligned with room for work_size(level, d, nb) − 8 doubles from pk.
-inline void centre_pack(simd::isa level, double const* x, double const* tau, index_t nb, index_t d, double* pk,
-                        double* mean, double* cxt) {
+template <class S>
+inline void centre_pack(simd::isa level, S const* x, index_t ld, index_t const* rows, double const* tau, index_t nb,
+                        index_t d, double* pk, double* mean, double* cxt, double* eps) {
 #if QKGEOM_SIMD_X86
-    if (level == simd::isa::avx512) centre_pack_avx512(x, tau, nb, d, pk, mean, cxt);
-    else if (level == simd::isa::avx2) centre_pack_avx2(x, tau, nb, d, pk, mean, cxt);
+    if (level == simd::isa::avx512) centre_pack_avx512(x, ld, rows, tau, nb, d, pk, mean, cxt, eps);
+    else if (level == simd::isa::avx2) centre_pack_avx2(x, ld, rows, tau, nb, d, pk, mean, cxt, eps);
 #else
-    (void)level, (void)x, (void)tau, (void)nb, (void)d, (void)pk, (void)mean, (void)cxt;
+    (void)level, (void)x, (void)ld, (void)rows, (void)tau, (void)nb, (void)d, (void)pk, (void)mean, (void)cxt,
+        (void)eps;
 #endif
 }
 
