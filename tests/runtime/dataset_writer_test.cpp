@@ -437,7 +437,7 @@ io::manifest loop_dataset(fs::path const& dir, std::vector<std::int64_t> const& 
 
 }  // namespace
 
-TEST_CASE("analyze_dataset: every planned head is analysed, missing or failed; strays listed", "[dataset_writer][io]") {
+TEST_CASE("analyze_dataset: every planned head is analysed, missing or failed, strays listed", "[dataset_writer][io]") {
     temp_dir tmp;
     loop_dataset(tmp.path, {0, 1, 2, 4});
     fs::create_directories(tmp.path / "l00h07q");  // outside n_q_heads = 6

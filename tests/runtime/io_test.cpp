@@ -1848,7 +1848,7 @@ TEST_CASE("issue 14: dump refuses what parse rejects (duplicate keys, invalid UT
     CHECK(qkgeom::json::parse(t).as_string() == "caf\xc3\xa9\n");
 }
 
-TEST_CASE("issue 14: errors of a head entry name the entry; a key entry says which query head read it", "[io][dataset]") {
+TEST_CASE("issue 14: errors of a head entry name the entry, a key entry says which query head read it", "[io][dataset]") {
     temp_dir tmp;
     auto const m = test_manifest();
     io::write_manifest(tmp.path, m);
@@ -2090,7 +2090,7 @@ TEST_CASE("issue 14: every shard reduced from data reads back (random sizes, pos
     }
 }
 
-TEST_CASE("issue 14: bad shard magic is quoted escaped; merge_moment_files validates every file", "[io][shards]") {
+TEST_CASE("issue 14: bad shard magic is quoted escaped, merge_moment_files validates every file", "[io][shards]") {
     std::istringstream in(std::string("QK\r\nMOM\n") + std::string(64, '\0'));
     try {
         (void)qkgeom::read_moments(in, "s.qkm");
@@ -2228,7 +2228,7 @@ TEST_CASE("issue 18: read_npy of every prefix and extension of a file fails as p
     }
 }
 
-TEST_CASE("issue 18: read_capture_rows keeps f32 / f16 / bf16 rows as floats, exactly; heads with f64 in double",
+TEST_CASE("issue 18: read_capture_rows keeps f32 / f16 / bf16 rows as floats, exactly, heads with f64 in double",
           "[io][dataset]") {
     temp_dir tmp;
     auto const m = test_manifest();

@@ -320,7 +320,7 @@ TEST_CASE("split: the same pairs on every path (sampled, dense Gram, prefix, ful
     }
 }
 
-TEST_CASE("split: off leaves every plasticity output unchanged; no reference bucket", "[split]") {
+TEST_CASE("split: off leaves every plasticity output unchanged, no reference bucket", "[split]") {
     planted p;
     p.beta = 0.004;
     p.same_keys = false;

@@ -389,7 +389,7 @@ TEST_CASE("rank_stability: zero variance, strong drift, no model, head aggregate
     CHECK(r.profile.back().quintile == 4);
 }
 
-TEST_CASE("rank_stability: bad options name the field; results are reproducible", "[ranks]") {
+TEST_CASE("rank_stability: bad options name the field, results are reproducible", "[ranks]") {
     auto const h = make_head(3, 4, true, 5, 6, 2, 0.01, 1.0);
     auto bad = [&](auto edit, char const* field) {
         qkgeom::rank_options o;

@@ -256,7 +256,7 @@ TEST_CASE("xtensor containers and views", "[tensor][xtensor]") {
 }
 #endif
 
-TEST_CASE("make_matrix_view refuses strides whose extent overflows; dense_rows refuses negative sizes", "[tensor][span]") {
+TEST_CASE("make_matrix_view refuses strides whose extent overflows, dense_rows refuses negative sizes", "[tensor][span]") {
     std::vector<float> data(30);
     constexpr qkgeom::index_t big = std::numeric_limits<qkgeom::index_t>::max();
     // (rows − 1)·row_stride wraps to a small or negative index without the check (UB, and a
