@@ -112,6 +112,9 @@ int run_study_command(cli const& given) {
     o.analyzer = [](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& opt) {
         return analyze(h, opt);
     };
+    // f32 / f16 / bf16 captures stay floats, as in `qkgeom analyze` (bit-identical results).
+    o.analyzer_f32 = [](qkgeom::head_capture<qkgeom::io::row_matrix_f32> const& h,
+                        qkgeom::analysis_options const& opt) { return analyze(h, opt); };
     o.on_run = [&](std::size_t i, st::run_outcome const& r) {
         if (c.quiet) return;
         std::cerr << "qkgeom: run " << spec.runs[i].name << ": " << st::to_string(r.status)

@@ -17,6 +17,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -300,7 +301,54 @@ std::vector<st::run_status> statuses(std::vector<st::run_outcome> const& o) {
 
 }  // namespace
 
-TEST_CASE("the cache: analysed once, again only for changed bytes or options; a broken run is reported", "[study]") {
+TEST_CASE("study analyzers: f32 captures go to analyzer_f32 when it is given, with the same numbers", "[study]") {
+    temp_dir tmp;
+    st::study_spec spec;
+    for (int i = 0; i < 2; ++i) {
+        st::run_spec r;
+        r.name = r.model = r.family = "run" + std::to_string(i);
+        r.capture = tmp.path / ("cap" + std::to_string(i));
+        r.index = spec.runs.size();
+        write_capture(r.capture, 30 + static_cast<std::uint64_t>(i));  // stored as f32
+        spec.runs.push_back(r);
+    }
+    std::atomic<int> f64_calls{0}, f32_calls{0};
+    auto const doubles = [&](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& o) {
+        ++f64_calls;
+        return qkgeom::analyze_head(h, o);
+    };
+    auto const floats = [&](qkgeom::head_capture<qkgeom::io::row_matrix_f32> const& h,
+                            qkgeom::analysis_options const& o) {
+        ++f32_calls;
+        return qkgeom::analyze_head(h, o);
+    };
+    std::vector<std::vector<st::run_outcome>> runs;
+    for (int setup = 0; setup < 3; ++setup) {  // none; analyzer alone; analyzer + analyzer_f32
+        st::study_run_options o;
+        o.jobs = 1;
+        o.cache = tmp.path / ("cache" + std::to_string(setup));
+        if (setup >= 1) o.analyzer = doubles;
+        if (setup == 2) o.analyzer_f32 = floats;
+        f64_calls = f32_calls = 0;
+        runs.push_back(st::run_all(spec, o));
+        INFO("setup " << setup);
+        CHECK(f64_calls == (setup == 1 ? 4 : 0));  // 2 runs x 2 query heads
+        CHECK(f32_calls == (setup == 2 ? 4 : 0));
+    }
+    for (int setup = 1; setup < 3; ++setup)
+        for (std::size_t r = 0; r < 2; ++r) {
+            REQUIRE(runs[std::size_t(setup)][r].heads.heads.size() == 2);
+            for (std::size_t h = 0; h < 2; ++h)
+                for (std::size_t m = 0; m < qkgeom::head_metric_names.size(); ++m) {
+                    double const a = runs[0][r].heads.heads[h].metrics[m];
+                    double const b = runs[std::size_t(setup)][r].heads.heads[h].metrics[m];
+                    INFO("setup " << setup << ", run " << r << ", head " << h << ", " << qkgeom::head_metric_names[m]);
+                    CHECK(((std::isnan(a) && std::isnan(b)) || a == b));
+                }
+        }
+}
+
+TEST_CASE("the cache: analysed once, again only for changed bytes or options, a broken run is reported", "[study]") {
     temp_dir tmp;
     st::study_spec spec;
     for (int i = 0; i < 3; ++i) {
