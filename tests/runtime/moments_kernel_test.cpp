@@ -281,3 +281,34 @@ TEST_CASE("moment kernels: buckets in any order give each bucket the moments of 
         }
     }
 }
+
+TEST_CASE("moment kernels: add_block_rows reads rows in place as add_block reads their copy", "[moments][simd]") {
+    // Rows gathered through an index (reversed, every other one, stride ld > d),
+    // as f32 and as f64, at every level: the same bits as add_block on a
+    // contiguous double copy of the same rows (the same values in the same
+    // order through the same level).
+    index_t const n = 300, d = 19, ld = 23;
+    rows const r = make_rows(91, n, ld, kind_of_rows::f32);
+    std::vector<index_t> idx;
+    for (index_t i = n - 1; i >= 0; i -= 2) idx.push_back(i);
+    auto const nb = static_cast<index_t>(idx.size());
+    RowMat copy(nb, d);
+    std::vector<double> t(static_cast<std::size_t>(nb));
+    for (index_t k = 0; k < nb; ++k) {
+        copy.row(k) = r.x.row(idx[static_cast<std::size_t>(k)]).head(d);
+        t[static_cast<std::size_t>(k)] = static_cast<double>(r.t[static_cast<std::size_t>(idx[static_cast<std::size_t>(k)])]);
+    }
+    for (simd::isa level : levels_here()) {
+        INFO("level " << simd::isa_name(level));
+        simd::scoped_limit const cap(level);
+        Eigen::MatrixXd scratch;
+        qkgeom::moments want(d), from_f32(d), from_f64(d);
+        want.add_block(copy.data(), t.data(), nb, scratch);
+        from_f32.add_block_rows(r.xf.data(), ld, idx.data(), t.data(), nb, scratch);
+        from_f64.add_block_rows(r.x.data(), ld, idx.data(), t.data(), nb, scratch);
+        for (auto* m : {&want, &from_f32, &from_f64}) m->symmetrize();
+        CHECK(moments_diff(from_f32, want) == 0.0);
+        CHECK(moments_diff(from_f64, want) == 0.0);
+        CHECK(error_vs_reference(want, copy, std::vector<std::int64_t>(t.begin(), t.end())) <= tol_unit);
+    }
+}
