@@ -293,6 +293,20 @@ void write_capture(fs::path const& dir, std::uint64_t seed) {
     }
 }
 
+/// A study of n runs "run<i>", each a capture written to dir/cap<i> with seed seed0 + i.
+st::study_spec captures_in(fs::path const& dir, int n, std::uint64_t seed0) {
+    st::study_spec spec;
+    for (int i = 0; i < n; ++i) {
+        st::run_spec r;
+        r.name = r.model = r.family = "run" + std::to_string(i);
+        r.capture = dir / ("cap" + std::to_string(i));
+        r.index = spec.runs.size();
+        write_capture(r.capture, seed0 + static_cast<std::uint64_t>(i));
+        spec.runs.push_back(r);
+    }
+    return spec;
+}
+
 std::vector<st::run_status> statuses(std::vector<st::run_outcome> const& o) {
     std::vector<st::run_status> s;
     for (auto const& x : o) s.push_back(x.status);
@@ -303,15 +317,7 @@ std::vector<st::run_status> statuses(std::vector<st::run_outcome> const& o) {
 
 TEST_CASE("study analyzers: f32 captures go to analyzer_f32 when it is given, with the same numbers", "[study]") {
     temp_dir tmp;
-    st::study_spec spec;
-    for (int i = 0; i < 2; ++i) {
-        st::run_spec r;
-        r.name = r.model = r.family = "run" + std::to_string(i);
-        r.capture = tmp.path / ("cap" + std::to_string(i));
-        r.index = spec.runs.size();
-        write_capture(r.capture, 30 + static_cast<std::uint64_t>(i));  // stored as f32
-        spec.runs.push_back(r);
-    }
+    st::study_spec spec = captures_in(tmp.path, 2, 30);  // stored as f32
     std::atomic<int> f64_calls{0}, f32_calls{0};
     auto const doubles = [&](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& o) {
         ++f64_calls;
@@ -350,15 +356,7 @@ TEST_CASE("study analyzers: f32 captures go to analyzer_f32 when it is given, wi
 
 TEST_CASE("the cache: analysed once, again only for changed bytes or options, a broken run is reported", "[study]") {
     temp_dir tmp;
-    st::study_spec spec;
-    for (int i = 0; i < 3; ++i) {
-        st::run_spec r;
-        r.name = r.model = r.family = "run" + std::to_string(i);
-        r.capture = tmp.path / ("cap" + std::to_string(i));
-        r.index = spec.runs.size();
-        write_capture(r.capture, 10 + static_cast<std::uint64_t>(i));
-        spec.runs.push_back(r);
-    }
+    st::study_spec spec = captures_in(tmp.path, 3, 10);
     st::study_run_options o;
     o.jobs = 2;
     o.cache = tmp.path / "cache";
