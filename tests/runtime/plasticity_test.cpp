@@ -1815,18 +1815,32 @@ TEST_CASE("score kernels stay inside the certified f32 bound at every level", "[
         for (index_t n : {1, 7, 8, 9, 31, 500}) {
             std::vector<float> si(static_cast<std::size_t>(n)), sj(si.size());
             std::vector<double> qn(si.size());
+            std::vector<float> qnf(si.size());
             for (std::size_t r = 0; r < si.size(); ++r) {
                 si[r] = static_cast<float>(nd(gen));
                 sj[r] = r % 5 == 0 ? si[r] : static_cast<float>(nd(gen));
                 qn[r] = std::abs(nd(gen));
+                qnf[r] = qkgeom::detail::float_up(qn[r]);
             }
             if (n > 3) si[3] = std::numeric_limits<float>::quiet_NaN();
             if (n > 4) si[4] = std::numeric_limits<float>::infinity();
-            auto const want = sk::count_wins(qkgeom::simd::isa::generic, si.data(), sj.data(), qn.data(), 0.3, 1e-3, n);
-            auto const got = sk::count_wins(level, si.data(), sj.data(), qn.data(), 0.3, 1e-3, n);
+            auto const want = sk::count_wins(qkgeom::simd::isa::generic, si.data(), sj.data(), qnf.data(), 0.3f, 1e-3f, n);
+            auto const got = sk::count_wins(level, si.data(), sj.data(), qnf.data(), 0.3f, 1e-3f, n);
             CHECK(got.wins == want.wins);
             CHECK(got.undecided == want.undecided);
             CHECK(want.undecided >= (n + 4) / 5 + (n > 4 ? 1 : 0));  // the exact ties and ±∞ at least
+            // The f32 counts against the definition (|fl32(sᵢ − sⱼ)| > 0.3·‖q‖ + 10⁻³ in
+            // double, away from the threshold's rounding): same wins and undecided.
+            std::int64_t wins_def = 0, und_def = 0;
+            for (std::size_t r = 0; r < si.size(); ++r) {
+                double const a = std::abs(double(si[r] - sj[r])), tol = 0.3 * double(qnf[r]) + 1e-3;
+                REQUIRE((!std::isfinite(a) || std::abs(a - tol) > 1e-6 * tol));
+                bool const dec = a > tol && std::isfinite(a);
+                wins_def += dec && si[r] > sj[r] ? 1 : 0;
+                und_def += dec ? 0 : 1;
+            }
+            CHECK(want.wins == wins_def);
+            CHECK(want.undecided == und_def);
             for (index_t r = 0; r < n; ++r) {  // the generic count against the definition
                 double const diff = double(si[static_cast<std::size_t>(r)]) - double(sj[static_cast<std::size_t>(r)]);
                 double const tol = 0.3 * qn[static_cast<std::size_t>(r)] + 1e-3;

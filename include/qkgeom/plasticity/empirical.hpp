@@ -88,6 +88,10 @@ struct empirical_bucket {
     index_t nq = 0;                        ///< the bucket's query count
     simd::isa level = simd::isa::generic;  ///< kernels' instruction set
     Eigen::VectorXd q_norm;                ///< ‖q_r‖ (original basis), per query row
+    std::vector<float> q_norm_up;          ///< ‖q_r‖ rounded up to float (the f32 counts)
+    /// 2·score_abs with 2⁻²¹ of slack, rounded up to float, plus 2⁻¹²⁴ for a
+    /// product or a score flushed to zero (FTZ/DAZ): the f32 counts' ka.
+    float ka_up = 0.0f;
     Eigen::VectorXd k_norm;                ///< ‖k‖ per score column
     double score_err = 0.0;  ///< certified bound: |fl32(q·k) − q·k| <= score_err·‖q‖‖k‖ + score_abs
     double score_abs = 0.0;  ///< absolute part of the bound (underflow), see f32_dot_abs_error
@@ -116,7 +120,14 @@ inline std::int64_t empirical_wins(empirical_bucket const& e, index_t ci, index_
     double const* qn = e.q_norm.data();
     double const kk = e.score_err * (e.k_norm(ci) + e.k_norm(cj));
     double const ka = 2.0 * e.score_abs;
-    auto const [wins0, undecided] = scores::count_wins(e.level, si, sj, qn, kk, ka, nq);
+    // The f32 threshold: kk with 2⁻²¹ of slack after rounding to nearest
+    // (kk·(1 + 2⁻²⁰) rounded is ≥ kk·(1 + 2⁻²¹); NaN and beyond the float
+    // range: +∞, nothing decided) and ka_up (prepare): a query decided by the
+    // f32 counts is decided by `decided` (score_kernels.hpp, count_body).
+    double const kks = kk * (1.0 + 0x1p-20);
+    float const kkf = kks <= double(std::numeric_limits<float>::max()) ? static_cast<float>(kks)
+                                                                        : std::numeric_limits<float>::infinity();
+    auto const [wins0, undecided] = scores::count_wins(e.level, si, sj, e.q_norm_up.data(), kkf, e.ka_up, nq);
     if (undecided == 0) return wins0;
     // Recount every query with one decision function here (the dispatched
     // kernel may round its bound differently, e.g. with an FMA: each is
@@ -354,9 +365,12 @@ private:
             }
         }
         e.q_norm = q.rowwise().norm();
+        e.q_norm_up.resize(static_cast<std::size_t>(e.nq));
+        for (index_t r = 0; r < e.nq; ++r) e.q_norm_up[static_cast<std::size_t>(r)] = float_up(e.q_norm(r));
         // not certifiable (subnormal or huge values): every comparison in double
         e.score_err = certifiable_ ? f32_dot_error_factor(d) : std::numeric_limits<double>::infinity();
         e.score_abs = f32_dot_abs_error(d);
+        e.ka_up = float_up(2.0 * e.score_abs * (1.0 + 0x1p-21) + 0x1p-124);
         e.k_orig = &ks_.orig;
         e.scored = &scored_;
         e.column = &column_;
