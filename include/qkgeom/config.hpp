@@ -34,6 +34,28 @@ inline constexpr double input_limit = 0x1p128;
 namespace detail {
 /// Quiet NaN: the value of an undefined statistic (documented per field).
 inline constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+
+/// `T`, named through the template parameter `V` of an "instantiated on use"
+/// function (`template <class V = void>`): an expression whose type is
+/// `dep_t<T, V>` is dependent, so the compiler instantiates the Eigen and
+/// standard-library templates it uses only when the function itself is
+/// instantiated, not in every translation unit that includes the header.
+/// Compile cost only: the type is `T` (docs/architecture.md, compile cost).
+template <class T, class V>
+struct dep {
+    using type = T;  ///< always T
+};
+/// `dep<T, V>::type`, i.e. T (see `dep`).
+template <class T, class V>
+using dep_t = typename dep<T, V>::type;
+/// `x` itself, as an expression that depends on `V` (see `dep`): members
+/// reached through it are instantiated on use.
+/// \param[in] x any object.
+/// \returns x.
+template <class V, class T>
+constexpr T& dep_ref(T& x) noexcept {
+    return x;
+}
 }  // namespace detail
 
 }  // namespace qkgeom

@@ -37,12 +37,13 @@ struct householder_reflector {
     ///          zero or has a non-finite norm, or when β̂ is already e1 to
     ///          within 1e-12.
     /// \throws std::bad_alloc if u cannot be allocated.
-    template <class = void>
-    static householder_reflector from_direction(Eigen::VectorXd const& beta) {
+    template <class V = void>
+    static householder_reflector from_direction(detail::dep_t<Eigen::VectorXd, V> const& beta) {
+        using VecX = detail::dep_t<Eigen::VectorXd, V>;
         householder_reflector h;
         double const nb = beta.norm();
         if (!(nb > 0) || !std::isfinite(nb)) return h;
-        Eigen::VectorXd u = beta / nb;
+        VecX u = beta / nb;
         if (beta(0) > 0) {
             double const tail2 = beta.tail(beta.size() - 1).squaredNorm();
             u(0) = -tail2 / (nb * (nb + beta(0)));
@@ -61,8 +62,9 @@ struct householder_reflector {
     /// \pre x.size() == u.size() unless `is_identity()` (not checked).
     /// \returns Hx (a copy of x when H = I).
     /// \throws std::bad_alloc if the result cannot be allocated.
-    template <class = void>
-    [[nodiscard]] Eigen::VectorXd apply(Eigen::VectorXd const& x) const {
+    template <class V = void>
+    [[nodiscard]] Eigen::VectorXd apply(detail::dep_t<Eigen::VectorXd, V> const& x) const {
+        auto& u = detail::dep_ref<V>(this->u);
         if (is_identity()) return x;
         return x - (gamma * u.dot(x)) * u;
     }
@@ -74,8 +76,10 @@ struct householder_reflector {
     /// \throws std::bad_alloc if the n-vector of projections cannot be allocated.
     template <class Derived>
     void apply_rows(Eigen::MatrixBase<Derived>& rows) const {
+        using VecX = detail::dep_t<Eigen::VectorXd, Derived>;
+        auto& u = detail::dep_ref<Derived>(this->u);
         if (is_identity()) return;
-        Eigen::VectorXd const s = (rows * u) * gamma;
+        VecX const s = (rows * u) * gamma;
         rows.noalias() -= s * u.transpose();
     }
 
@@ -84,11 +88,14 @@ struct householder_reflector {
     /// \pre S is d × d with d == u.size() unless `is_identity()` (not checked).
     /// \returns H S H (d × d, symmetric to rounding; a copy of S when H = I).
     /// \throws std::bad_alloc if the result cannot be allocated.
-    template <class = void>
-    [[nodiscard]] Eigen::MatrixXd apply_sym(Eigen::MatrixXd const& S) const {
+    template <class V = void>
+    [[nodiscard]] Eigen::MatrixXd apply_sym(detail::dep_t<Eigen::MatrixXd, V> const& S) const {
+        using VecX = detail::dep_t<Eigen::VectorXd, V>;
+        using MatX = detail::dep_t<Eigen::MatrixXd, V>;
+        auto& u = detail::dep_ref<V>(this->u);
         if (is_identity()) return S;
-        Eigen::VectorXd const w = S * u;
-        Eigen::MatrixXd out = S;
+        VecX const w = S * u;
+        MatX out = S;
         out.noalias() -= gamma * (u * w.transpose() + w * u.transpose());
         out.noalias() += (gamma * gamma * u.dot(w)) * (u * u.transpose());
         return out;
@@ -99,10 +106,12 @@ struct householder_reflector {
     /// \pre S is d × d with d == u.size() unless `is_identity()` (not checked).
     /// \returns the diagonal of H S H (d).
     /// \throws std::bad_alloc if the result cannot be allocated.
-    template <class = void>
-    [[nodiscard]] Eigen::VectorXd apply_sym_diag(Eigen::MatrixXd const& S) const {
+    template <class V = void>
+    [[nodiscard]] Eigen::VectorXd apply_sym_diag(detail::dep_t<Eigen::MatrixXd, V> const& S) const {
+        using VecX = detail::dep_t<Eigen::VectorXd, V>;
+        auto& u = detail::dep_ref<V>(this->u);
         if (is_identity()) return S.diagonal();
-        Eigen::VectorXd const w = S * u;
+        VecX const w = S * u;
         double const uw = u.dot(w);
         return S.diagonal().array() - 2.0 * gamma * u.array() * w.array() + gamma * gamma * uw * u.array().square();
     }
@@ -112,9 +121,11 @@ struct householder_reflector {
     /// \pre d ≥ 0, and d == u.size() unless `is_identity()` (not checked).
     /// \returns H = I − γ u uᵀ (d × d).
     /// \throws std::bad_alloc if the matrix cannot be allocated.
-    template <class = void>
+    template <class V = void>
     [[nodiscard]] Eigen::MatrixXd dense(index_t d) const {
-        Eigen::MatrixXd H = Eigen::MatrixXd::Identity(d, d);
+        using MatX = detail::dep_t<Eigen::MatrixXd, V>;
+        auto& u = detail::dep_ref<V>(this->u);
+        MatX H = MatX::Identity(d, d);
         if (!is_identity()) H.noalias() -= gamma * u * u.transpose();
         return H;
     }
@@ -185,13 +196,17 @@ struct householder_result {
 /// \throws std::invalid_argument when there are no query rows.
 /// \throws std::bad_alloc if a vector or matrix cannot be allocated.
 /// \sa householder_diagnostics
-template <class = void>
-householder_result householder(bucketed_moments const& queries, householder_options const& opt = {}) {
+template <class V = void>
+householder_result householder(detail::dep_t<bucketed_moments, V> const& queries, householder_options const& opt = {}) {
+    using HRes = detail::dep_t<householder_result, V>;
+    using VecX = detail::dep_t<Eigen::VectorXd, V>;
+    using MatX = detail::dep_t<Eigen::MatrixXd, V>;
+    using Mom = detail::dep_t<moments, V>;
     constexpr std::string_view fn = "qkgeom::householder";
     if (queries.count() == 0) detail::fail_arg(fn, "no query rows; query rows", 0);
     index_t const d = queries.d;
-    moments const q = queries.pooled();
-    householder_result r;
+    Mom const q = queries.pooled();
+    HRes r;
     r.model = opt.model;
     r.n_queries = q.n;
     r.max_position = static_cast<std::int64_t>(q.t_max);
@@ -203,7 +218,7 @@ householder_result householder(bucketed_moments const& queries, householder_opti
     // OLS of every coordinate on t (method §4). β is numerically zero when
     // the variance it explains, ‖C_xt‖²/M2_t, is (method §9.17).
     r.beta_zero = r.degenerate_t || detail::numerically_zero(q.c_xt.squaredNorm() / q.m2_t, scale);
-    r.beta = r.beta_zero ? Eigen::VectorXd::Zero(d) : Eigen::VectorXd(q.c_xt / q.m2_t);
+    r.beta = r.beta_zero ? VecX::Zero(d) : VecX(q.c_xt / q.m2_t);
     r.alpha = q.mean_x - r.beta * q.mean_t;
     r.component_r2.resize(d);
     for (index_t j = 0; j < d; ++j) {
@@ -214,28 +229,28 @@ householder_result householder(bucketed_moments const& queries, householder_opti
     }
     r.q_R2_pos = r.degenerate_t ? detail::nan : r.component_r2.mean();
     // Component weights: positive-clipped R², normalised; uniform when none > 0 (NaN counts as 0).
-    Eigen::VectorXd w = r.component_r2.unaryExpr([](double x) { return x > 0 ? x : 0.0; });
+    VecX w = r.component_r2.unaryExpr([](double x) { return x > 0 ? x : 0.0; });
     double const ws = w.sum();
-    r.component_weight = ws > 0 ? Eigen::VectorXd(w / ws) : Eigen::VectorXd::Constant(d, 1.0 / double(d));
+    r.component_weight = ws > 0 ? VecX(w / ws) : VecX::Constant(d, 1.0 / double(d));
 
     // Reflector and rotated-basis parameters (method §4, §9.6, §9.7).
     double const bn = r.beta.norm();
     r.beta_pos = r.q_beta_norm = bn;
     r.H = householder_reflector::from_direction(r.beta);
-    Eigen::VectorXd beta_hat = Eigen::VectorXd::Unit(d, 0);  // β = 0: coordinate 1 stays e1 (H = I)
+    VecX beta_hat = VecX::Unit(d, 0);  // β = 0: coordinate 1 stays e1 (H = I)
     if (bn > 0) beta_hat = r.beta / bn;
     r.alpha_pos = beta_hat.dot(r.alpha);
     r.alpha_rot = r.H.apply(r.alpha);
-    r.beta_rot = Eigen::VectorXd::Zero(d);
+    r.beta_rot = VecX::Zero(d);
     r.beta_rot(0) = bn;
     // Residual covariance of Q after the regression on t (n−1).
-    Eigen::MatrixXd resid = q.c_xx;
+    MatX resid = q.c_xx;
     if (!r.beta_zero) resid.noalias() -= (q.c_xt * q.c_xt.transpose()) / q.m2_t;
     double const vscale = q.n >= 2 ? scale / double(q.n - 1) : detail::nan;  // Σ‖q‖² in variance units
     resid /= q.n >= 2 ? double(q.n - 1) : detail::nan;
     r.sigma2_pos = detail::snap_zero(std::max(0.0, beta_hat.dot(resid * beta_hat)), vscale);
     if (q.n < 2) r.sigma2_pos = detail::nan;
-    Eigen::VectorXd const global_var = detail::snap_zero(r.H.apply_sym_diag(resid), vscale);
+    VecX const global_var = detail::snap_zero(r.H.apply_sym_diag(resid), vscale);
 
     for (auto const& [bucket, m] : queries.buckets) {
         bucket_semantics s;
@@ -253,12 +268,12 @@ householder_result householder(bucketed_moments const& queries, householder_opti
             s.mean = r.H.apply(m.mean_x);
             s.mean(0) = line0;
             if (m.n < 2) {
-                s.var = Eigen::VectorXd::Constant(d, detail::nan);
+                s.var = VecX::Constant(d, detail::nan);
                 ++r.n_buckets_skipped;
             } else {
-                Eigen::MatrixXd const Sb = m.c_xx / double(m.n - 1);
+                MatX const Sb = m.c_xx / double(m.n - 1);
                 if (opt.model == semantic_model::full) {
-                    Eigen::MatrixXd HSH = r.H.apply_sym(Sb);
+                    MatX HSH = r.H.apply_sym(Sb);
                     // method §9.17: a numerically zero Σ_b is exactly zero
                     if (detail::numerically_zero(HSH.trace(), vscale)) HSH.setZero();
                     s.var = HSH.diagonal();
@@ -335,7 +350,7 @@ struct shape_stats {
 };
 
 /// Skewness, excess kurtosis and KS p of values already standardised to mean 0, sd 1.
-template <class = void>
+template <class Dep = void>
 shape_stats shape_of(std::span<double const> z) {
     shape_stats s;
     double const n = static_cast<double>(z.size());
@@ -364,8 +379,10 @@ shape_stats shape_of(std::span<double const> z) {
 /// `householder_diagnostics`; `rows_checked`: the caller has validated the
 /// row values already (analyze_head), only the shapes are checked again.
 template <RowMatrix X, IndexVector P>
-normality_diagnostics diagnostics_of(householder_result const& model, X const& queries, P const& positions,
+normality_diagnostics diagnostics_of(detail::dep_t<householder_result, X> const& model, X const& queries, P const& positions,
                                      double ks_alpha, bool rows_checked) {
+    using VecX = detail::dep_t<Eigen::VectorXd, X>;
+    using MatX = detail::dep_t<Eigen::MatrixXd, X>;
     constexpr std::string_view fn = "qkgeom::householder_diagnostics";
     auto const r = as_matrix(queries);
     auto const p = as_indices(positions);
@@ -386,10 +403,10 @@ normality_diagnostics diagnostics_of(householder_result const& model, X const& q
     // Rows are formed in row-major blocks of 256 (in L2) and copied to the
     // column-major Y block by block: writing Y row by row would touch 1 + m
     // cache lines per row.
-    Eigen::MatrixXd Y(n, 1 + m);
-    Eigen::VectorXd row(d);
-    Eigen::VectorXd const bh = model.beta_pos > 0 ? Eigen::VectorXd(model.beta / model.beta_pos)
-                                                  : Eigen::VectorXd(Eigen::VectorXd::Unit(d, 0));
+    MatX Y(n, 1 + m);
+    VecX row(d);
+    VecX const bh = model.beta_pos > 0 ? VecX(model.beta / model.beta_pos)
+                                                  : VecX(VecX::Unit(d, 0));
     bool const reflect = !model.H.is_identity();
     constexpr index_t block = 256;
     Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> T(std::min(block, n), 1 + m);
@@ -426,7 +443,7 @@ normality_diagnostics diagnostics_of(householder_result const& model, X const& q
     }
     std::vector<double> skews, kurts, ps;
     for (index_t j = 1; j <= m; ++j) {
-        Eigen::VectorXd const col = Y.col(j);
+        VecX const col = Y.col(j);
         double const mean = col.mean();
         double const var = (col.array() - mean).square().sum() / static_cast<double>(n - 1);
         if (numerically_zero(var, var_scale) || !standardised(j, mean, std::sqrt(var))) continue;

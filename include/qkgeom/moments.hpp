@@ -94,19 +94,26 @@ struct moments {
     /// \brief Σx, recovered from the centred form (method §1).
     /// \returns n·x̄ (d); zeros when empty.
     /// \throws std::bad_alloc if the result cannot be allocated.
-    template <class = void>  // instantiated on use
-    [[nodiscard]] Eigen::VectorXd sum_x() const { return static_cast<double>(n) * mean_x; }
+    template <class V = void>  // instantiated on use
+    [[nodiscard]] Eigen::VectorXd sum_x() const {
+        auto const& s = detail::dep_ref<V>(*this);
+        return static_cast<double>(s.n) * s.mean_x;
+    }
     /// \brief Σx·t, recovered from the centred form (method §1).
     /// \returns C_xt + n·t̄·x̄ (d); zeros when empty.
     /// \throws std::bad_alloc if the result cannot be allocated.
-    template <class = void>  // instantiated on use
-    [[nodiscard]] Eigen::VectorXd sum_xt() const { return c_xt + static_cast<double>(n) * mean_t * mean_x; }
+    template <class V = void>  // instantiated on use
+    [[nodiscard]] Eigen::VectorXd sum_xt() const {
+        auto const& s = detail::dep_ref<V>(*this);
+        return s.c_xt + static_cast<double>(s.n) * s.mean_t * s.mean_x;
+    }
     /// \brief Σxxᵀ, recovered from the centred form (method §1).
     /// \returns C_xx + n·x̄x̄ᵀ (d × d, symmetric); zeros when empty.
     /// \throws std::bad_alloc if the result cannot be allocated.
-    template <class = void>  // instantiated on use
+    template <class V = void>  // instantiated on use
     [[nodiscard]] Eigen::MatrixXd sum_xx() const {
-        return c_xx + static_cast<double>(n) * mean_x * mean_x.transpose();
+        auto const& s = detail::dep_ref<V>(*this);
+        return s.c_xx + static_cast<double>(s.n) * s.mean_x * s.mean_x.transpose();
     }
 
     // --- sample (n−1) statistics, method §9.1; NaN when n < 2 ---
@@ -119,18 +126,22 @@ struct moments {
     /// (method §9.1).
     /// \returns the covariance (d); all NaN when n < 2.
     /// \throws std::bad_alloc if the result cannot be allocated.
-    template <class = void>  // instantiated on use
+    template <class V = void>  // instantiated on use
     [[nodiscard]] Eigen::VectorXd cov_xt() const {
-        return n < 2 ? Eigen::VectorXd::Constant(dim(), std::numeric_limits<double>::quiet_NaN())
-                     : Eigen::VectorXd(c_xt / static_cast<double>(n - 1));
+        using VecX = detail::dep_t<Eigen::VectorXd, V>;
+        auto const& s = detail::dep_ref<V>(*this);
+        return n < 2 ? VecX::Constant(dim(), std::numeric_limits<double>::quiet_NaN())
+                     : VecX(s.c_xt / static_cast<double>(n - 1));
     }
     /// \brief Sample covariance matrix of the rows, C_xx / (n − 1) (method §9.1).
     /// \returns the covariance (d × d, symmetric); all NaN when n < 2.
     /// \throws std::bad_alloc if the result cannot be allocated.
-    template <class = void>  // instantiated on use
+    template <class V = void>  // instantiated on use
     [[nodiscard]] Eigen::MatrixXd cov_x() const {
-        return n < 2 ? Eigen::MatrixXd::Constant(dim(), dim(), std::numeric_limits<double>::quiet_NaN())
-                     : Eigen::MatrixXd(c_xx / static_cast<double>(n - 1));
+        using MatX = detail::dep_t<Eigen::MatrixXd, V>;
+        auto const& s = detail::dep_ref<V>(*this);
+        return n < 2 ? MatX::Constant(dim(), dim(), std::numeric_limits<double>::quiet_NaN())
+                     : MatX(s.c_xx / static_cast<double>(n - 1));
     }
 
     /// \brief Chan et al. pairwise merge: `*this` becomes the statistics of the
@@ -143,8 +154,10 @@ struct moments {
     /// \throws std::invalid_argument when both dimensions are non-zero and
     ///         differ; `*this` is unchanged when it throws.
     /// \throws std::bad_alloc if a temporary cannot be allocated.
-    template <class = void>
-    moments& operator+=(moments const& o) {
+    template <class V = void>
+    moments& operator+=(moments const& other) {
+        auto& s = detail::dep_ref<V>(*this);
+        auto const& o = detail::dep_ref<V>(other);
         if (dim() != 0 && o.dim() != 0 && dim() != o.dim())
             detail::fail_arg("qkgeom::moments::operator+=",
                              "dimension mismatch: this has d = " + std::to_string(dim()) + ", other has d", o.dim());
@@ -163,15 +176,15 @@ struct moments {
         double const na = static_cast<double>(n), nb = static_cast<double>(o.n), nt = na + nb;
         double const f = na * nb / nt;
         double const dt = o.mean_t - mean_t;
-        Eigen::VectorXd const dx = o.mean_x - mean_x;
+        detail::dep_t<Eigen::VectorXd, V> const dx = o.mean_x - s.mean_x;
         m2_t += o.m2_t + f * dt * dt;
         t_min = std::min(t_min, o.t_min);
         t_max = std::max(t_max, o.t_max);
-        c_xt += o.c_xt + (f * dt) * dx;
-        c_xx += o.c_xx;
-        c_xx.noalias() += f * dx * dx.transpose();
+        s.c_xt += o.c_xt + (f * dt) * dx;
+        s.c_xx += o.c_xx;
+        s.c_xx.noalias() += f * dx * dx.transpose();
         mean_t += dt * (nb / nt);
-        mean_x += dx * (nb / nt);
+        s.mean_x += dx * (nb / nt);
         n += o.n;
         return *this;
     }
@@ -199,9 +212,9 @@ struct moments {
     ///      row dimension (a default-constructed `moments` has d = 0).
     /// \throws std::bad_alloc if a temporary cannot be allocated (the
     ///         statistics may then be partly updated).
-    template <class = void>  // instantiated on use
+    template <class V = void>  // instantiated on use
     void add_block(double const* x, double const* t, index_t nb, Eigen::MatrixXd& scratch) {
-        add_block_rows(x, dim(), nullptr, t, nb, scratch);
+        detail::dep_ref<V>(*this).add_block_rows(x, dim(), nullptr, t, nb, scratch);
     }
 
     /// \brief `add_block` for rows where they are: row k of the block is
@@ -219,31 +232,33 @@ struct moments {
     void add_block_rows(S const* x, index_t ld, index_t const* rows, double const* t, index_t nb,
                         Eigen::MatrixXd& scratch) {
         if (nb <= 0) return;
+        using VecX = detail::dep_t<Eigen::VectorXd, S>;
+        auto& s = detail::dep_ref<S>(*this);
         index_t const d = dim();
-        Eigen::Map<Eigen::VectorXd const> T(t, nb);
+        Eigen::Map<VecX const> T(t, nb);
         double const inv = 1.0 / static_cast<double>(nb);
         // Two-pass block means, with the correction term of the second pass.
         double bt = T.sum() * inv;
-        Eigen::VectorXd tc = T.array() - bt;
+        VecX tc = T.array() - bt;
         double const tcorr = tc.sum() * inv;
         bt += tcorr;
         tc.array() -= tcorr;
-        Eigen::VectorXd bx(d), bxt(d);  // block mean x̄_B and C_xt,B = R τ
-        block_x(x, ld, rows, tc.data(), nb, bx, bxt, scratch);  // also c_xx (lower) += R Rᵀ
+        VecX bx(d), bxt(d);  // block mean x̄_B and C_xt,B = R τ
+        s.block_x(x, ld, rows, tc.data(), nb, bx, bxt, scratch);  // also c_xx (lower) += R Rᵀ
 
         double const na = static_cast<double>(n), nbd = static_cast<double>(nb), nt = na + nbd;
         double const f = na * nbd / nt;
         double const dt = bt - mean_t;
-        Eigen::VectorXd const dx = bx - mean_x;
+        VecX const dx = bx - s.mean_x;
 
         m2_t += tc.squaredNorm() + f * dt * dt;
         t_min = std::min(t_min, T.minCoeff());
         t_max = std::max(t_max, T.maxCoeff());
-        c_xt += bxt;
-        c_xt += (f * dt) * dx;
-        if (n > 0) c_xx.selfadjointView<Eigen::Lower>().rankUpdate(dx, f);
+        s.c_xt += bxt;
+        s.c_xt += (f * dt) * dx;
+        if (n > 0) s.c_xx.template selfadjointView<Eigen::Lower>().rankUpdate(dx, f);
         mean_t += dt * (nbd / nt);
-        mean_x += dx * (nbd / nt);
+        s.mean_x += dx * (nbd / nt);
         n += nb;
     }
 
@@ -267,6 +282,8 @@ struct moments {
     template <class S>
     void block_x(S const* x, index_t ld, index_t const* rows, double const* tc, index_t nb, Eigen::VectorXd& bx,
                  Eigen::VectorXd& bxt, Eigen::MatrixXd& scratch) {
+        using VecX = detail::dep_t<Eigen::VectorXd, S>;
+        auto& s = detail::dep_ref<S>(*this);
         index_t const d = dim();
         simd::isa const level = d > 0 ? simd::active() : simd::isa::generic;
         if (level != simd::isa::generic) {
@@ -283,11 +300,11 @@ struct moments {
                 double* col = c_xx.data() + j * d;
                 for (index_t i = j; i < d; ++i) col[i] -= f * eps[i];
             }
-            bx = Eigen::Map<Eigen::VectorXd const>(mb, d);
-            bxt = Eigen::Map<Eigen::VectorXd const>(mb + dp, d);
+            bx = Eigen::Map<VecX const>(mb, d);
+            bxt = Eigen::Map<VecX const>(mb + dp, d);
             return;
         }
-        using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+        using RowMat = detail::dep_t<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, S>;
         RowMat copy;
         double const* xd = nullptr;
         if constexpr (std::is_same_v<S, double>)
@@ -302,20 +319,24 @@ struct moments {
         }
         Eigen::Map<RowMat const> X(xd, nb, d);
         double const inv = 1.0 / static_cast<double>(nb);
-        Eigen::RowVectorXd mx = X.colwise().sum() * inv;
-        scratch.resize(d, nb);  // column-major d × nb = centred block, transposed
-        scratch = (X.rowwise() - mx).transpose();
-        Eigen::VectorXd const corr = scratch.rowwise().sum() * inv;
+        auto& work = detail::dep_ref<S>(scratch);
+        detail::dep_t<Eigen::RowVectorXd, S> mx = X.colwise().sum() * inv;
+        work.resize(d, nb);  // column-major d × nb = centred block, transposed
+        work = (X.rowwise() - mx).transpose();
+        VecX const corr = work.rowwise().sum() * inv;
         bx = mx.transpose() + corr;
-        scratch.colwise() -= corr;
-        bxt.noalias() = scratch * Eigen::Map<Eigen::VectorXd const>(tc, nb);
-        c_xx.selfadjointView<Eigen::Lower>().rankUpdate(scratch);
+        work.colwise() -= corr;
+        bxt.noalias() = work * Eigen::Map<VecX const>(tc, nb);
+        s.c_xx.template selfadjointView<Eigen::Lower>().rankUpdate(work);
     }
 
     /// \brief Copy the lower triangle of `c_xx` onto the upper one (restores
     /// the symmetry invariant after `add_block`).
-    template <class = void>  // instantiated on use
-    void symmetrize() { c_xx.triangularView<Eigen::StrictlyUpper>() = c_xx.transpose(); }
+    template <class V = void>  // instantiated on use
+    void symmetrize() {
+        auto& m = detail::dep_ref<V>(c_xx);
+        m.template triangularView<Eigen::StrictlyUpper>() = m.transpose();
+    }
 };
 
 namespace detail {

@@ -116,8 +116,9 @@ struct pca_result {
 namespace detail {
 
 /// Orient v per method §2/§9.4 given its correlations; flips r_q, r_k with it.
-template <class = void>
-void canonicalise_sign(Eigen::VectorXd& v, double& r_q, double& r_k, sign_policy policy) {
+template <class Dep = void>
+void canonicalise_sign(detail::dep_t<Eigen::VectorXd, Dep>& v, double& r_q, double& r_k, sign_policy policy) {
+    using VecX = detail::dep_t<Eigen::VectorXd, Dep>;
     double decide = nan;
     if (policy == sign_policy::dominant) {
         bool const fq = std::isfinite(r_q), fk = std::isfinite(r_k);
@@ -131,7 +132,7 @@ void canonicalise_sign(Eigen::VectorXd& v, double& r_q, double& r_k, sign_policy
     if (std::isfinite(decide) && decide != 0.0) {
         flip = decide < 0;
     } else {  // method §9.4 fallback
-        Eigen::VectorXd w = v;
+        VecX w = v;
         flip = orient_by_largest_entry(w);
     }
     if (flip) {
@@ -143,8 +144,8 @@ void canonicalise_sign(Eigen::VectorXd& v, double& r_q, double& r_k, sign_policy
 
 /// ‖C_xt‖² / (M2_t · trace C_xx): share of the variance linear in position;
 /// NaN when the rows or the positions are numerically constant (method §9.17).
-template <class = void>
-double positional_variance_fraction(moments const& m) {
+template <class Dep = void>
+double positional_variance_fraction(detail::dep_t<moments, Dep> const& m) {
     if (rows_constant(m) || positions_constant(m)) return nan;
     return m.c_xt.squaredNorm() / (m.m2_t * m.c_xx.trace());
 }
@@ -163,30 +164,34 @@ double positional_variance_fraction(moments const& m) {
 ///         n_components < 1.
 /// \throws std::bad_alloc if the d × d work matrices cannot be allocated.
 /// \sa classify, planar_rotation
-template <class = void>
-pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
+template <class Dep = void>
+pca_result pca(detail::dep_t<head_moments, Dep> const& hm, pca_options const& opt = {}) {
+    using VecX = detail::dep_t<Eigen::VectorXd, Dep>;
+    using MatX = detail::dep_t<Eigen::MatrixXd, Dep>;
+    using PcaRes = detail::dep_t<pca_result, Dep>;
+    using Mom = detail::dep_t<moments, Dep>;
     detail::check_head("qkgeom::pca", hm);
     if (opt.n_components < 1) detail::fail_arg("qkgeom::pca", "n_components must be >= 1", opt.n_components);
-    moments const mq = hm.q.pooled(), mk = hm.k.pooled();
-    moments pool = mq;
+    Mom const mq = hm.q.pooled(), mk = hm.k.pooled();
+    Mom pool = mq;
     pool += mk;
     index_t const d = hm.d;
 
-    pca_result r;
+    PcaRes r;
     r.q_pos_var_frac = detail::positional_variance_fraction(mq);
     r.k_pos_var_frac = detail::positional_variance_fraction(mk);
 
     // Eigen-decomposition of the pooled co-moment (scaled by 1/(n−1) for λ).
-    Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(pool.c_xx);
+    Eigen::SelfAdjointEigenSolver<MatX> es(pool.c_xx);
     r.status = detail::status_of(es.info());
     if (r.status != decomposition_status::success) {
-        r.basis = Eigen::MatrixXd::Constant(d, d, detail::nan);
-        r.eigenvalues = Eigen::VectorXd::Constant(d, detail::nan);
+        r.basis = MatX::Constant(d, d, detail::nan);
+        r.eigenvalues = VecX::Constant(d, detail::nan);
         r.degenerate = true;
         for (index_t j = 0; j < std::min(opt.n_components, d); ++j) {
             pca_component c;
             c.component = j;
-            c.loading = Eigen::VectorXd::Constant(d, detail::nan);
+            c.loading = VecX::Constant(d, detail::nan);
             r.components.push_back(std::move(c));
         }
         r.taxonomy = head_class::undefined;
@@ -201,7 +206,7 @@ pca_result pca(head_moments const& hm, pca_options const& opt = {}) {
 
     index_t const k = std::min(opt.n_components, d);
     for (index_t j = 0; j < d; ++j) {
-        Eigen::VectorXd v = r.basis.col(j);
+        VecX v = r.basis.col(j);
         // A numerically zero pooled covariance has arbitrary eigenvectors: no correlation.
         double rq = r.degenerate ? detail::nan : detail::projection_corr(mq, v);
         double rk = r.degenerate ? detail::nan : detail::projection_corr(mk, v);

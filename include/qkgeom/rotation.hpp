@@ -69,16 +69,17 @@ struct rotation_result {
     /// \pre `*this` comes from `planar_rotation` (a and b have size d ≥ 2).
     /// \throws std::invalid_argument when a or b is degenerate
     /// \throws std::bad_alloc if the d × d result cannot be allocated
-    template <class = void>
+    template <class Dep = void>
     [[nodiscard]] Eigen::MatrixXd basis() const {
+        using MatX = detail::dep_t<Eigen::MatrixXd, Dep>;
         index_t const d = a.size();
         if (degenerate_a || degenerate_b)
             detail::fail_arg("qkgeom::rotation_result::basis", "axes a and b must both be defined; degenerate_a",
                              degenerate_a);
-        Eigen::MatrixXd ab(d, 2);
+        MatX ab(d, 2);
         ab << a, b;
-        Eigen::HouseholderQR<Eigen::MatrixXd> qr(ab);
-        Eigen::MatrixXd q = qr.householderQ();
+        Eigen::HouseholderQR<MatX> qr(ab);
+        MatX q = qr.householderQ();
         q.col(0) = a;  // exact a and b; the complement comes from the QR
         q.col(1) = b;
         return q;
@@ -95,38 +96,42 @@ struct rotation_result {
 /// \throws std::invalid_argument when hm.d < 1 or a kind has no rows.
 /// \throws std::bad_alloc if the d × d work matrices cannot be allocated.
 /// \sa rotation_result::basis, pca
-template <class = void>
-rotation_result planar_rotation(head_moments const& hm, rotation_options const& opt = {}) {
+template <class Dep = void>
+rotation_result planar_rotation(detail::dep_t<head_moments, Dep> const& hm, rotation_options const& opt = {}) {
+    using VecX = detail::dep_t<Eigen::VectorXd, Dep>;
+    using MatX = detail::dep_t<Eigen::MatrixXd, Dep>;
+    using RotRes = detail::dep_t<rotation_result, Dep>;
+    using Mom = detail::dep_t<moments, Dep>;
     detail::check_head("qkgeom::planar_rotation", hm);
     index_t const d = hm.d;
-    moments const mq = hm.q.pooled(), mk = hm.k.pooled();
-    moments pool = mq;
+    Mom const mq = hm.q.pooled(), mk = hm.k.pooled();
+    Mom pool = mq;
     pool += mk;
-    rotation_result r;
-    r.a = Eigen::VectorXd::Constant(d, detail::nan);
-    r.b = Eigen::VectorXd::Constant(d, detail::nan);
+    RotRes r;
+    r.a = VecX::Constant(d, detail::nan);
+    r.b = VecX::Constant(d, detail::nan);
 
     // --- axis a (method §3; degeneracy method §9.5, in co-moment units: both sides scale by n−1)
-    Eigen::VectorXd const& c = pool.c_xt;
+    VecX const& c = pool.c_xt;
     double const cn = c.norm();
     double const tr_pool = pool.c_xx.trace();
     // … and, before it, the rows or positions of the pool numerically constant (method §9.17).
     r.degenerate_a = detail::rows_constant(pool) || detail::positions_constant(pool) ||
                      !(cn > 1e-12 * std::sqrt(pool.m2_t * tr_pool));
     // --- b needs Δ = μ_Q − μ_K and M (second moment of q − k), sample-normalised
-    Eigen::VectorXd const delta = mq.mean_x - mk.mean_x;
+    VecX const delta = mq.mean_x - mk.mean_x;
     // Σ_Q, Σ_K (n−1); undefined (NaN) for a kind with a single row, and so is M.
     bool const have_m = mq.n >= 2 && mk.n >= 2;
-    Eigen::MatrixXd const Sq = mq.n >= 2 ? Eigen::MatrixXd(mq.c_xx / double(mq.n - 1))
-                                         : Eigen::MatrixXd::Constant(d, d, detail::nan);
-    Eigen::MatrixXd const Sk = mk.n >= 2 ? Eigen::MatrixXd(mk.c_xx / double(mk.n - 1))
-                                         : Eigen::MatrixXd::Constant(d, d, detail::nan);
+    MatX const Sq = mq.n >= 2 ? MatX(mq.c_xx / double(mq.n - 1))
+                                         : MatX::Constant(d, d, detail::nan);
+    MatX const Sk = mk.n >= 2 ? MatX(mk.c_xx / double(mk.n - 1))
+                                         : MatX::Constant(d, d, detail::nan);
     if (r.degenerate_a) {
         r.degenerate_b = true;
         return r;
     }
     r.a = c / cn;
-    Eigen::VectorXd const& a = r.a;
+    VecX const& a = r.a;
     r.residual_pos_cov = (c - a * a.dot(c)).norm() / cn;
     r.mu_q_a = a.dot(mq.mean_x);
     r.mu_k_a = a.dot(mk.mean_x);
@@ -139,9 +144,9 @@ rotation_result planar_rotation(head_moments const& hm, rotation_options const& 
     r.var_frac_a = detail::projection_constant(pool, a) ? 0.0 : a.dot(pool.c_xx * a) / tr_pool;
 
     // --- axis b
-    Eigen::VectorXd const pdelta = delta - a * a.dot(delta);
-    Eigen::MatrixXd const M = Sq + Sk + delta * delta.transpose();
-    Eigen::VectorXd b;
+    VecX const pdelta = delta - a * a.dot(delta);
+    MatX const M = Sq + Sk + delta * delta.transpose();
+    VecX b;
     // Δ numerically zero against the centroids (method §9.17): Q and K share their mean.
     bool const delta_zero = detail::numerically_zero(delta.squaredNorm(),
                                                      mq.mean_x.squaredNorm() + mk.mean_x.squaredNorm());
@@ -153,10 +158,10 @@ rotation_result planar_rotation(head_moments const& hm, rotation_options const& 
         r.degenerate_b = true;  // M needs Σ_Q and Σ_K; M numerically zero (method §9.17)
     } else {
         // P M P with P = I − aaᵀ, applied implicitly; its top eigenvector is ⟂ a.
-        Eigen::MatrixXd PM = M - a * (a.transpose() * M);
-        Eigen::MatrixXd PMP = PM - (PM * a) * a.transpose();
+        MatX PM = M - a * (a.transpose() * M);
+        MatX PMP = PM - (PM * a) * a.transpose();
         PMP = 0.5 * (PMP + PMP.transpose()).eval();
-        Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(PMP);
+        Eigen::SelfAdjointEigenSolver<MatX> es(PMP);
         r.status = detail::status_of(es.info());
         double const top = d >= 2 && r.status == decomposition_status::success ? es.eigenvalues()(d - 1) : 0.0;
         r.degenerate_b = d < 2 || !(top > 1e-12 * M.trace());

@@ -40,15 +40,15 @@ inline double snap_zero(double value, double scale) noexcept {
 }
 
 /// Element-wise `snap_zero` of a vector of variances.
-template <class = void>
-Eigen::VectorXd snap_zero(Eigen::VectorXd v, double scale) {
+template <class Dep = void>
+Eigen::VectorXd snap_zero(detail::dep_t<Eigen::VectorXd, Dep> v, double scale) {
     for (index_t i = 0; i < v.size(); ++i) v(i) = snap_zero(v(i), scale);
     return v;
 }
 
 /// Σ‖x‖² of a group of rows, trace C_xx + n‖x̄‖²: the scale of its co-moments.
-template <class = void>
-double sum_squares_x(moments const& m) {
+template <class Dep = void>
+double sum_squares_x(detail::dep_t<moments, Dep> const& m) {
     return m.c_xx.trace() + static_cast<double>(m.n) * m.mean_x.squaredNorm();
 }
 
@@ -59,8 +59,8 @@ inline double sum_squares_t(moments const& m) noexcept {
 
 /// Fewer than 2 rows, or every row numerically the same vector: trace C_xx
 /// numerically zero relative to Σ‖x‖² (method §9.17).
-template <class = void>
-bool rows_constant(moments const& m) {
+template <class Dep = void>
+bool rows_constant(detail::dep_t<moments, Dep> const& m) {
     return m.n < 2 || numerically_zero(m.c_xx.trace(), sum_squares_x(m));
 }
 
@@ -80,23 +80,23 @@ inline double corr_from_comoments(double cxy, double cxx, double cyy) noexcept {
 
 /// Is the projection v·x of a group numerically constant: vᵀ C_xx v
 /// numerically zero relative to ‖v‖² Σ‖x‖² (method §9.17)?
-template <class = void>
-bool projection_constant(moments const& m, Eigen::VectorXd const& v) {
+template <class Dep = void>
+bool projection_constant(detail::dep_t<moments, Dep> const& m, detail::dep_t<Eigen::VectorXd, Dep> const& v) {
     return m.n < 2 || numerically_zero(v.dot(m.c_xx * v), v.squaredNorm() * sum_squares_x(m));
 }
 
 /// corr(v·x, t) for one group of rows: v·C_xt / sqrt(vᵀ C_xx v · M2_t);
 /// NaN when v·x or t is numerically constant (method §9.17).
-template <class = void>
-double projection_corr(moments const& m, Eigen::VectorXd const& v) {
+template <class Dep = void>
+double projection_corr(detail::dep_t<moments, Dep> const& m, detail::dep_t<Eigen::VectorXd, Dep> const& v) {
     if (positions_constant(m) || projection_constant(m, v)) return nan;
     return corr_from_comoments(v.dot(m.c_xt), v.dot(m.c_xx * v), m.m2_t);
 }
 
 /// OLS slope of v·x on t for one group: v·C_xt / M2_t (NaN when Var t = 0);
 /// exactly 0 when v·x is numerically constant (method §9.17).
-template <class = void>
-double projection_slope(moments const& m, Eigen::VectorXd const& v) {
+template <class Dep = void>
+double projection_slope(detail::dep_t<moments, Dep> const& m, detail::dep_t<Eigen::VectorXd, Dep> const& v) {
     if (positions_constant(m)) return nan;
     if (projection_constant(m, v)) return 0.0;
     return v.dot(m.c_xt) / m.m2_t;
@@ -104,8 +104,8 @@ double projection_slope(moments const& m, Eigen::VectorXd const& v) {
 
 /// method §9.4 sign fallback: flip v so that its largest-magnitude entry is
 /// positive (first index on ties). Returns true when v was flipped.
-template <class = void>
-bool orient_by_largest_entry(Eigen::VectorXd& v) {
+template <class Dep = void>
+bool orient_by_largest_entry(detail::dep_t<Eigen::VectorXd, Dep>& v) {
     if (v.size() == 0) return false;
     index_t best = 0;
     for (index_t i = 1; i < v.size(); ++i)
@@ -118,8 +118,8 @@ bool orient_by_largest_entry(Eigen::VectorXd& v) {
 }
 
 /// The two kinds of a head, with at least one row each.
-template <class = void>
-void check_head(std::string_view where, head_moments const& hm) {
+template <class Dep = void>
+void check_head(std::string_view where, detail::dep_t<head_moments, Dep> const& hm) {
     if (hm.d <= 0) fail_arg(where, "head_moments has no dimension (d)", hm.d);
     std::string const of_d = " moments: head dimension differs from the head's d = " + std::to_string(hm.d);
     if (hm.q.d != hm.d) fail_arg(where, "query" + of_d + "; q.d", hm.q.d);

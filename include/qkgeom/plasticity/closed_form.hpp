@@ -173,10 +173,13 @@ inline bool split_same(bucket_eval const& e) {
 /// Evaluates and records the pairs of one head: the closed form of a pair,
 /// its cell accumulators, its heatmap bin and its empirical count. (A class
 /// template, instantiated on use.)
-template <class = void>
+template <class Dep = void>
 class pair_evaluator_t {
+    using VecX = detail::dep_t<Eigen::VectorXd, Dep>;
+    using EmpCheck = detail::dep_t<empirical_check, Dep>;
+    using KeyStore = detail::dep_t<key_store, Dep>;
 public:
-    pair_evaluator_t(key_store const& keys, plasticity_heatmap& hm, std::int64_t& skipped, empirical_check& emp)
+    pair_evaluator_t(KeyStore const& keys, plasticity_heatmap& hm, std::int64_t& skipped, EmpCheck& emp)
         : k_(keys), hm_(hm), skipped_(skipped), emp_(emp), dist_(hm.distance_edges), offs_(hm.offset_edges) {}
 
     /// The closed form of one pair, direct path. Returns false (and counts it)
@@ -427,12 +430,12 @@ private:
 
     static constexpr std::size_t split_batch = 256;  ///< pending split pairs per batched PP call
 
-    key_store const& k_;
+    KeyStore const& k_;
     plasticity_heatmap& hm_;
     std::int64_t& skipped_;
-    empirical_check& emp_;
+    EmpCheck& emp_;
     grid dist_, offs_;
-    Eigen::VectorXd delta_, vdelta_, vfd_;
+    VecX delta_, vdelta_, vfd_;
     simd::isa isa_ = simd::active();     ///< the level of the split pass's direct kernel
     split_buffer sbuf_;                  ///< the split's pending pairs
     split_acc* sacc_ = nullptr;          ///< their sums
@@ -447,21 +450,23 @@ using pair_evaluator = pair_evaluator_t<>;
 /// The weighted Gram matrix of one dense group of rotated keys K̃ (m × d) for
 /// one query bucket (method §5): s = K̃ w, B = K̃ V, n_i = (B ⊙ K̃) 1, and
 /// G = B K̃ᵀ formed tile by tile (GEMM), so memory stays O(tile² + m·d).
-template <class = void>
+template <class Dep = void>
 struct dense_group_t {
-    Eigen::MatrixXd const& K;
-    Eigen::VectorXd s, nrm;
-    Eigen::MatrixXd B, G;
+    using MatX = detail::dep_t<Eigen::MatrixXd, Dep>;
+    using VecX = detail::dep_t<Eigen::VectorXd, Dep>;
+    MatX const& K;
+    VecX s, nrm;
+    MatX B, G;
     /// The split pass (`prepare_split`): content parts s' = K̃[:, 1:] w[1:],
     /// n' = (B ⊙ K̃)[:, 1:] 1; frozen: s'_f, n'_f and Bf = K̃[:, 1:] Σ_f, whose
     /// Gram tile Gf = Bf K̃[:, 1:]ᵀ is formed with G (`fgram`).
-    Eigen::VectorXd sc, nc, scf, nf;
-    Eigen::MatrixXd Bf, Gf;
+    VecX sc, nc, scf, nf;
+    MatX Bf, Gf;
     bool fgram = false;
 
     /// `V` non-empty: full model (d × d); otherwise the diagonal `var`.
-    dense_group_t(Eigen::MatrixXd const& keys, Eigen::VectorXd const& w, Eigen::VectorXd const& var,
-                Eigen::MatrixXd const& V)
+    dense_group_t(MatX const& keys, VecX const& w, VecX const& var,
+                MatX const& V)
         : K(keys) {
         s.noalias() = K * w;
         if (V.size() != 0) B.noalias() = K * V;
@@ -472,7 +477,7 @@ struct dense_group_t {
     /// The split's per-key content parts (docs/beyond-split.md) for the
     /// bucket's mean `w` and split model `sm`; `same`: the frozen model is the
     /// actual one (no frozen Gram).
-    void prepare_split(Eigen::VectorXd const& w, split_model const& sm, bool same) {
+    void prepare_split(VecX const& w, split_model const& sm, bool same) {
         index_t const c = K.cols() - 1;
         auto const Kc = K.rightCols(c);
         sc.noalias() = Kc * w.tail(c);
@@ -497,7 +502,7 @@ struct dense_group_t {
                 index_t const nb = std::min(T, m - b0);
                 G.noalias() = B.middleRows(a0, na) * K.middleRows(b0, nb).transpose();
                 if (fgram) Gf.noalias() = Bf.middleRows(a0, na) * K.block(b0, 1, nb, K.cols() - 1).transpose();
-                f(a0, na, b0, nb, static_cast<Eigen::MatrixXd const&>(G));
+                f(a0, na, b0, nb, static_cast<MatX const&>(G));
             }
         }
     }
@@ -526,6 +531,7 @@ void split_flush(Evaluator& ev) {
 template <class Evaluator>
 void evaluate_group_exact(Evaluator& ev, key_store const& k, bucket_eval const& e,
                                  std::vector<index_t> const& idx, cell_acc& acc, plasticity_options const& o) {
+    using MatX = detail::dep_t<Eigen::MatrixXd, Evaluator>;
     auto const m = static_cast<index_t>(idx.size());
     if (m < 2) return;
     auto record = [&](index_t a, index_t b, double pp) {
@@ -544,9 +550,9 @@ void evaluate_group_exact(Evaluator& ev, key_store const& k, bucket_eval const& 
         return;
     }
     // Dense path (method §5 exactness identity): s = K̃ w, B = K̃ V, n_i = (B ⊙ K̃) 1, G = B K̃ᵀ per tile.
-    Eigen::MatrixXd K(m, k.d);
+    MatX K(m, k.d);
     for (index_t a = 0; a < m; ++a) K.row(a) = k.rot.row(idx[static_cast<std::size_t>(a)]);
-    dense_group_t<> g(K, e.w, e.var, e.V);
+    dense_group_t<detail::dep_t<void, Evaluator>> g(K, e.w, e.var, e.V);
     [[maybe_unused]] bool const split = dense_split_prepare(ev, e, g);
     // The Φ pass reads each Gram tile column by column (contiguous): pair
     // (a, b) of the group with a < b, b in the column's key block. Per column:
@@ -559,7 +565,7 @@ void evaluate_group_exact(Evaluator& ev, key_store const& k, bucket_eval const& 
     for (std::size_t a = 0; a < tpos.size(); ++a)
         tpos[a] = static_cast<double>(k.position[static_cast<std::size_t>(idx[a])]);
     bool const empirical = e.emp.active();
-    g.for_each_tile(o.tile_keys, [&](index_t a0, index_t na, index_t b0, index_t nb, Eigen::MatrixXd const& G) {
+    g.for_each_tile(o.tile_keys, [&](index_t a0, index_t na, index_t b0, index_t nb, MatX const& G) {
         double const* nrm = g.nrm.data() + a0;
         double const* sa = g.s.data() + a0;
         double* const z = zbuf.data();

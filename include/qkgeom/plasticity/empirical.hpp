@@ -150,10 +150,15 @@ inline std::int64_t empirical_wins(empirical_bucket const& e, index_t ci, index_
 /// bucket and reused by every later query bucket, and the buffers of the
 /// current query bucket. `prepare` fills an `empirical_bucket`; `wins` reads
 /// the count of one evaluated pair. (A class template, instantiated on use.)
-template <class = void>
+template <class Dep = void>
 class empirical_check_t {
+    using VecX = detail::dep_t<Eigen::VectorXd, Dep>;
+    using KeyStore = detail::dep_t<key_store, Dep>;
+    using PPlan = detail::dep_t<pair_plan, Dep>;
+    using QRows = detail::dep_t<query_rows, Dep>;
+    using QueryStore = detail::dep_t<query_store, Dep>;
 public:
-    empirical_check_t(key_store const& ks, query_store const& qs, pair_plan const& plan,
+    empirical_check_t(KeyStore const& ks, QueryStore const& qs, PPlan const& plan,
                       plasticity_options const& opt)
         : ks_(ks), qs_(qs), plan_(plan), opt_(opt), level_(simd::active()), blk_(scores::blocking_of(level_)),
           column_(static_cast<std::size_t>(ks.orig.rows()), -1) {
@@ -282,7 +287,7 @@ private:
     }
 
     /// method §9.14, pair-difference form (see pair_segment).
-    void prepare_pairs(query_rows const& q, std::vector<std::int64_t> const& cells, empirical_bucket& e) {
+    void prepare_pairs(QRows const& q, std::vector<std::int64_t> const& cells, empirical_bucket& e) {
         index_t const d = ks_.d;
         pair_keys_.clear();
         for (auto c : cells) {
@@ -329,7 +334,7 @@ private:
     /// least two such keys, in single precision (twice the double rate, and
     /// AVX2/AVX-512 kernels where the CPU has them), certified by
     /// empirical_wins.
-    void prepare_keys(query_rows const& q, std::vector<std::int64_t> const& cells, empirical_bucket& e) {
+    void prepare_keys(QRows const& q, std::vector<std::int64_t> const& cells, empirical_bucket& e) {
         index_t const d = ks_.d;
         scored_.clear();
         for (auto c : cells) {
@@ -376,15 +381,15 @@ private:
         e.column = &column_;
     }
 
-    key_store const& ks_;
-    query_store const& qs_;
-    pair_plan const& plan_;
+    KeyStore const& ks_;
+    QueryStore const& qs_;
+    PPlan const& plan_;
     plasticity_options const& opt_;
     simd::isa level_;
     scores::blocking blk_;
     bool certifiable_ = false;
     double q_max_abs_ = 0.0;
-    Eigen::VectorXd k_norm_all_;  ///< ‖k‖ of every key (original basis)
+    VecX k_norm_all_;  ///< ‖k‖ of every key (original basis)
     std::vector<index_t> column_;  ///< key → score column (per query bucket)
     std::vector<index_t> scored_;  ///< the scored keys of the current query bucket, one per score column
     std::vector<float> qpack_;     ///< the query bucket's packed f32 panels

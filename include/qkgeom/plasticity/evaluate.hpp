@@ -28,18 +28,20 @@ namespace qkgeom::detail {
 
 /// The d × d covariance blockdiag(σ²_pos, Σ_b) of a bucket of the `full`
 /// semantic model (method §4–5); shared with the LibTorch path.
-template <class = void>
-Eigen::MatrixXd full_bucket_covariance(bucket_semantics const& s, index_t d) {
-    Eigen::MatrixXd V = Eigen::MatrixXd::Zero(d, d);
+template <class Dep = void>
+Eigen::MatrixXd full_bucket_covariance(detail::dep_t<bucket_semantics, Dep> const& s, index_t d) {
+    using MatX = detail::dep_t<Eigen::MatrixXd, Dep>;
+    MatX V = MatX::Zero(d, d);
     V(0, 0) = s.var(0);
     V.bottomRightCorner(d - 1, d - 1) = s.cov;
     return V;
 }
 
 /// The Gaussian model of one query bucket in the rotated basis (method §4–5).
-template <class = void>
-bucket_eval bucket_eval_of(bucket_semantics const& s, index_t d) {
-    bucket_eval e;
+template <class Dep = void>
+bucket_eval bucket_eval_of(detail::dep_t<bucket_semantics, Dep> const& s, index_t d) {
+    using BEval = detail::dep_t<bucket_eval, Dep>;
+    BEval e;
     e.w = s.mean;
     e.tau = s.tau;
     if (s.cov.size() != 0) e.V = full_bucket_covariance(s, d);
@@ -60,9 +62,12 @@ struct split_reference {
     row_block pref;             ///< full: K̃[:, 1:] Σ_ref, one row per key (split_model::pref); else empty
 };
 
-template <class = void>
-split_reference split_reference_of(householder_result const& model, key_store const& ks, std::int64_t L, bool on) {
-    split_reference r;
+template <class Dep = void>
+split_reference split_reference_of(detail::dep_t<householder_result, Dep> const& model, detail::dep_t<key_store, Dep> const& ks, std::int64_t L, bool on) {
+    using VecX = detail::dep_t<Eigen::VectorXd, Dep>;
+    using MatX = detail::dep_t<Eigen::MatrixXd, Dep>;
+    using SplitRef = detail::dep_t<split_reference, Dep>;
+    SplitRef r;
     r.on = on;
     r.alpha_pos = model.alpha_pos;
     r.per_bucket = model.model == semantic_model::global_linear;
@@ -72,9 +77,9 @@ split_reference split_reference_of(householder_result const& model, key_store co
         if (!s.used || quantile_of(s.tau, s.n_queries, L, 5) != 0) continue;
         auto const w = double(s.n_queries);
         if (r.n_buckets++ == 0) {
-            r.mean = Eigen::VectorXd::Zero(s.mean.size());
-            r.var = Eigen::VectorXd::Zero(s.var.size());
-            if (s.cov.size() != 0) r.cov = Eigen::MatrixXd::Zero(s.cov.rows(), s.cov.cols());
+            r.mean = VecX::Zero(s.mean.size());
+            r.var = VecX::Zero(s.var.size());
+            if (s.cov.size() != 0) r.cov = MatX::Zero(s.cov.rows(), s.cov.cols());
         }
         wsum += w;
         r.mean += w * s.mean;
@@ -92,9 +97,10 @@ split_reference split_reference_of(householder_result const& model, key_store co
 
 /// The split model of one query bucket: its own positional coordinate with
 /// the reference content (or its own content under global_linear).
-template <class = void>
-split_model split_model_of(bucket_semantics const& s, split_reference const& ref) {
-    split_model m;
+template <class Dep = void>
+split_model split_model_of(detail::dep_t<bucket_semantics, Dep> const& s, detail::dep_t<split_reference, Dep> const& ref) {
+    using SModel = detail::dep_t<split_model, Dep>;
+    SModel m;
     m.on = ref.on;
     m.alpha_pos = ref.alpha_pos;
     m.frozen = ref.per_bucket || ref.n_buckets > 0;
@@ -161,9 +167,10 @@ plasticity_cell evaluate_cell(Evaluator& ev, key_store const& ks, bucket_eval co
 /// One query bucket: its cells appended to `res.cells`, its profile entry to
 /// `res.profile` (method §6, §9.10–9.11), its split entry to `res.split.profile`.
 template <class Evaluator>
-void evaluate_query_bucket(Evaluator& ev, empirical_check& emp, bucket_semantics const& s, query_plan const& qp,
+void evaluate_query_bucket(Evaluator& ev, detail::dep_t<empirical_check, Evaluator>& emp, bucket_semantics const& s, query_plan const& qp,
                            pair_plan const& plan, key_store const& ks, plasticity_options const& opt,
                            plasticity_result& res, split_reference const& ref = {}) {
+    using BEval = detail::dep_t<bucket_eval, Evaluator>;
     plasticity_bucket pb;
     pb.q_bucket = s.bucket;
     pb.n_queries = s.n_queries;
@@ -176,7 +183,7 @@ void evaluate_query_bucket(Evaluator& ev, empirical_check& emp, bucket_semantics
         res.split.profile.emplace_back().q_bucket = s.bucket;
         return;
     }
-    bucket_eval e = bucket_eval_of(s, ks.d);
+    BEval e = bucket_eval_of(s, ks.d);
     e.split = split_model_of(s, ref);
     emp.prepare(s.bucket, qp.cells, res.sampled, e.emp);
     std::vector<split_acc> sc;
@@ -201,12 +208,17 @@ void evaluate_query_bucket(Evaluator& ev, empirical_check& emp, bucket_semantics
 /// Attention plasticity of one head (method §5–6) from its Householder model,
 /// its validated keys and (possibly no) query rows. A function template,
 /// instantiated on use.
-template <class = void>
-plasticity_result evaluate_plasticity(householder_result const& model, key_store const& ks, query_store const& qs,
+template <class Dep = void>
+plasticity_result evaluate_plasticity(detail::dep_t<householder_result, Dep> const& model, detail::dep_t<key_store, Dep> const& ks, detail::dep_t<query_store, Dep> const& qs,
                                       capture_facts const& facts, plasticity_options const& opt) {
+    using PRes = detail::dep_t<plasticity_result, Dep>;
+    using EmpCheck = detail::dep_t<empirical_check, Dep>;
+    using SplitRef = detail::dep_t<split_reference, Dep>;
+    using PairEval = detail::dep_t<pair_evaluator, Dep>;
+    using PPlan = detail::dep_t<pair_plan, Dep>;
     std::int64_t max_pos = std::max(qs.max_position, model.max_position);  // queries: rows and moments
     for (auto t : ks.position) max_pos = std::max(max_pos, t);
-    plasticity_result res;
+    PRes res;
     res.context_length = facts.context_length > 0 ? facts.context_length : max_pos + 1;  // method §9.12
     res.ap_decile.fill(nan);
     res.heatmap = make_heatmap(opt.heatmap, facts, res.context_length, opt.pairs);
@@ -214,12 +226,12 @@ plasticity_result evaluate_plasticity(householder_result const& model, key_store
     std::vector<std::pair<std::int64_t, bool>> models;
     models.reserve(model.buckets.size());
     for (auto const& s : model.buckets) models.emplace_back(s.bucket, s.used);
-    pair_plan const plan = plan_pairs(ks.bucket, ks.example, models, facts, opt);
+    PPlan const plan = plan_pairs(ks.bucket, ks.example, models, facts, opt);
     res.sampled = plan.sampled;
 
-    empirical_check emp(ks, qs, plan, opt);
-    pair_evaluator ev(ks, res.heatmap, res.n_pairs_skipped, emp);
-    split_reference const ref = split_reference_of(model, ks, res.context_length, opt.split_profile);
+    EmpCheck emp(ks, qs, plan, opt);
+    PairEval ev(ks, res.heatmap, res.n_pairs_skipped, emp);
+    SplitRef const ref = split_reference_of(model, ks, res.context_length, opt.split_profile);
     for (std::size_t i = 0; i < model.buckets.size(); ++i)
         evaluate_query_bucket(ev, emp, model.buckets[i], plan.queries[i], plan, ks, opt, res, ref);
     aggregate(res, opt.weighting);

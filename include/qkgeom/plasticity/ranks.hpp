@@ -349,8 +349,8 @@ inline void orthant_integrand(orthant_work const& w, double e0, double const* x,
 /// The lattice points of a set (shared by its m orthants), in blocks of
 /// rank_lanes points: point l of block c, coordinate k at
 /// x[(c (n − 1) + k)·rank_lanes + l]; point index (r·N + i − 1)·2 + antithetic.
-template <class = void>
-void rank_points(rank_lattice const& lat, orthant_work& w) {
+template <class Dep = void>
+void rank_points(detail::dep_t<rank_lattice, Dep> const& lat, detail::dep_t<orthant_work, Dep>& w) {
     constexpr int W = rank_lanes;
     int const nk = std::max(1, w.n - 1);
     auto const per_shift = 2 * lat.points;
@@ -372,8 +372,8 @@ void rank_points(rank_lattice const& lat, orthant_work& w) {
 
 /// P(X < b), X ~ N(0, S) for the (b, S) of `w` (n ≥ 1), once per shift:
 /// `est[r]` for shift r, on the points `w.x` of `rank_points`.
-template <class = void>
-void orthant_probability(rank_lattice const& lat, std::span<double> est, orthant_work& w) {
+template <class Dep = void>
+void orthant_probability(detail::dep_t<rank_lattice, Dep> const& lat, std::span<double> est, detail::dep_t<orthant_work, Dep>& w) {
     constexpr int W = rank_lanes;
     orthant_factor(w);
     int const n = w.n;
@@ -409,8 +409,8 @@ void orthant_probability(rank_lattice const& lat, std::span<double> est, orthant
 }
 
 /// E[τ_a] between the score order and the position order (exact, method §5 pairs).
-template <class = void>
-double expected_kendall(Eigen::VectorXd const& s, Eigen::MatrixXd const& C, std::span<double const> t) {
+template <class Dep = void>
+double expected_kendall(detail::dep_t<Eigen::VectorXd, Dep> const& s, detail::dep_t<Eigen::MatrixXd, Dep> const& C, std::span<double const> t) {
     auto const m = s.size();
     double sum = 0;
     for (index_t i = 0; i < m; ++i)
@@ -434,9 +434,9 @@ inline constexpr double rank_negligible_z = -5.1993375821928165;
 
 /// The per-shift top-1 probabilities P̂ (shifts × m, held by `w`), each row
 /// normalised to sum 1.
-template <class = void>
-Eigen::MatrixXd const& top1_probabilities(Eigen::VectorXd const& s, Eigen::MatrixXd const& C,
-                                          rank_lattice const& lat, std::mt19937_64& gen, orthant_work& w) {
+template <class Dep = void>
+Eigen::MatrixXd const& top1_probabilities(detail::dep_t<Eigen::VectorXd, Dep> const& s, detail::dep_t<Eigen::MatrixXd, Dep> const& C,
+                                          detail::dep_t<rank_lattice, Dep> const& lat, std::mt19937_64& gen, detail::dep_t<orthant_work, Dep>& w) {
     auto const m = s.size();
     auto const R = static_cast<index_t>(lat.shifts);
     w.P.setZero(R, m);
@@ -476,17 +476,19 @@ Eigen::MatrixXd const& top1_probabilities(Eigen::VectorXd const& s, Eigen::Matri
 /// 1 − Σ p_i² from the per-shift estimates: the U-statistic over shift pairs
 /// r ≠ r′ (unbiased for independent shifts), its integration standard error
 /// by linearisation, clipped to [0, 1 − 1/m].
-template <class = void>
-rank_set_stats flip_of(Eigen::MatrixXd const& P) {
+template <class Dep = void>
+rank_set_stats flip_of(detail::dep_t<Eigen::MatrixXd, Dep> const& P) {
+    using VecX = detail::dep_t<Eigen::VectorXd, Dep>;
+    using RSStats = detail::dep_t<rank_set_stats, Dep>;
     auto const R = P.rows();
     auto const m = P.cols();
-    rank_set_stats st;
+    RSStats st;
     st.p = P.colwise().mean().transpose();
-    Eigen::VectorXd const colsum = P.colwise().sum().transpose();
+    VecX const colsum = P.colwise().sum().transpose();
     double const cross = colsum.squaredNorm() - P.squaredNorm();  // Σ_i Σ_{r≠r′} P_ri P_r′i
     double const sum_p2 = cross / (static_cast<double>(R) * static_cast<double>(R - 1));
     st.top1_flip = std::clamp(1.0 - sum_p2, 0.0, 1.0 - 1.0 / static_cast<double>(m));
-    Eigen::VectorXd const g = P * (2.0 * st.p);  // linearised Σ p² per shift
+    VecX const g = P * (2.0 * st.p);  // linearised Σ p² per shift
     double const gm = g.mean();
     double const var = (g.array() - gm).square().sum() / static_cast<double>(R - 1);
     st.top1_flip_int_se = std::sqrt(var / static_cast<double>(R));
@@ -514,9 +516,10 @@ inline void check_rank_options(std::string_view fn, rank_options const& o) {
 /// \param[in] seed       the lattice shifts' seed (same seed, same result)
 /// \returns p_i, 1 − Σ p_i² with its integration standard error, E[τ_a]
 /// \throws std::invalid_argument on bad options or sizes (named)
-template <class = void>
-rank_set_stats score_rank_stability(Eigen::VectorXd const& mean, Eigen::MatrixXd const& cov,
+template <class Dep = void>
+rank_set_stats score_rank_stability(detail::dep_t<Eigen::VectorXd, Dep> const& mean, detail::dep_t<Eigen::MatrixXd, Dep> const& cov,
                                     std::span<double const> positions, rank_options const& opt, std::uint64_t seed) {
+    using RSStats = detail::dep_t<rank_set_stats, Dep>;
     constexpr std::string_view fn = "qkgeom::score_rank_stability";
     if (mean.size() < 2 || mean.size() > 64) detail::fail_arg(fn, "mean: need 2 to 64 scores; size", mean.size());
     rank_options o = opt;
@@ -530,7 +533,7 @@ rank_set_stats score_rank_stability(Eigen::VectorXd const& mean, Eigen::MatrixXd
     detail::rank_lattice const lat(mean.size() - 2, o.lattice_points, o.lattice_shifts);
     std::mt19937_64 gen(detail::splitmix64(seed));
     detail::orthant_work w;
-    rank_set_stats st = detail::flip_of(detail::top1_probabilities(mean, cov, lat, gen, w));
+    RSStats st = detail::flip_of(detail::top1_probabilities(mean, cov, lat, gen, w));
     st.kendall = detail::expected_kendall(mean, cov, positions);
     return st;
 }
@@ -612,8 +615,8 @@ struct rank_source {
 
 /// The sources of query bucket b: per example its admissible keys (`prefix`)
 /// or its (example, bucket) groups (`same_bucket`), only those with ≥ m keys.
-template <class = void>
-std::vector<rank_source> rank_sources(rank_key_index const& ix, capture_facts const& facts, std::int64_t b,
+template <class Dep = void>
+std::vector<rank_source> rank_sources(detail::dep_t<rank_key_index, Dep> const& ix, capture_facts const& facts, std::int64_t b,
                                       rank_options const& o) {
     std::vector<rank_source> out;
     std::int64_t lo = -1, hi = -1;
@@ -660,14 +663,15 @@ std::vector<rank_source> rank_sources(rank_key_index const& ix, capture_facts co
 
 /// Draws one key set: a source with probability ∝ its key count, then m
 /// distinct keys uniformly (Floyd's algorithm); rows ascending.
-template <class = void>
-rank_set draw_rank_set(rank_key_index const& ix, std::vector<rank_source> const& src,
+template <class Dep = void>
+rank_set draw_rank_set(detail::dep_t<rank_key_index, Dep> const& ix, std::vector<rank_source> const& src,
                        std::vector<double> const& cum, index_t m, std::mt19937_64& gen) {
+    using RSet = detail::dep_t<rank_set, Dep>;
     double const u = unit_interval(gen()) * cum.back();
     auto si = static_cast<std::size_t>(std::upper_bound(cum.begin(), cum.end(), u) - cum.begin());
     si = std::min(si, src.size() - 1);
     rank_source const& s = src[si];
-    rank_set set;
+    RSet set;
     set.example = s.example;
     std::vector<std::size_t> pick;
     for (std::size_t j = s.count - static_cast<std::size_t>(m); j < s.count; ++j) {
@@ -694,9 +698,9 @@ inline std::pair<double, double> mean_se(std::vector<double> const& v) {
 /// held as the columns of Kt = K̃ᵀ). False when two keys of the set are
 /// identical (their scores always tie).
 template <class Reader>
-bool set_scores(rank_rows<Reader> const& kr, bucket_semantics const& bm, std::vector<index_t> const& rows,
-                Eigen::MatrixXd const& V, Eigen::VectorXd& s, Eigen::MatrixXd& C, Eigen::MatrixXd& Kt,
-                Eigen::MatrixXd& W) {
+bool set_scores(rank_rows<Reader> const& kr, detail::dep_t<bucket_semantics, Reader> const& bm, std::vector<index_t> const& rows,
+                detail::dep_t<Eigen::MatrixXd, Reader> const& V, detail::dep_t<Eigen::VectorXd, Reader>& s, detail::dep_t<Eigen::MatrixXd, Reader>& C, detail::dep_t<Eigen::MatrixXd, Reader>& Kt,
+                detail::dep_t<Eigen::MatrixXd, Reader>& W) {
     auto const m = static_cast<index_t>(rows.size());
     Kt.resize(kr.d, m);
     for (index_t a = 0; a < m; ++a) kr.read(rows[static_cast<std::size_t>(a)], Kt, a);  // the loads overlap
@@ -719,9 +723,14 @@ bool set_scores(rank_rows<Reader> const& kr, bucket_semantics const& bm, std::ve
 
 /// One query bucket: its sets drawn and evaluated, the profile entry filled.
 template <class Reader>
-void rank_bucket_eval(rank_rows<Reader> const& ks, rank_key_index const& ix, bucket_semantics const& bm,
+void rank_bucket_eval(rank_rows<Reader> const& ks, detail::dep_t<rank_key_index, Reader> const& ix, detail::dep_t<bucket_semantics, Reader> const& bm,
                       capture_facts const& facts, rank_options const& o, std::uint64_t stream,
-                      rank_lattice const& lat, rank_bucket& rb, rank_result& res) {
+                      detail::dep_t<rank_lattice, Reader> const& lat, detail::dep_t<rank_bucket, Reader>& rb, detail::dep_t<rank_result, Reader>& res) {
+    using VecX = detail::dep_t<Eigen::VectorXd, Reader>;
+    using MatX = detail::dep_t<Eigen::MatrixXd, Reader>;
+    using RSStats = detail::dep_t<rank_set_stats, Reader>;
+    using OWork = detail::dep_t<orthant_work, Reader>;
+    using RSet = detail::dep_t<rank_set, Reader>;
     auto const src = rank_sources(ix, facts, bm.bucket, o);
     if (src.empty()) {
         rb.status = rank_bucket_status::no_key_set;
@@ -734,22 +743,22 @@ void rank_bucket_eval(rank_rows<Reader> const& ks, rank_key_index const& ix, buc
     // two streams per bucket: the sets (independent of the lattice options) and the lattice shifts
     std::uint64_t const bs = hash_step(stream, static_cast<std::uint64_t>(bm.bucket));
     std::mt19937_64 gen(bs), lattice_gen(hash_step(bs, 0x6C617474696365ULL));  // "lattice"
-    Eigen::MatrixXd const V = bm.cov.size() != 0 ? full_bucket_covariance(bm, ks.d) : Eigen::MatrixXd();
+    MatX const V = bm.cov.size() != 0 ? full_bucket_covariance(bm, ks.d) : MatX();
     std::vector<double> flips, kends;
     double int_var = 0;
-    Eigen::VectorXd s;
-    Eigen::MatrixXd C, K, W;
-    orthant_work w;
+    VecX s;
+    MatX C, K, W;
+    OWork w;
     std::vector<double> t(static_cast<std::size_t>(o.keys_per_set));
     for (std::int64_t n = 0; n < o.sets_per_bucket; ++n) {
-        rank_set set = draw_rank_set(ix, src, cum, o.keys_per_set, gen);
+        RSet set = draw_rank_set(ix, src, cum, o.keys_per_set, gen);
         set.q_bucket = bm.bucket;
         if (!set_scores(ks, bm, set.rows, V, s, C, K, W)) {
             ++rb.n_sets_identical;
             continue;
         }
         for (std::size_t a = 0; a < t.size(); ++a) t[a] = static_cast<double>(ks.position[static_cast<std::size_t>(set.rows[a])]);
-        rank_set_stats const st = flip_of(top1_probabilities(s, C, lat, lattice_gen, w));
+        RSStats const st = flip_of(top1_probabilities(s, C, lat, lattice_gen, w));
         set.top1_flip = st.top1_flip;
         set.top1_flip_int_se = st.top1_flip_int_se;
         set.kendall = expected_kendall(s, C, t);
