@@ -59,7 +59,8 @@ inline constexpr double ln2 = std::numbers::ln2;
 inline constexpr double min_log = -745.1332191019412;
 inline constexpr double eps = std::numeric_limits<double>::epsilon();
 
-inline double clip01(double p) noexcept { return std::clamp(p, 0.0, 1.0); }
+template <class = void>  // instantiated on use
+double clip01(double p) noexcept { return std::clamp(p, 0.0, 1.0); }
 
 /// n·d split exactly into an integer part and a fraction in [0, 1): the product
 /// is formed as a double-double (hi + lo via fma) so that floor(n d) and the
@@ -69,7 +70,8 @@ struct nd_split {
     double frac;
 };
 
-inline nd_split split_nd(std::int64_t n, double d) noexcept {
+template <class = void>  // instantiated on use
+nd_split split_nd(std::int64_t n, double d) noexcept {
     double const nn = static_cast<double>(n);
     double const hi = nn * d;
     double const lo = std::fma(nn, d, -hi);
@@ -99,7 +101,8 @@ struct scaled {
     [[nodiscard]] double value() const noexcept { return std::ldexp(mant, static_cast<int>(expo)); }
 };
 
-inline scaled factorial_scaled(std::int64_t n) noexcept {
+template <class = void>  // instantiated on use
+scaled factorial_scaled(std::int64_t n) noexcept {
     scaled f;
     for (std::int64_t i = 2; i <= n; ++i) {
         f.mant *= static_cast<double>(i);
@@ -113,7 +116,8 @@ inline scaled factorial_scaled(std::int64_t n) noexcept {
 ///               (sf >= 0.51 here: no cancellation);
 ///   x >  0.82:  sf = 2 Σ_{k>=1} (−1)^(k−1) exp(−2k²x²)  (terms summed smallest first).
 /// The cut-over 0.82 is scipy's (cephes kolmogorov.c, van Mulbregt 2018).
-inline double kolmogorov_sf_impl(double x) noexcept {
+template <class = void>  // instantiated on use
+double kolmogorov_sf_impl(double x) noexcept {
     if (!(x > 0)) return 1.0;
     if (x <= 0.82) {
         double const a = -pi2 / (8.0 * x * x);
@@ -149,7 +153,8 @@ inline double kolmogorov_sf_impl(double x) noexcept {
 /// d + v/n and 1 − d − v/n come from the exact split of n·d, so no term loses
 /// precision to cancellation; the relative error is O(n·eps) at worst.
 /// Mirrors scipy.special.smirnov: 0 when −2 n d² < MINLOG (sf < ~1e-308).
-inline double smirnov_sf(std::int64_t n, double d) noexcept {
+template <class = void>  // instantiated on use
+double smirnov_sf(std::int64_t n, double d) noexcept {
     double const nn = static_cast<double>(n);
     if (-2.0 * nn * d * d < min_log) return 0.0;
     nd_split const s = split_nd(n, d);
@@ -186,7 +191,8 @@ inline double smirnov_sf(std::int64_t n, double d) noexcept {
 ///   by (2h − 1)ⁿ/m! when 2h > 1. Powers by repeated squaring; every product is
 ///   rescaled by an exact power of two (tracked exponent), so nothing over- or
 ///   underflows. Cost O(m³ log n).
-inline double durbin_cdf(std::int64_t n, double d) {
+template <class = void>  // instantiated on use
+double durbin_cdf(std::int64_t n, double d) {
     double const t = static_cast<double>(n) * d;
     auto const k = static_cast<std::size_t>(std::ceil(t));
     double const h = static_cast<double>(k) - t;
@@ -275,7 +281,8 @@ inline double durbin_cdf(std::int64_t n, double d) {
 ///   [n−g, n]         : N >= n−l
 /// and P(D_n < d) = n! · V(n) after the last interval. The state vector is
 /// rescaled by an exact power of two at every step. Cost O(n l²).
-inline double pomeranz_cdf(std::int64_t n64, double d) {
+template <class = void>  // instantiated on use
+double pomeranz_cdf(std::int64_t n64, double d) {
     nd_split const s = split_nd(n64, d);
     long const n = static_cast<long>(n64);
     long const l = static_cast<long>(s.whole);
@@ -342,7 +349,8 @@ inline double pomeranz_cdf(std::int64_t n64, double d) {
 ///   cdf ≈ K0(z) + K1(z)/√n + K2(z)/n + K3(z)/n^{3/2},
 /// each K_i a theta-type series in exp(−(k − ½)² π² / (2z²)) (and, for K2, K3,
 /// exp(−k² π² / (2z²))). Truncated at k = ⌈16 z/π⌉ as scipy does.
-inline double pelz_good_cdf(std::int64_t n, double d) noexcept {
+template <class = void>  // instantiated on use
+double pelz_good_cdf(std::int64_t n, double d) noexcept {
     double const nn = static_cast<double>(n);
     double const z = std::sqrt(nn) * d;
     double const z2 = z * z, z3 = z2 * z, z4 = z2 * z2, z6 = z4 * z2, z7 = z6 * z, z8 = z4 * z4, z10 = z8 * z2;
@@ -381,7 +389,8 @@ inline double pelz_good_cdf(std::int64_t n, double d) noexcept {
 
 /// P(D_n >= d) for 1 <= n <= ks_exact_max_n and 0 < d < 1, by regime (see the
 /// file comment; boundaries as scipy's `_kolmogn`).
-inline double exact_sf(std::int64_t n, double d) {
+template <class = void>  // instantiated on use
+double exact_sf(std::int64_t n, double d) {
     double const nn = static_cast<double>(n);
     double const t = nn * d;
     if (t <= 1.0) {  // Ruben–Gambino, 1/(2n) < d <= 1/n
@@ -407,7 +416,8 @@ inline double exact_sf(std::int64_t n, double d) {
 }
 
 /// Standard normal cdf Φ(x) = erfc(−x/√2)/2: no cancellation in either tail.
-inline double normal_cdf(double x) noexcept { return 0.5 * std::erfc(-x / std::numbers::sqrt2); }
+template <class = void>  // instantiated on use
+double normal_cdf(double x) noexcept { return 0.5 * std::erfc(-x / std::numbers::sqrt2); }
 
 /// Φ linearly interpolated between the knots −8.5 + j/64, j = 0 … 1088 (0
 /// below, 1 above): the bucketing function of `ks_test_normal`.
@@ -443,7 +453,8 @@ struct normal_cdf_knots {
 };
 
 /// The knots, computed once (thread-safe static initialisation).
-inline normal_cdf_knots const& normal_cdf_approx() noexcept {
+template <class = void>  // instantiated on use
+normal_cdf_knots const& normal_cdf_approx() noexcept {
     static normal_cdf_knots const knots;
     return knots;
 }
@@ -464,7 +475,8 @@ inline constexpr double normal_cdf_approx_error = 1e-5;
 /// \returns P(K > x) ∈ [0, 1].
 /// \throws std::invalid_argument if x is NaN.
 /// \sa kolmogorov_smirnov_sf
-inline double kolmogorov_sf(double x) {
+template <class = void>  // instantiated on use
+double kolmogorov_sf(double x) {
     if (std::isnan(x)) detail::fail_arg("qkgeom::kolmogorov_sf", "x is NaN", x);
     return detail::ks::kolmogorov_sf_impl(x);
 }
@@ -483,7 +495,8 @@ inline double kolmogorov_sf(double x) {
 /// \throws std::bad_alloc if the work arrays of the Durbin or Pomeranz
 ///         regimes (O(n·d) and O(n) doubles) cannot be allocated.
 /// \sa kolmogorov_sf, ks_test_normal
-inline double kolmogorov_smirnov_sf(std::int64_t n, double d) {
+template <class = void>  // instantiated on use
+double kolmogorov_smirnov_sf(std::int64_t n, double d) {
     if (n < 1) detail::fail_arg("qkgeom::kolmogorov_smirnov_sf", "sample size n must be >= 1", n);
     if (std::isnan(d)) detail::fail_arg("qkgeom::kolmogorov_smirnov_sf", "statistic d is NaN", d);
     if (d <= 0.0) return 1.0;
@@ -514,7 +527,8 @@ struct ks_result {
 /// \throws std::invalid_argument if z is empty or holds a non-finite value
 /// (the message names its index).
 /// \throws std::bad_alloc if the O(n) work arrays cannot be allocated.
-inline ks_result ks_test_normal(std::span<double const> z) {
+template <class = void>  // instantiated on use
+ks_result ks_test_normal(std::span<double const> z) {
     if (z.empty()) detail::fail_arg("qkgeom::ks_test_normal", "need at least 1 value; sample size", z.size());
     for (std::size_t i = 0; i < z.size(); ++i)
         if (!std::isfinite(z[i]))

@@ -171,7 +171,8 @@ struct geometry {
     std::vector<rope_band> bands;
 };
 
-inline geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, double scale) {
+template <class = void>  // instantiated on use
+geometry make_geometry(rope_spec const& s, index_t d, index_t n_bands, double scale) {
     geometry g;
     g.d = d;
     g.r = s.rotary_dim == 0 ? d : s.rotary_dim;
@@ -232,6 +233,7 @@ struct trig_table {
     index_t K = 1, half = 0;
     std::vector<double> lc, ls, hc, hs;  // [a * half + i], [h * half + i]
     std::vector<double> freq;            // direct computation (max_t ≥ direct_from)
+    template <class = void>  // instantiated on use
     trig_table(std::vector<double> const& f, std::int64_t max_t) : half(index_t(f.size())) {
         if (max_t >= direct_from) {
             freq = f;
@@ -253,6 +255,7 @@ struct trig_table {
             }
     }
     /// cs[i], sn[i] = cos, sin of t·θ_i for every pair i (`half` entries each).
+    template <class = void>  // instantiated on use
     void angles(std::int64_t t, double* __restrict cs, double* __restrict sn) const {
         if (!freq.empty()) {
             for (index_t i = 0; i < half; ++i) {
@@ -416,6 +419,7 @@ struct pair_energy {
         : cs(std::size_t(g.r)), cq(cs), den(std::size_t(g.half)), m1(den), m2(den), var_sum(den), noise2(den),
           ss_all(den), r1(den), r2(den) {}
     /// Folds a bucket of n rows (weight w = n/N added later through 1/N).
+    template <class = void>  // instantiated on use
     void close(geometry const& g, double n) {
         for_pair_blocks(g, [&](index_t p0, index_t np, index_t c0) {
             for (index_t j = 0; j < np; ++j) {
@@ -438,7 +442,8 @@ struct pair_energy {
 /// The loop of `unrotate_row` over np pairs (separate restrict arrays: the
 /// compiler vectorises it): x = (x1, x2) the row's pairs, (c, sv) their
 /// cos, sin; u = R(t)ᵀ x; ra/rq += x, x²; oa/oq += u, u²; n += R(t) x.
-inline void unrotate_pairs(index_t np, double const* __restrict x1, double const* __restrict x2,
+template <class = void>  // instantiated on use
+void unrotate_pairs(index_t np, double const* __restrict x1, double const* __restrict x2,
                            double const* __restrict c, double const* __restrict sv, double* __restrict u1,
                            double* __restrict u2, double* __restrict ra1, double* __restrict ra2,
                            double* __restrict rq1, double* __restrict rq2, double* __restrict oa1,
@@ -459,7 +464,8 @@ inline void unrotate_pairs(index_t np, double const* __restrict x1, double const
 /// sums (`raw`), the unrotated pair x' = R(t)ᵀ x written to `ur` and summed
 /// (`rot`), and R(t)·x (the opposite sense: the mirror check) summed into
 /// rot.r1, rot.r2; `cs`, `sn` the pairs' cos, sin of t·θ_i.
-inline void unrotate_row(geometry const& g, double const* row, double* ur, double const* cs, double const* sn,
+template <class = void>  // instantiated on use
+void unrotate_row(geometry const& g, double const* row, double* ur, double const* cs, double const* sn,
                          pair_energy& raw, pair_energy& rot) {
     index_t const h = g.half;
     if (h == 0) return;
@@ -472,7 +478,8 @@ inline void unrotate_row(geometry const& g, double const* row, double* ur, doubl
 /// (avx2 or avx512; table angles): the register-blocked kernel of
 /// simd/rope_kernels.hpp, the same sums bit for bit. `u`: n × r (row-major)
 /// receives the unrotated pairs when not null; `o12` is work space.
-inline void unrotate_bucket(simd::isa level, geometry const& g, trig_table const& tt, rmat const& blk,
+template <class = void>  // instantiated on use
+void unrotate_bucket(simd::isa level, geometry const& g, trig_table const& tt, rmat const& blk,
                             std::int64_t const* t, index_t n, double* u, pair_energy& raw, pair_energy& rot,
                             std::vector<index_t>& o12) {
     index_t const h = g.half;
@@ -492,7 +499,8 @@ inline void unrotate_bucket(simd::isa level, geometry const& g, trig_table const
 
 /// Per pair coherence, energy z and power of one frame; Num and Den summed
 /// over the powered pairs into `num`, `den`.
-inline void finish_frame(pair_energy const& e, double N, std::vector<double> const& span, double min_span,
+template <class = void>  // instantiated on use
+void finish_frame(pair_energy const& e, double N, std::vector<double> const& span, double min_span,
                          double min_z, std::vector<rope_pair_check>& out, bool query, bool raw, double& num,
                          double& den, index_t& powered, double& c_min,
                          double& mirror_max) {
@@ -522,7 +530,8 @@ inline void finish_frame(pair_energy const& e, double N, std::vector<double> con
 
 /// out.rows(o .. o + m) = scale · (x.rows(r .. r + m) − their mean) (two
 /// passes over the rows; `mean` is work space of x.cols() entries).
-inline void center_rows(rmat const& x, index_t r, index_t m, rmat& out, index_t o, double scale,
+template <class = void>  // instantiated on use
+void center_rows(rmat const& x, index_t r, index_t m, rmat& out, index_t o, double scale,
                         std::vector<double>& mean) {
     index_t const d = x.cols();
     mean.assign(std::size_t(d), 0.0);
@@ -545,6 +554,7 @@ inline void center_rows(rmat const& x, index_t r, index_t m, rmat& out, index_t 
 /// rankUpdate. The levels agree to rounding.
 struct gram_update {
     std::vector<double> buf;  // the packed block (grows only)
+    template <class = void>  // instantiated on use
     void add(double const* x, index_t ldx, index_t n, std::vector<index_t> const& cols, dmat& C) {
         index_t const w = index_t(cols.size());
         if (n == 0 || w == 0) return;
@@ -567,6 +577,7 @@ struct gram_update {
     /// C (w × w, lower triangle) += the Gram matrix of the packed n × w block
     /// at pk (panels of W = panel_width(level) columns; generic: W = 1, that
     /// is column-major).
+    template <class = void>  // instantiated on use
     static void update(simd::isa level, double const* pk, index_t n, index_t w, dmat& C) {
         if (level != simd::isa::generic) return detail::mom::syrk_packed(level, pk, n, w, C.data(), w);
         Eigen::Map<dmat const> X(pk, n, w);  // W = 1: column-major n × w
@@ -575,6 +586,7 @@ struct gram_update {
     /// The panels of every band side by side: per band ⌈w_b / W⌉ panels of W
     /// lanes, each lane the source column of `add`'s packing (−1: zero pad);
     /// `first[b]`: band b's first panel.
+    template <class = void>  // instantiated on use
     static std::vector<index_t> pack_plan(std::vector<std::vector<index_t>> const& band_cols, index_t W,
                                           std::vector<index_t>& first) {
         std::vector<index_t> plan;
@@ -615,7 +627,8 @@ struct gram_update {
 };
 
 /// Σ_ij A_ij B_ij of two symmetric matrices given by their lower triangles.
-inline double sym_dot(dmat const& A, dmat const& B) {
+template <class = void>  // instantiated on use
+double sym_dot(dmat const& A, dmat const& B) {
     double diag = 0, off = 0;
     for (index_t j = 0; j < A.cols(); ++j) {
         diag += A(j, j) * B(j, j);
@@ -634,6 +647,7 @@ struct key_prefix {
     std::vector<std::int64_t> pairs;            // prefix pair counts
     std::vector<double> mean;                   // work: one group's mean
 
+    template <class = void>  // instantiated on use
     explicit key_prefix(geometry const& g) : pref(1), pairs(1, 0) {
         for (auto const& c : g.band_cols) pref.back().push_back(dmat::Zero(index_t(c.size()), index_t(c.size())));
     }
@@ -684,6 +698,7 @@ struct key_prefix {
 private:
     /// The groups into the panels by the scalar loops (generic level, or a
     /// panel lane run that is not 4 contiguous columns).
+    template <class = void>  // instantiated on use
     void pack_groups(rmat const& blk, geometry const& g, index_t nz, index_t W, double* pk) {
         index_t kk = 0;
         for (auto const& [s0, m] : groups) {
@@ -703,6 +718,7 @@ private:
     }
     /// The packing plan at width W; quad_src: the first source column of each
     /// run of 4 lanes, quads_ok: every run is 4 contiguous columns (W ≥ 4).
+    template <class = void>  // instantiated on use
     void make_plan(geometry const& g, index_t W) {
         plan_w = W, plan = gram_update::pack_plan(g.band_cols, W, first);
         quad_src.clear();
@@ -727,6 +743,7 @@ struct content_acc {
     index_t n_clusters = 0, n_bands = 0;
     std::vector<double> a;                 // [cluster * n_bands + band]
     std::vector<double> col;               // work: one run's Σ (u − μ)² per column
+    template <class = void>  // instantiated on use
     content_acc(std::vector<std::int64_t> const& example, index_t bands) : n_bands(bands) {
         auto const [lo, hi] = std::minmax_element(example.begin(), example.end());
         if (lo != example.end() && std::uint64_t(*hi) - std::uint64_t(*lo) < 4 * example.size() + 1024) {
@@ -750,6 +767,7 @@ struct content_acc {
     /// At avx2 / avx512 per run of rows of one cluster: Σ over the run per
     /// column (simd/rope_kernels.hpp), then per band (sums of squares in
     /// another order: equal to rounding).
+    template <class = void>  // instantiated on use
     void add_bucket(simd::isa level, rmat const& blk, index_t r0, index_t n, geometry const& g,
                     std::vector<double> const& u, std::vector<double> const& usum) {
         std::vector<double> mean(usum.size()), sq(usum.size());
@@ -765,6 +783,7 @@ struct content_acc {
             add_bands(g, e, a.data() + cluster_of[std::size_t(r0 + r)] * n_bands);
         }
     }
+    template <class = void>  // instantiated on use
     void add_runs(simd::isa level, rmat const& blk, index_t r0, index_t n, geometry const& g,
                   std::vector<double> const& u, std::vector<double> const& mean) {
         col.resize(std::size_t(g.d));
@@ -782,6 +801,7 @@ struct content_acc {
     /// acc[k] += Σ of e over band k's columns (rotary bands: per pair, the
     /// pair's two columns first; the sums of squares in another order than
     /// the generic level's: equal to rounding).
+    template <class = void>  // instantiated on use
     void add_bands_paired(geometry const& g, double const* e, double* acc) {
         pair_sum.resize(std::size_t(g.half));
         double* __restrict f = pair_sum.data();
@@ -793,6 +813,7 @@ struct content_acc {
     }
     std::vector<double> pair_sum;  // work: per pair, the run's sum over its two columns
     /// acc[k] += Σ of e over band k's columns.
+    template <class = void>  // instantiated on use
     void add_bands(geometry const& g, double const* e, double* acc) const {
         for (index_t k = 0; k < n_bands; ++k) {  // rotary: two runs of np columns; unrotated: one run
             auto const& c = g.band_cols[std::size_t(k)];
@@ -802,6 +823,7 @@ struct content_acc {
     }
     /// Σ p[0 .. m) in four interleaved partial sums (independent chains; the
     /// terms are squares, so the order changes the sum by rounding only).
+    template <class = void>  // instantiated on use
     static double sum4(double const* p, index_t m) {
         double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
         index_t j = 0;
@@ -811,6 +833,7 @@ struct content_acc {
     }
     /// Shares and their linearised cluster standard errors:
     /// S_B = A_B / T, se² = G/(G−1) Σ_e (A_eB − S_B T_e)² / T².
+    template <class = void>  // instantiated on use
     void finish(std::vector<rope_band>& bands) const {
         std::vector<double> A(std::size_t(n_bands), 0.0), Te(std::size_t(n_clusters), 0.0);
         for (index_t e = 0; e < n_clusters; ++e)
@@ -912,7 +935,8 @@ void kind_pass(S const& s, geometry const& g, trig_table const& tt, rope_band_op
 }
 
 /// ⌊5 τ_b / L⌋ clamped to [0, 4] (method §9.12).
-inline int quintile_of(double tau, std::int64_t L) {
+template <class = void>  // instantiated on use
+int quintile_of(double tau, std::int64_t L) {
     auto const q = static_cast<std::int64_t>(std::floor(5.0 * tau / double(L)));
     return int(std::clamp<std::int64_t>(q, 0, 4));
 }
@@ -947,7 +971,8 @@ void bucket_scatter(S const& q, index_t r0, index_t n, geometry const& g, moment
 
 /// The moments of query bucket `bucket` in `qm` (null when qm is null);
 /// throws when they do not hold the same number of rows as the queries.
-inline moments const* bucket_moments(std::string_view fn, bucketed_moments const* qm, std::int64_t bucket,
+template <class = void>  // instantiated on use
+moments const* bucket_moments(std::string_view fn, bucketed_moments const* qm, std::int64_t bucket,
                                      index_t n) {
     if (!qm) return nullptr;
     auto const it = qm->buckets.find(bucket);
@@ -1007,7 +1032,8 @@ void v_shares(S const& q, key_prefix const& kp, geometry const& g, capture_facts
 }
 
 /// Checks the options; throws std::invalid_argument naming the field.
-inline void check_options(std::string_view fn, rope_band_options const& o) {
+template <class = void>  // instantiated on use
+void check_options(std::string_view fn, rope_band_options const& o) {
     if (o.n_bands < 1) fail_arg(fn, "rope_band_options.n_bands: must be >= 1", o.n_bands);
     if (!(std::isfinite(o.min_angle_span) && o.min_angle_span > 0))
         fail_arg(fn, "rope_band_options.min_angle_span: must be finite and > 0 radians", o.min_angle_span);
@@ -1025,7 +1051,8 @@ inline void check_options(std::string_view fn, rope_band_options const& o) {
 /// Checks the RoPE settings against the head dimension d; returns the
 /// position divisor (1 for "none", the factor for "linear", 0 for another
 /// scaling: unsupported).
-inline double check_spec(std::string_view fn, rope_spec const& s, index_t d) {
+template <class = void>  // instantiated on use
+double check_spec(std::string_view fn, rope_spec const& s, index_t d) {
     if (s.rotary_dim < 0 || s.rotary_dim % 2 != 0 || s.rotary_dim > d)
         fail_arg(fn, "facts.rope.rotary_dim: must be even and in [0, d = " + std::to_string(d) + "]", s.rotary_dim);
     if (s.rotary_dim == 0 && d % 2 != 0)

@@ -29,13 +29,15 @@ inline constexpr double zero_tolerance = 16 * std::numeric_limits<double>::epsil
 /// The one test of method §9.17: is `value` numerically zero relative to
 /// `scale` (same units, e.g. a co-moment against a sum of squares)? True
 /// for |value| ≤ zero_tolerance · scale, and for NaN.
-inline bool numerically_zero(double value, double scale) noexcept {
+template <class = void>  // instantiated on use
+bool numerically_zero(double value, double scale) noexcept {
     return !(std::abs(value) > zero_tolerance * scale);
 }
 
 /// `value` when it is not numerically zero relative to `scale`, else exactly 0
 /// (a variance below the rounding floor of its data, method §9.17).
-inline double snap_zero(double value, double scale) noexcept {
+template <class = void>  // instantiated on use
+double snap_zero(double value, double scale) noexcept {
     return numerically_zero(value, scale) && !std::isnan(value) ? 0.0 : value;
 }
 
@@ -53,7 +55,8 @@ double sum_squares_x(detail::dep_t<moments, Dep> const& m) {
 }
 
 /// Σt² of a group, M2_t + n t̄²: the scale of M2_t.
-inline double sum_squares_t(moments const& m) noexcept {
+template <class = void>  // instantiated on use
+double sum_squares_t(moments const& m) noexcept {
     return m.m2_t + static_cast<double>(m.n) * m.mean_t * m.mean_t;
 }
 
@@ -66,13 +69,15 @@ bool rows_constant(detail::dep_t<moments, Dep> const& m) {
 
 /// Fewer than 2 rows or every position the same (positions are exact
 /// integers, so M2_t is exactly 0 then; the scale test is the same rule).
-inline bool positions_constant(moments const& m) noexcept {
+template <class = void>  // instantiated on use
+bool positions_constant(moments const& m) noexcept {
     return m.n < 2 || numerically_zero(m.m2_t, sum_squares_t(m));
 }
 
 /// Pearson correlation from co-moments (ddof-free, method §9.1): cxy / sqrt(cxx·cyy),
 /// clamped to [-1, 1]; NaN when either variance is zero or not finite.
-inline double corr_from_comoments(double cxy, double cxx, double cyy) noexcept {
+template <class = void>  // instantiated on use
+double corr_from_comoments(double cxy, double cxx, double cyy) noexcept {
     double const den = std::sqrt(cxx) * std::sqrt(cyy);
     if (!(den > 0) || !std::isfinite(den)) return nan;
     return std::clamp(cxy / den, -1.0, 1.0);
@@ -145,7 +150,8 @@ head_moments moments_of_rows(XQ const& q, PQ const& tq, XK const& k, PK const& t
 }
 
 /// Median of a copy (NaN for an empty input).
-inline double median(std::vector<double> v) {
+template <class = void>  // instantiated on use
+double median(std::vector<double> v) {
     if (v.empty()) return nan;
     auto const mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
     std::nth_element(v.begin(), mid, v.end());

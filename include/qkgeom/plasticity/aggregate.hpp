@@ -27,13 +27,15 @@ namespace qkgeom {
 namespace detail {
 
 /// n + 1 equally spaced edges over [lo, hi].
-inline std::vector<double> default_edges(double lo, double hi, int bins) {
+template <class = void>  // instantiated on use
+std::vector<double> default_edges(double lo, double hi, int bins) {
     std::vector<double> e(static_cast<std::size_t>(bins) + 1);
     for (int i = 0; i <= bins; ++i) e[static_cast<std::size_t>(i)] = lo + (hi - lo) * i / bins;
     return e;
 }
 
-inline void check_edges(std::vector<double> const& e, std::string_view name) {
+template <class = void>  // instantiated on use
+void check_edges(std::vector<double> const& e, std::string_view name) {
     if (e.size() < 2) fail_arg("qkgeom::attention_plasticity", std::string(name) + ": need at least 2 edges; edges", e.size());
     for (std::size_t i = 0; i < e.size(); ++i)
         if (!std::isfinite(e[i]) || (i > 0 && !(e[i] > e[i - 1])))
@@ -67,7 +69,8 @@ inline void check_edges(std::vector<double> const& e, std::string_view name) {
 namespace detail {
 
 /// ⌊k·τ_b/L⌋ in integer arithmetic (method §9.12): τ_b = S/n with S integer.
-inline int quantile_of(double tau, std::int64_t n, std::int64_t L, int k) {
+template <class = void>  // instantiated on use
+int quantile_of(double tau, std::int64_t n, std::int64_t L, int k) {
     auto const S = static_cast<std::int64_t>(std::llround(tau * static_cast<double>(n)));
     long double const q = static_cast<long double>(k) * static_cast<long double>(S) /
                           (static_cast<long double>(n) * static_cast<long double>(L));
@@ -99,7 +102,8 @@ plasticity_heatmap make_heatmap(heatmap_grid const& grid, capture_facts const& f
 }
 
 /// A finished cell (method §9.10, §9.16).
-inline plasticity_cell finish_cell(cell_acc const& acc, std::int64_t b, std::int64_t c, bool sampled) {
+template <class = void>  // instantiated on use
+plasticity_cell finish_cell(cell_acc const& acc, std::int64_t b, std::int64_t c, bool sampled) {
     plasticity_cell cell;
     cell.q_bucket = b;
     cell.k_bucket = c;
@@ -117,7 +121,8 @@ inline plasticity_cell finish_cell(cell_acc const& acc, std::int64_t b, std::int
 
 /// `same_bucket`: AP_b = the unweighted mean of the bucket's non-empty cells
 /// (method §9.10–9.11); the empirical AP_b only when every non-empty cell has one.
-inline void same_bucket_profile(std::span<plasticity_cell const> cells, plasticity_bucket& pb) {
+template <class = void>  // instantiated on use
+void same_bucket_profile(std::span<plasticity_cell const> cells, plasticity_bucket& pb) {
     double sum = 0, emp_sum = 0, se2 = 0;
     std::int64_t n_emp = 0;
     for (auto const& cell : cells) {
@@ -139,7 +144,8 @@ inline void same_bucket_profile(std::span<plasticity_cell const> cells, plastici
 }
 
 /// `prefix`: AP_b = the mean over its pairs (one cell, method §9.11).
-inline void prefix_profile(plasticity_cell const& cell, plasticity_bucket& pb) {
+template <class = void>  // instantiated on use
+void prefix_profile(plasticity_cell const& cell, plasticity_bucket& pb) {
     if (cell.n_pairs == 0) return;
     pb.n_cells = 1;
     pb.n_pairs = cell.n_pairs;
@@ -166,7 +172,8 @@ std::vector<double> quantile_profile(std::vector<plasticity_bucket> const& profi
 
 /// AP_overall, the quantile profiles, AP_drop and gaussian_gap of a head
 /// whose cells and profile are complete (method §6, §9.10–9.14).
-inline void aggregate(plasticity_result& res, ap_weighting weighting) {
+template <class = void>  // instantiated on use
+void aggregate(plasticity_result& res, ap_weighting weighting) {
     double wsum = 0, wap = 0;
     for (auto const& pb : res.profile)
         if (std::isfinite(pb.ap)) {
@@ -205,7 +212,8 @@ inline void aggregate(plasticity_result& res, ap_weighting weighting) {
 /// The AP_drop of a profile whose AP_b are `ap` (one per `profile` entry),
 /// aggregated exactly as `aggregate` does: the w_b-weighted quintile means
 /// of the buckets with a finite AP_b, first minus last.
-inline double split_drop(std::vector<plasticity_bucket> profile, std::vector<split_bucket> const& sp,
+template <class = void>  // instantiated on use
+double split_drop(std::vector<plasticity_bucket> profile, std::vector<split_bucket> const& sp,
                          double split_bucket::*ap) {
     for (std::size_t i = 0; i < profile.size(); ++i) profile[i].ap = sp[i].*ap;
     auto const q = quantile_profile(profile, 5, &plasticity_bucket::quintile);
@@ -215,7 +223,8 @@ inline double split_drop(std::vector<plasticity_bucket> profile, std::vector<spl
 /// The counterfactual AP_drops and the Shapley split of `res.split`
 /// (docs/beyond-split.md), after `aggregate`. `on`: the options asked for it;
 /// `frozen`: a first-quintile reference exists (`n_ref` buckets).
-inline void aggregate_split(plasticity_result& res, bool on, bool frozen, std::int64_t n_ref) {
+template <class = void>  // instantiated on use
+void aggregate_split(plasticity_result& res, bool on, bool frozen, std::int64_t n_ref) {
     profile_split& sp = res.split;
     sp.n_frozen_buckets = n_ref;
     if (!on) {

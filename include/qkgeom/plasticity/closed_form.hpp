@@ -50,7 +50,8 @@ struct cell_acc {
 /// PP of a counterfactual (m, v) with v ≤ 0 (the counterfactual variance
 /// vanishes along δ): the limit PP = 0 for m ≠ 0 and PP = 1 (a tie) for
 /// m = 0, counted in `degenerate`. (v > 0: the closed form.)
-inline double split_degenerate_pp(double m, std::int64_t& degenerate) noexcept {
+template <class = void>  // instantiated on use
+double split_degenerate_pp(double m, std::int64_t& degenerate) noexcept {
     ++degenerate;
     return m == 0 ? 1.0 : 0.0;
 }
@@ -119,7 +120,8 @@ inline void split_buffer::flush(split_model const& sm, double w0, double s0, boo
 /// `cell_sum` the sums over its `n_cells` non-empty cells of the four
 /// profiles' cell means (AP_b = their mean, method §9.10–9.11); the
 /// frozen-content fields stay NaN unless `frozen`.
-inline split_bucket finish_split_bucket(std::int64_t b, split_acc const& pooled, double const cell_sum[4],
+template <class = void>  // instantiated on use
+split_bucket finish_split_bucket(std::int64_t b, split_acc const& pooled, double const cell_sum[4],
                                         std::int64_t n_cells, bool frozen) {
     split_bucket sb;
     sb.q_bucket = b;
@@ -156,7 +158,8 @@ struct bucket_eval {
 /// Whether the split's frozen content model of `e` is its actual one
 /// (global_linear; or equal values): then fr = act and ne = nd exactly, and
 /// neither is evaluated again. Computed once per bucket (split_model::same_state).
-inline bool split_same(bucket_eval const& e) {
+template <class = void>  // instantiated on use
+bool split_same(bucket_eval const& e) {
     split_model const& sm = e.split;
     if (sm.same_state < 0) {
         index_t const d = e.w.size();

@@ -43,20 +43,23 @@ namespace qkgeom::detail {
 /// a normal float and nothing overflows (`f32_certifiable`). The factor
 /// 1 + 2⁻³⁰ covers the double rounding of the norms and of the bound itself
 /// (relative ≈ d·2⁻⁵³).
-inline double f32_dot_error_factor(index_t d) {
+template <class = void>  // instantiated on use
+double f32_dot_error_factor(index_t d) {
     double const u = 0x1p-24, nu = double(d + 3) * u;
     return nu / (1.0 - nu) * (1.0 + 0x1p-30);
 }
 
 /// Absolute part of the bound: each of the d multiply–adds may round a
 /// subnormal result by at most 2⁻¹⁵⁰ (half the smallest subnormal).
-inline double f32_dot_abs_error(index_t d) { return double(d + 3) * 0x1p-149; }
+template <class = void>  // instantiated on use
+double f32_dot_abs_error(index_t d) { return double(d + 3) * 0x1p-149; }
 
 /// Error factor of a double-precision dot product of length d (any order,
 /// FMA or not): |fl64(q·k) − q·k| <= γ_{d+3}‖q‖‖k‖ with u = 2⁻⁵³. The
 /// pair-difference form adds it so that a decided query is also decided the
 /// same way by the double-precision scores of the fallback.
-inline double f64_dot_error_factor(index_t d) {
+template <class = void>  // instantiated on use
+double f64_dot_error_factor(index_t d) {
     double const nu = double(d + 3) * 0x1p-53;
     return nu / (1.0 - nu) * (1.0 + 0x1p-30);
 }
@@ -64,11 +67,13 @@ inline double f64_dot_error_factor(index_t d) {
 /// Absolute term of the pair-difference form's threshold: (d + 3)·2⁻¹²⁵, a
 /// normal float that covers a subnormal product or partial sum even when
 /// the FPU flushes them to zero (FTZ/DAZ, e.g. -ffast-math).
-inline float f32_pair_abs_error(index_t d) { return static_cast<float>(double(d + 3) * 0x1p-125); }
+template <class = void>  // instantiated on use
+float f32_pair_abs_error(index_t d) { return static_cast<float>(double(d + 3) * 0x1p-125); }
 
 /// The smallest float ≥ x, at least the smallest normal float (so the value
 /// is never flushed by DAZ); +inf for NaN and x beyond the float range.
-inline float float_up(double x) {
+template <class = void>  // instantiated on use
+float float_up(double x) {
     if (!(x <= double(std::numeric_limits<float>::max()))) return std::numeric_limits<float>::infinity();
     auto f = static_cast<float>(x);
     if (double(f) < x) f = std::nextafter(f, std::numeric_limits<float>::infinity());
@@ -113,7 +118,8 @@ struct empirical_bucket {
 /// bound of both scores; the (rare) undecided ones are recomputed in double
 /// from the original rows, so the count is that of double-precision scores
 /// (ties within double rounding aside).
-inline std::int64_t empirical_wins(empirical_bucket const& e, index_t ci, index_t cj) {
+template <class = void>  // instantiated on use
+std::int64_t empirical_wins(empirical_bucket const& e, index_t ci, index_t cj) {
     index_t const nq = e.nq;
     float const* si = e.scores.col(ci).data();
     float const* sj = e.scores.col(cj).data();

@@ -122,7 +122,8 @@ split_model split_model_of(detail::dep_t<bucket_semantics, Dep> const& s, detail
 /// The split bucket of one query bucket from its cells' split sums: the four
 /// AP_b by the plasticity rule (the mean of the non-empty cells' means), the
 /// parts of m and v pooled over its pairs.
-inline split_bucket split_bucket_of(std::int64_t b, std::vector<split_acc> const& cells, bool frozen,
+template <class = void>  // instantiated on use
+split_bucket split_bucket_of(std::int64_t b, std::vector<split_acc> const& cells, bool frozen,
                                     std::int64_t& degenerate) {
     split_acc pooled;
     double sum[4] = {0, 0, 0, 0};
@@ -142,7 +143,8 @@ inline split_bucket split_bucket_of(std::int64_t b, std::vector<split_acc> const
 }
 
 /// The groups of ≥ 2 keys among `groups` (sampling draws from them).
-inline std::vector<std::vector<index_t> const*> sampling_groups(std::vector<key_group> const& groups) {
+template <class = void>  // instantiated on use
+std::vector<std::vector<index_t> const*> sampling_groups(std::vector<key_group> const& groups) {
     std::vector<std::vector<index_t> const*> gs;
     for (auto const& g : groups)
         if (g.keys.size() >= 2) gs.push_back(&g.keys);

@@ -21,7 +21,8 @@
 namespace qkgeom::detail {
 
 /// The first token position of a bucket (for the sliding window).
-inline std::int64_t bucket_first_position(bucket_spec const& s, std::int64_t b) {
+template <class = void>  // instantiated on use
+std::int64_t bucket_first_position(bucket_spec const& s, std::int64_t b) {
     if (s.scheme == bucket_scheme::log) {
         std::int64_t const i_min = ceil_log2(static_cast<std::uint64_t>(s.width));
         return b <= i_min ? 0 : (std::int64_t{1} << b) - 1;
@@ -29,7 +30,8 @@ inline std::int64_t bucket_first_position(bucket_spec const& s, std::int64_t b) 
     return b * s.width;
 }
 /// The last token position of a bucket.
-inline std::int64_t bucket_last_position(bucket_spec const& s, std::int64_t b) {
+template <class = void>  // instantiated on use
+std::int64_t bucket_last_position(bucket_spec const& s, std::int64_t b) {
     if (s.scheme == bucket_scheme::log) return (std::int64_t{1} << (b + 1)) - 2;
     return (b + 1) * s.width - 1;
 }
@@ -38,7 +40,8 @@ inline std::int64_t bucket_last_position(bucket_spec const& s, std::int64_t b) {
 /// c ≥ b − span, span = max(1, ⌈W/B⌉) (method §6). Log: the bucket's last
 /// position reaches the query bucket's first position minus W (which is the
 /// same rule for uniform buckets). Needs `f.buckets` when a window is set.
-inline bool in_window(capture_facts const& f, std::int64_t b, std::int64_t c) {
+template <class = void>  // instantiated on use
+bool in_window(capture_facts const& f, std::int64_t b, std::int64_t c) {
     if (f.sliding_window <= 0) return true;
     bucket_spec const& s = *f.buckets;
     if (s.scheme != bucket_scheme::log) {
@@ -137,7 +140,8 @@ struct pair_plan {
 /// `query_buckets` the query bucket models' (bucket id, used) in ascending
 /// order. Exact when the options say so, or (automatic) when the head's
 /// admissible (query bucket, pair) evaluations number ≤ max_exact_pairs.
-inline pair_plan plan_pairs(std::span<std::int64_t const> key_bucket, std::span<std::int64_t const> key_example,
+template <class = void>  // instantiated on use
+pair_plan plan_pairs(std::span<std::int64_t const> key_bucket, std::span<std::int64_t const> key_example,
                             std::span<std::pair<std::int64_t, bool> const> query_buckets, capture_facts const& facts,
                             plasticity_options const& opt) {
     pair_plan plan;

@@ -129,7 +129,8 @@ struct rank_result {
 namespace detail {
 
 /// Φ⁻¹(p) for |q| ≤ 0.425, q = p − 0.5 (AS 241's central rational; finite for any |q| ≤ 1).
-inline double normal_quantile_central(double q) noexcept {
+template <class = void>  // instantiated on use
+double normal_quantile_central(double q) noexcept {
     double const r = 0.180625 - q * q;
     return q *
                (((((((2509.0809287301226727 * r + 33430.575583588128105) * r + 67265.770927008700853) * r +
@@ -141,7 +142,8 @@ inline double normal_quantile_central(double q) noexcept {
 }
 
 /// Φ⁻¹(p) for |q| > 0.425, q = p − 0.5 (AS 241's tails).
-inline double normal_quantile_tail(double p, double q) noexcept {
+template <class = void>  // instantiated on use
+double normal_quantile_tail(double p, double q) noexcept {
     double r = q < 0 ? p : 1.0 - p;
     r = std::sqrt(-std::log(r));
     double x = 0;
@@ -167,7 +169,8 @@ inline double normal_quantile_tail(double p, double q) noexcept {
 
 /// Φ⁻¹(p), p ∈ (0, 1): Wichura's AS 241 (PPND16), relative accuracy ~1e-16
 /// (the tests' reference for `rank_quantile`).
-inline double normal_quantile(double p) noexcept {
+template <class = void>  // instantiated on use
+double normal_quantile(double p) noexcept {
     double const q = p - 0.5;
     return std::abs(q) <= 0.425 ? normal_quantile_central(q) : normal_quantile_tail(p, q);
 }
@@ -180,7 +183,8 @@ inline double normal_quantile(double p) noexcept {
 /// |q| ≤ rank_quantile_split (q = p − 0.5; finite for any |q| ≤ 1) ...
 inline constexpr double rank_quantile_split = 0.47575;  // 0.02425 ≤ p ≤ 0.97575
 
-inline double rank_quantile_central(double q) noexcept {
+template <class = void>  // instantiated on use
+double rank_quantile_central(double q) noexcept {
     double const r = q * q;
     return (((((-3.969683028665376e+01 * r + 2.209460984245205e+02) * r - 2.759285104469687e+02) * r +
               1.383577518672690e+02) * r - 3.066479806614716e+01) * r + 2.506628277459239e+00) * q /
@@ -188,7 +192,8 @@ inline double rank_quantile_central(double q) noexcept {
               6.680131188771972e+01) * r - 1.328068155288572e+01) * r + 1.0);
 }
 /// ... and the tails (|q| > rank_quantile_split).
-inline double rank_quantile_tail(double p, double q) noexcept {
+template <class = void>  // instantiated on use
+double rank_quantile_tail(double p, double q) noexcept {
     double const r = std::sqrt(-2.0 * std::log(q < 0 ? p : 1.0 - p));
     double const x = (((((-7.784894002430293e-03 * r - 3.223964580411365e-01) * r - 2.400758277161838e+00) * r -
                          2.549732539343734e+00) * r + 4.374664141464968e+00) * r + 2.938163982698783e+00) /
@@ -199,7 +204,8 @@ inline double rank_quantile_tail(double p, double q) noexcept {
 
 /// Φ⁻¹(p), p ∈ (0, 1), to 1.15e-9 relative (the integrands evaluate the two
 /// parts lane by lane).
-inline double rank_quantile(double p) noexcept {
+template <class = void>  // instantiated on use
+double rank_quantile(double p) noexcept {
     double const q = p - 0.5;
     return std::abs(q) <= rank_quantile_split ? rank_quantile_central(q) : rank_quantile_tail(p, q);
 }
@@ -259,7 +265,8 @@ struct orthant_work {
 };
 
 /// The sort key of limit j: b_j/√S_jj (±∞ where S_jj ≤ 0).
-inline double orthant_key(double b, double s) noexcept {
+template <class = void>  // instantiated on use
+double orthant_key(double b, double s) noexcept {
     double const big = std::numeric_limits<double>::infinity();
     return s > 0 ? b / std::sqrt(s) : (b > 0 ? big : -big);
 }
@@ -268,7 +275,8 @@ inline double orthant_key(double b, double s) noexcept {
 /// (Genz–Bretz; `w.key` = `orthant_key` of each, filled by the caller), then
 /// the lower Cholesky factor L of the permuted S, with conditional variances
 /// ≤ 1e-12·max S_jj treated as zero (`fixed`).
-inline void orthant_factor(orthant_work& w) noexcept {
+template <class = void>  // instantiated on use
+void orthant_factor(orthant_work& w) noexcept {
     int const n = w.n;
     auto const un = static_cast<std::size_t>(n);
     double scale = w.S[0];
@@ -306,7 +314,8 @@ inline void orthant_factor(orthant_work& w) noexcept {
 /// (coordinate k of point l at x[k·rank_lanes + l]), evaluated side by side in
 /// straight loops (the central Φ⁻¹ for every lane, then the tails where
 /// needed); `e0` = e_0, the first factor, which does not depend on x.
-inline void orthant_integrand(orthant_work const& w, double e0, double const* x, double* out) noexcept {
+template <class = void>  // instantiated on use
+void orthant_integrand(orthant_work const& w, double e0, double const* x, double* out) noexcept {
     constexpr int W = rank_lanes;
     int const n = w.n;
     std::array<double, 64 * W> y;
@@ -496,7 +505,8 @@ rank_set_stats flip_of(detail::dep_t<Eigen::MatrixXd, Dep> const& P) {
 }
 
 /// Checks rank options (the field and value named in the message).
-inline void check_rank_options(std::string_view fn, rank_options const& o) {
+template <class = void>  // instantiated on use
+void check_rank_options(std::string_view fn, rank_options const& o) {
     if (o.keys_per_set < 2 || o.keys_per_set > 64)
         fail_arg(fn, "rank_options.keys_per_set must be in [2, 64]", o.keys_per_set);
     if (o.sets_per_bucket < 1) fail_arg(fn, "rank_options.sets_per_bucket must be >= 1", o.sets_per_bucket);
@@ -684,7 +694,8 @@ rank_set draw_rank_set(detail::dep_t<rank_key_index, Dep> const& ix, std::vector
 }
 
 /// Mean and standard error (sd/√n; NaN for n < 2) of values.
-inline std::pair<double, double> mean_se(std::vector<double> const& v) {
+template <class = void>  // instantiated on use
+std::pair<double, double> mean_se(std::vector<double> const& v) {
     if (v.empty()) return {nan, nan};
     double const n = static_cast<double>(v.size());
     double const mu = std::accumulate(v.begin(), v.end(), 0.0) / n;
@@ -791,7 +802,8 @@ std::pair<double, double> rank_weighted(std::vector<rank_bucket> const& prof, Me
 }
 
 /// The head's means, quintile values and drops from its profile.
-inline void rank_aggregate(rank_result& r) {
+template <class = void>  // instantiated on use
+void rank_aggregate(rank_result& r) {
     using B = rank_bucket;
     std::tie(r.top1_flip, r.top1_flip_se) = rank_weighted(r.profile, &B::top1_flip, &B::top1_flip_se, -1);
     std::tie(r.kendall, r.kendall_se) = rank_weighted(r.profile, &B::kendall, &B::kendall_se, -1);
