@@ -409,7 +409,7 @@ normality_diagnostics diagnostics_of(detail::dep_t<householder_result, X> const&
                                                   : VecX(VecX::Unit(d, 0));
     bool const reflect = !model.H.is_identity();
     constexpr index_t block = 256;
-    Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> T(std::min(block, n), 1 + m);
+    detail::dep_t<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, X> T(std::min(block, n), 1 + m);
     double sum_sq = 0;  // Σ‖q‖², the scale of method §9.17
     for (index_t i0 = 0; i0 < n; i0 += block) {
         index_t const nb = std::min(block, n - i0);

@@ -98,6 +98,7 @@ struct pair_plan {
     bool sampled = false;                     ///< enumeration: sampled (true) or exact
 
     /// The groups of key bucket c (empty when absent).
+    template <class = void>  // instantiated on use
     [[nodiscard]] std::vector<key_group> const& groups_of(std::int64_t c) const {
         static std::vector<key_group> const none;
         auto const it = groups.find(c);
@@ -105,6 +106,7 @@ struct pair_plan {
     }
 
     /// The sizes summed over `cells` (keys, pairs) and their largest group.
+    template <class = void>  // instantiated on use
     [[nodiscard]] cell_size total_size(std::vector<std::int64_t> const& cells) const {
         cell_size t;
         for (auto c : cells) {
@@ -119,6 +121,7 @@ struct pair_plan {
 
     /// `prefix` policy: per example, its keys in all `cells`, ascending
     /// (one group per example, ascending by example id).
+    template <class = void>  // instantiated on use
     [[nodiscard]] std::vector<key_group> prefix_groups(std::vector<std::int64_t> const& cells) const {
         std::map<std::int64_t, std::vector<index_t>> per_example;
         for (auto c : cells)
