@@ -379,7 +379,8 @@ shape_stats shape_of(std::span<double const> z) {
 /// `householder_diagnostics`; `rows_checked`: the caller has validated the
 /// row values already (analyze_head), only the shapes are checked again.
 template <RowMatrix X, IndexVector P>
-normality_diagnostics diagnostics_of(detail::dep_t<householder_result, X> const& model, X const& queries, P const& positions,
+normality_diagnostics diagnostics_of(detail::dep_t<householder_result, X> const& model, X const& queries,
+                                     P const& positions,
                                      double ks_alpha, bool rows_checked) {
     using VecX = detail::dep_t<Eigen::VectorXd, X>;
     using MatX = detail::dep_t<Eigen::MatrixXd, X>;
@@ -409,7 +410,8 @@ normality_diagnostics diagnostics_of(detail::dep_t<householder_result, X> const&
                                                   : VecX(VecX::Unit(d, 0));
     bool const reflect = !model.H.is_identity();
     constexpr index_t block = 256;
-    detail::dep_t<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, X> T(std::min(block, n), 1 + m);
+    detail::dep_t<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, X> T(std::min(block, n),
+    1 + m);
     double sum_sq = 0;  // Σ‖q‖², the scale of method §9.17
     for (index_t i0 = 0; i0 < n; i0 += block) {
         index_t const nb = std::min(block, n - i0);

@@ -63,7 +63,8 @@ struct split_reference {
 };
 
 template <class Dep = void>
-split_reference split_reference_of(detail::dep_t<householder_result, Dep> const& model, detail::dep_t<key_store, Dep> const& ks, std::int64_t L, bool on) {
+split_reference split_reference_of(detail::dep_t<householder_result, Dep> const& model,
+                                   detail::dep_t<key_store, Dep> const& ks, std::int64_t L, bool on) {
     using VecX = detail::dep_t<Eigen::VectorXd, Dep>;
     using MatX = detail::dep_t<Eigen::MatrixXd, Dep>;
     using SplitRef = detail::dep_t<split_reference, Dep>;
@@ -98,7 +99,8 @@ split_reference split_reference_of(detail::dep_t<householder_result, Dep> const&
 /// The split model of one query bucket: its own positional coordinate with
 /// the reference content (or its own content under global_linear).
 template <class Dep = void>
-split_model split_model_of(detail::dep_t<bucket_semantics, Dep> const& s, detail::dep_t<split_reference, Dep> const& ref) {
+split_model split_model_of(detail::dep_t<bucket_semantics, Dep> const& s,
+                           detail::dep_t<split_reference, Dep> const& ref) {
     using SModel = detail::dep_t<split_model, Dep>;
     SModel m;
     m.on = ref.on;
@@ -169,7 +171,8 @@ plasticity_cell evaluate_cell(Evaluator& ev, key_store const& ks, bucket_eval co
 /// One query bucket: its cells appended to `res.cells`, its profile entry to
 /// `res.profile` (method §6, §9.10–9.11), its split entry to `res.split.profile`.
 template <class Evaluator>
-void evaluate_query_bucket(Evaluator& ev, detail::dep_t<empirical_check, Evaluator>& emp, bucket_semantics const& s, query_plan const& qp,
+void evaluate_query_bucket(Evaluator& ev, detail::dep_t<empirical_check, Evaluator>& emp, bucket_semantics const& s,
+                           query_plan const& qp,
                            pair_plan const& plan, key_store const& ks, plasticity_options const& opt,
                            plasticity_result& res, split_reference const& ref = {}) {
     using BEval = detail::dep_t<bucket_eval, Evaluator>;
@@ -211,7 +214,9 @@ void evaluate_query_bucket(Evaluator& ev, detail::dep_t<empirical_check, Evaluat
 /// its validated keys and (possibly no) query rows. A function template,
 /// instantiated on use.
 template <class Dep = void>
-plasticity_result evaluate_plasticity(detail::dep_t<householder_result, Dep> const& model, detail::dep_t<key_store, Dep> const& ks, detail::dep_t<query_store, Dep> const& qs,
+plasticity_result evaluate_plasticity(detail::dep_t<householder_result, Dep> const& model,
+                                      detail::dep_t<key_store, Dep> const& ks,
+                                      detail::dep_t<query_store, Dep> const& qs,
                                       capture_facts const& facts, plasticity_options const& opt) {
     using PRes = detail::dep_t<plasticity_result, Dep>;
     using EmpCheck = detail::dep_t<empirical_check, Dep>;

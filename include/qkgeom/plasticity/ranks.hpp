@@ -382,7 +382,8 @@ void rank_points(detail::dep_t<rank_lattice, Dep> const& lat, detail::dep_t<orth
 /// P(X < b), X ~ N(0, S) for the (b, S) of `w` (n ≥ 1), once per shift:
 /// `est[r]` for shift r, on the points `w.x` of `rank_points`.
 template <class Dep = void>
-void orthant_probability(detail::dep_t<rank_lattice, Dep> const& lat, std::span<double> est, detail::dep_t<orthant_work, Dep>& w) {
+void orthant_probability(detail::dep_t<rank_lattice, Dep> const& lat, std::span<double> est,
+                         detail::dep_t<orthant_work, Dep>& w) {
     constexpr int W = rank_lanes;
     orthant_factor(w);
     int const n = w.n;
@@ -419,7 +420,8 @@ void orthant_probability(detail::dep_t<rank_lattice, Dep> const& lat, std::span<
 
 /// E[τ_a] between the score order and the position order (exact, method §5 pairs).
 template <class Dep = void>
-double expected_kendall(detail::dep_t<Eigen::VectorXd, Dep> const& s, detail::dep_t<Eigen::MatrixXd, Dep> const& C, std::span<double const> t) {
+double expected_kendall(detail::dep_t<Eigen::VectorXd, Dep> const& s, detail::dep_t<Eigen::MatrixXd, Dep> const& C,
+                        std::span<double const> t) {
     auto const m = s.size();
     double sum = 0;
     for (index_t i = 0; i < m; ++i)
@@ -444,8 +446,10 @@ inline constexpr double rank_negligible_z = -5.1993375821928165;
 /// The per-shift top-1 probabilities P̂ (shifts × m, held by `w`), each row
 /// normalised to sum 1.
 template <class Dep = void>
-Eigen::MatrixXd const& top1_probabilities(detail::dep_t<Eigen::VectorXd, Dep> const& s, detail::dep_t<Eigen::MatrixXd, Dep> const& C,
-                                          detail::dep_t<rank_lattice, Dep> const& lat, std::mt19937_64& gen, detail::dep_t<orthant_work, Dep>& w) {
+Eigen::MatrixXd const& top1_probabilities(detail::dep_t<Eigen::VectorXd, Dep> const& s,
+                                          detail::dep_t<Eigen::MatrixXd, Dep> const& C,
+                                          detail::dep_t<rank_lattice, Dep> const& lat, std::mt19937_64& gen,
+                                          detail::dep_t<orthant_work, Dep>& w) {
     auto const m = s.size();
     auto const R = static_cast<index_t>(lat.shifts);
     w.P.setZero(R, m);
@@ -527,7 +531,8 @@ void check_rank_options(std::string_view fn, rank_options const& o) {
 /// \returns p_i, 1 − Σ p_i² with its integration standard error, E[τ_a]
 /// \throws std::invalid_argument on bad options or sizes (named)
 template <class Dep = void>
-rank_set_stats score_rank_stability(detail::dep_t<Eigen::VectorXd, Dep> const& mean, detail::dep_t<Eigen::MatrixXd, Dep> const& cov,
+rank_set_stats score_rank_stability(detail::dep_t<Eigen::VectorXd, Dep> const& mean,
+                                    detail::dep_t<Eigen::MatrixXd, Dep> const& cov,
                                     std::span<double const> positions, rank_options const& opt, std::uint64_t seed) {
     using RSStats = detail::dep_t<rank_set_stats, Dep>;
     constexpr std::string_view fn = "qkgeom::score_rank_stability";
@@ -626,7 +631,8 @@ struct rank_source {
 /// The sources of query bucket b: per example its admissible keys (`prefix`)
 /// or its (example, bucket) groups (`same_bucket`), only those with ≥ m keys.
 template <class Dep = void>
-std::vector<rank_source> rank_sources(detail::dep_t<rank_key_index, Dep> const& ix, capture_facts const& facts, std::int64_t b,
+std::vector<rank_source> rank_sources(detail::dep_t<rank_key_index, Dep> const& ix, capture_facts const& facts,
+                                      std::int64_t b,
                                       rank_options const& o) {
     std::vector<rank_source> out;
     std::int64_t lo = -1, hi = -1;
@@ -709,8 +715,10 @@ std::pair<double, double> mean_se(std::vector<double> const& v) {
 /// held as the columns of Kt = K̃ᵀ). False when two keys of the set are
 /// identical (their scores always tie).
 template <class Reader>
-bool set_scores(rank_rows<Reader> const& kr, detail::dep_t<bucket_semantics, Reader> const& bm, std::vector<index_t> const& rows,
-                detail::dep_t<Eigen::MatrixXd, Reader> const& V, detail::dep_t<Eigen::VectorXd, Reader>& s, detail::dep_t<Eigen::MatrixXd, Reader>& C, detail::dep_t<Eigen::MatrixXd, Reader>& Kt,
+bool set_scores(rank_rows<Reader> const& kr, detail::dep_t<bucket_semantics, Reader> const& bm,
+                std::vector<index_t> const& rows,
+                detail::dep_t<Eigen::MatrixXd, Reader> const& V, detail::dep_t<Eigen::VectorXd, Reader>& s,
+                detail::dep_t<Eigen::MatrixXd, Reader>& C, detail::dep_t<Eigen::MatrixXd, Reader>& Kt,
                 detail::dep_t<Eigen::MatrixXd, Reader>& W) {
     auto const m = static_cast<index_t>(rows.size());
     Kt.resize(kr.d, m);
@@ -734,9 +742,11 @@ bool set_scores(rank_rows<Reader> const& kr, detail::dep_t<bucket_semantics, Rea
 
 /// One query bucket: its sets drawn and evaluated, the profile entry filled.
 template <class Reader>
-void rank_bucket_eval(rank_rows<Reader> const& ks, detail::dep_t<rank_key_index, Reader> const& ix, detail::dep_t<bucket_semantics, Reader> const& bm,
+void rank_bucket_eval(rank_rows<Reader> const& ks, detail::dep_t<rank_key_index, Reader> const& ix,
+                      detail::dep_t<bucket_semantics, Reader> const& bm,
                       capture_facts const& facts, rank_options const& o, std::uint64_t stream,
-                      detail::dep_t<rank_lattice, Reader> const& lat, detail::dep_t<rank_bucket, Reader>& rb, detail::dep_t<rank_result, Reader>& res) {
+                      detail::dep_t<rank_lattice, Reader> const& lat, detail::dep_t<rank_bucket, Reader>& rb,
+                      detail::dep_t<rank_result, Reader>& res) {
     using VecX = detail::dep_t<Eigen::VectorXd, Reader>;
     using MatX = detail::dep_t<Eigen::MatrixXd, Reader>;
     using RSStats = detail::dep_t<rank_set_stats, Reader>;
