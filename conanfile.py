@@ -27,7 +27,8 @@ class QkgeomConan(ConanFile):
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
     no_copy_source = True
-    exports_sources = ("include/*", "cmake/*", "CMakeLists.txt", "LICENSE", "adapters/CMakeLists.txt", "app/*")
+    exports_sources = ("include/*", "src/*", "cmake/*", "CMakeLists.txt", "LICENSE", "adapters/CMakeLists.txt",
+                       "app/*")
     # with_program: also build and package the qkgeom program (demo, synth,
     # analyze) as bin/qkgeom; the library stays header-only either way.
     options = {"with_program": [True, False]}
@@ -112,6 +113,12 @@ class QkgeomConan(ConanFile):
         if not self.options.with_program:
             copy(self, "*.hpp", src=os.path.join(self.source_folder, "include"),
                  dst=os.path.join(self.package_folder, "include"))
+            # qkgeom::compiled (optional compiled part): the module and its source,
+            # where `cmake --install` puts them.
+            share = os.path.join(self.package_folder, "share", "qkgeom")
+            copy(self, "qkgeomCompiled.cmake", src=os.path.join(self.source_folder, "cmake"), dst=share)
+            copy(self, "qkgeom_compiled.cpp", src=os.path.join(self.source_folder, "src"),
+                 dst=os.path.join(share, "src"))
             return
         # `cmake --install`: include/, bin/qkgeom, share/qkgeom/*.cmake,
         # share/pkgconfig/qkgeom.pc, share/doc/qkgeom/LICENSE. CMakeDeps and
@@ -131,11 +138,14 @@ class QkgeomConan(ConanFile):
         self.cpp_info.set_property("cmake_target_name", "qkgeom::qkgeom")
         self.cpp_info.set_property("pkg_config_name", "qkgeom")
         self.cpp_info.requires = ["eigen::eigen3"]
+        # qkgeom::compiled: a static library the consumer's project builds from
+        # share/qkgeom/src/qkgeom_compiled.cpp on first use (docs/building.md).
+        modules = [os.path.join("share", "qkgeom", "qkgeomCompiled.cmake")]
         if self.options.with_program:
             # bin/qkgeom; find_package(qkgeom) also gives the imported
             # executable qkgeom::program (the exported target file, relocatable).
             self.cpp_info.bindirs = ["bin"]
-            self.cpp_info.set_property("cmake_build_modules",
-                                       [os.path.join("share", "qkgeom", "qkgeomProgramTargets.cmake")])
+            modules.append(os.path.join("share", "qkgeom", "qkgeomProgramTargets.cmake"))
         else:
             self.cpp_info.bindirs = []
+        self.cpp_info.set_property("cmake_build_modules", modules)

@@ -1,3 +1,5 @@
+#include "head_check.hpp"
+
 #include <qkgeom/plasticity.hpp>
 #include <cstdlib>
 #include <iostream>
@@ -11,5 +13,7 @@ int main() {  // 4 query rows (d = 2) in two buckets; pooled covariance vs a dir
     Eigen::MatrixXd const c = x.rowwise() - x.colwise().mean();
     double const err = (hm.pooled().cov_x() - c.transpose() * c / 3.0).cwiseAbs().maxCoeff();
     std::cout << "qkgeom test_package: n = " << hm.pooled().n << ", max |cov_x error| = " << err << '\n';
-    return hm.pooled().n == 4 && err < 1e-12 ? EXIT_SUCCESS : EXIT_FAILURE;
+    head_numbers h;
+    bool const head_ok = print_head_check(h);  // the last line: compare_modes.cmake reads it
+    return hm.pooled().n == 4 && err < 1e-12 && head_ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -13,10 +13,13 @@
 #include <qkgeom/householder.hpp>
 #include <qkgeom/moments.hpp>
 #include <qkgeom/plasticity/aggregate.hpp>   // IWYU pragma: export
-#include <qkgeom/plasticity/evaluate.hpp>    // IWYU pragma: export
+#include <qkgeom/plasticity/engine.hpp>      // IWYU pragma: export
 #include <qkgeom/plasticity/options.hpp>     // IWYU pragma: export
 #include <qkgeom/plasticity/pair_plan.hpp>   // IWYU pragma: export
 #include <qkgeom/tensor.hpp>
+#if QKGEOM_COMPILED_BODIES  // (with compiled parts the engine is src/qkgeom_compiled.cpp's)
+#include <qkgeom/plasticity/evaluate.hpp>    // IWYU pragma: export
+#endif
 
 #include <cstdint>
 #include <map>

@@ -24,15 +24,40 @@
 // Define QKGEOM_NO_SIMD_DISPATCH to compile the generic kernels only; on
 // compilers other than GCC/Clang or targets other than x86-64 that is the
 // default.
+//
+// Compiled kernels (optional, docs/architecture.md "Compile cost"): with
+// QKGEOM_COMPILED defined in every translation unit of a program
+// (the CMake target qkgeom::kernels does that), the kernel headers of
+// include/qkgeom/simd/ declare their dispatching entry points only and do
+// not include <immintrin.h>; one translation unit, src/qkgeom_compiled.cpp
+// (the library of qkgeom::kernels), defines them. Without it (the default)
+// every entry point is an inline function of the headers. A program uses
+// one mode in all its translation units.
 #pragma once
 
 #include <atomic>
 #include <cstdlib>
 #include <string_view>
 
+#if defined(QKGEOM_COMPILED) && !defined(QKGEOM_COMPILED_IMPLEMENTATION)
+/// 0: the kernel headers declare their entry points only (compiled kernels).
+#define QKGEOM_COMPILED_BODIES 0
+#else
+#define QKGEOM_COMPILED_BODIES 1
+#endif
+#if defined(QKGEOM_COMPILED)
+/// How a dispatching kernel entry point is declared and defined: `inline` in
+/// the headers, an ordinary function of src/qkgeom_compiled.cpp with compiled kernels.
+#define QKGEOM_COMPILED_API
+#else
+#define QKGEOM_COMPILED_API inline
+#endif
+
 #if !defined(QKGEOM_NO_SIMD_DISPATCH) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define QKGEOM_SIMD_X86 1
+#if QKGEOM_COMPILED_BODIES
 #include <immintrin.h>
+#endif
 /// Compile one function for an instruction set (GCC/Clang `target` attribute).
 #define QKGEOM_TARGET(isa_string) __attribute__((target(isa_string)))
 /// Inline a shared kernel body into each target-specific wrapper.

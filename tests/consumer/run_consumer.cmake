@@ -4,7 +4,9 @@
 # installed to a fresh prefix is usable
 #   1. through find_package(qkgeom CONFIG) -- test_package/ is configured,
 #      built and run against the prefix, and must have found the *installed*
-#      qkgeomConfig.cmake (not the build tree, not a system copy);
+#      qkgeomConfig.cmake (not the build tree, not a system copy); its
+#      qkgeom::compiled (the optional compiled part, built from the installed
+#      source) must give the same head as the header-only program;
 #   2. through pkg-config -- test_package.cpp compiled with the flags of the
 #      installed qkgeom.pc, and run;
 #   3. with the program (EXPECT_PROGRAM, i.e. the build has QKGEOM_BUILD_PROGRAM):
@@ -149,7 +151,7 @@ else()
   set(_ctest "${_cmake_bin}/ctest")
 endif()
 run("ctest test_package" "${_ctest}" --test-dir "${_build}" -C Release -V --output-on-failure)
-set(_expected_tests test_package)
+set(_expected_tests test_package test_package_compiled compare_modes)
 if(EXPECT_PROGRAM)
   list(APPEND _expected_tests program.help program.demo)
 endif()

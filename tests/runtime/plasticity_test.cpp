@@ -9,6 +9,7 @@
 // a capture_store's views) / summarise_model end to end.
 #include <qkgeom/capture.hpp>
 #include <qkgeom/plasticity.hpp>
+#include <qkgeom/plasticity/empirical.hpp>  // the kernels tested directly (not in the umbrella with QKGEOM_COMPILED)
 #include <qkgeom/synthetic.hpp>
 
 #include <catch2/catch.hpp>

@@ -9,8 +9,8 @@
 #include <qkgeom/config.hpp>
 #include <qkgeom/errors.hpp>
 #include <qkgeom/head.hpp>
-#include <qkgeom/plasticity/closed_form.hpp>
 #include <qkgeom/plasticity/options.hpp>
+#include <qkgeom/plasticity/split.hpp>
 
 #include <Eigen/Core>
 
@@ -25,6 +25,14 @@
 namespace qkgeom {
 
 namespace detail {
+
+/// Accumulates one cell.
+struct cell_acc {
+    double sum = 0, sumsq = 0, emp_sum = 0;
+    std::int64_t n = 0, emp_n = 0;
+    split_acc split;  ///< the split pass (docs/beyond-split.md), when the bucket's split model is on
+};
+
 
 /// n + 1 equally spaced edges over [lo, hi].
 template <class = void>  // instantiated on use

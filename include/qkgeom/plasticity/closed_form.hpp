@@ -17,6 +17,7 @@
 #include <qkgeom/buckets.hpp>
 #include <qkgeom/config.hpp>
 #include <qkgeom/gaussian.hpp>
+#include <qkgeom/plasticity/aggregate.hpp>
 #include <qkgeom/plasticity/empirical.hpp>
 #include <qkgeom/plasticity/options.hpp>
 #include <qkgeom/plasticity/rows.hpp>
@@ -39,13 +40,6 @@
 #endif
 
 namespace qkgeom::detail {
-
-/// Accumulates one cell.
-struct cell_acc {
-    double sum = 0, sumsq = 0, emp_sum = 0;
-    std::int64_t n = 0, emp_n = 0;
-    split_acc split;  ///< the split pass (docs/beyond-split.md), when the bucket's split model is on
-};
 
 /// PP of a counterfactual (m, v) with v ≤ 0 (the counterfactual variance
 /// vanishes along δ): the limit PP = 0 for m ≠ 0 and PP = 1 (a tie) for

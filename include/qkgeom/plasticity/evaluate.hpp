@@ -12,6 +12,7 @@
 #include <qkgeom/plasticity/aggregate.hpp>
 #include <qkgeom/plasticity/closed_form.hpp>
 #include <qkgeom/plasticity/empirical.hpp>
+#include <qkgeom/plasticity/engine.hpp>
 #include <qkgeom/plasticity/options.hpp>
 #include <qkgeom/plasticity/pair_plan.hpp>
 #include <qkgeom/plasticity/rows.hpp>
@@ -25,17 +26,6 @@
 #include <vector>
 
 namespace qkgeom::detail {
-
-/// The d × d covariance blockdiag(σ²_pos, Σ_b) of a bucket of the `full`
-/// semantic model (method §4–5); shared with the LibTorch path.
-template <class Dep = void>
-Eigen::MatrixXd full_bucket_covariance(detail::dep_t<bucket_semantics, Dep> const& s, index_t d) {
-    using MatX = detail::dep_t<Eigen::MatrixXd, Dep>;
-    MatX V = MatX::Zero(d, d);
-    V(0, 0) = s.var(0);
-    V.bottomRightCorner(d - 1, d - 1) = s.cov;
-    return V;
-}
 
 /// The Gaussian model of one query bucket in the rotated basis (method §4–5).
 template <class Dep = void>
@@ -210,10 +200,8 @@ void evaluate_query_bucket(Evaluator& ev, detail::dep_t<empirical_check, Evaluat
     res.split.profile.push_back(split_bucket_of(s.bucket, sc, e.split.on && e.split.frozen, res.split.n_pairs_degenerate));
 }
 
-/// Attention plasticity of one head (method §5–6) from its Householder model,
-/// its validated keys and (possibly no) query rows. A function template,
-/// instantiated on use.
-template <class Dep = void>
+// evaluate_plasticity (declared in plasticity/engine.hpp, with its documentation).
+template <class Dep>
 plasticity_result evaluate_plasticity(detail::dep_t<householder_result, Dep> const& model,
                                       detail::dep_t<key_store, Dep> const& ks,
                                       detail::dep_t<query_store, Dep> const& qs,

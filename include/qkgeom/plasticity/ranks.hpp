@@ -26,6 +26,7 @@
 #include <qkgeom/head.hpp>
 #include <qkgeom/householder.hpp>
 #include <qkgeom/plasticity/aggregate.hpp>
+#include <qkgeom/plasticity/engine.hpp>
 #include <qkgeom/plasticity/pair_plan.hpp>
 #include <qkgeom/tensor.hpp>
 

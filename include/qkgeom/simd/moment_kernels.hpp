@@ -79,6 +79,58 @@ namespace mom {
     return ((1u << hi) - 1u) & ~((1u << lo) - 1u);
 }
 
+// --- entry points (defined below; in src/qkgeom_compiled.cpp with compiled kernels)
+
+/// Whether some f32 value of p[0..n) is NaN or ±inf, at `level`.
+QKGEOM_COMPILED_API bool any_nonfinite_f32(simd::isa level, float const* p, index_t n) noexcept;
+
+/// out[j] = p[j] widened, j < n, at `level` (exact at every level).
+QKGEOM_COMPILED_API void widen_f32(simd::isa level, float const* p, double* out, index_t n) noexcept;
+
+/// Centre and pack one block at `level` (avx2 or avx512; see the file comment
+/// and the level kernels below): row k is x + rows[k]·ld (x + k·ld when
+/// `rows` is null), S = double or float.
+/// \pre level is avx2 or avx512 and ≤ simd::detected(); nb ≥ 1; `pk` 64-byte
+///      aligned with room for work_size(level, d, nb) − 8 doubles from pk.
+template <class S>
+QKGEOM_COMPILED_API void centre_pack(simd::isa level, S const* x, index_t ld, index_t const* rows, double const* tau,
+                                     index_t nb, index_t d, double* pk, double* mean, double* cxt, double* eps);
+
+/// C (lower triangle, column-major, leading dimension ldc) += Σ_k r_k r_kᵀ over
+/// the packed block `pk` of `centre_pack` at the same level.
+QKGEOM_COMPILED_API void syrk_packed(simd::isa level, double const* pk, index_t nb, index_t d, double* c, index_t ldc);
+
+}  // namespace mom
+}  // namespace detail
+
+namespace simd {
+
+/// \brief What `fma_peak_probe` did: the double-precision flops it executed
+/// (a multiply and an add per lane per fused multiply-add) and a value that
+/// depends on all of them (keeps the work observable).
+struct fma_probe_result {
+    double flops = 0;     ///< flops executed
+    double checksum = 0;  ///< sum of the final accumulators
+};
+
+/// \brief Measures nothing itself: runs `iterations` rounds of independent
+/// double-precision multiply-add chains (x ← x·a + b) at the level
+/// `active()` allows — AVX-512: 24 zmm FMA chains, AVX2: 12 ymm FMA chains,
+/// generic: 12 SSE2 multiply-then-add chains of 2 doubles on x86-64 (16
+/// scalar chains elsewhere) — enough independent
+/// chains to keep every FMA (or multiply and add) port busy. Time it to get
+/// the machine's double-precision peak for that level (the moments'
+/// benchmark divides its rate by this one, docs/performance.md).
+/// \param[in] iterations rounds of the chains; ≤ 0 runs none.
+/// \returns the flops executed (2 per lane per multiply-add) and a checksum.
+[[nodiscard]] QKGEOM_COMPILED_API fma_probe_result fma_peak_probe(std::int64_t iterations) noexcept;
+
+}  // namespace simd
+
+#if QKGEOM_COMPILED_BODIES
+namespace detail {
+namespace mom {
+
 #if QKGEOM_SIMD_X86
 
 /// The vector operations of the dispatched kernels (moments here, the RoPE
@@ -361,8 +413,7 @@ inline bool any_nonfinite_f32_generic(float const* p, index_t n) noexcept {
     return bad != 0;
 }
 
-/// Whether some f32 value of p[0..n) is NaN or ±inf, at `level`.
-inline bool any_nonfinite_f32(simd::isa level, float const* p, index_t n) noexcept {
+QKGEOM_COMPILED_API bool any_nonfinite_f32(simd::isa level, float const* p, index_t n) noexcept {
 #if QKGEOM_SIMD_X86
     if (level == simd::isa::avx512) return any_nonfinite_f32_avx512(p, n);
 #endif
@@ -370,8 +421,7 @@ inline bool any_nonfinite_f32(simd::isa level, float const* p, index_t n) noexce
     return any_nonfinite_f32_generic(p, n);
 }
 
-/// out[j] = p[j] widened, j < n, at `level` (exact at every level).
-inline void widen_f32(simd::isa level, float const* p, double* out, index_t n) noexcept {
+QKGEOM_COMPILED_API void widen_f32(simd::isa level, float const* p, double* out, index_t n) noexcept {
 #if QKGEOM_SIMD_X86
     if (level == simd::isa::avx512) return widen_avx512(p, out, n);
     if (level == simd::isa::avx2) return widen_avx2(p, out, n);
@@ -380,14 +430,9 @@ inline void widen_f32(simd::isa level, float const* p, double* out, index_t n) n
     for (index_t j = 0; j < n; ++j) out[j] = static_cast<double>(p[j]);
 }
 
-/// Centre and pack one block at `level` (avx2 or avx512; see the file comment
-/// and the level kernels above): row k is x + rows[k]·ld (x + k·ld when
-/// `rows` is null), S = double or float.
-/// \pre level is avx2 or avx512 and ≤ simd::detected(); nb ≥ 1; `pk` 64-byte
-///      aligned with room for work_size(level, d, nb) − 8 doubles from pk.
 template <class S>
-inline void centre_pack(simd::isa level, S const* x, index_t ld, index_t const* rows, double const* tau, index_t nb,
-                        index_t d, double* pk, double* mean, double* cxt, double* eps) {
+QKGEOM_COMPILED_API void centre_pack(simd::isa level, S const* x, index_t ld, index_t const* rows, double const* tau,
+                                     index_t nb, index_t d, double* pk, double* mean, double* cxt, double* eps) {
 #if QKGEOM_SIMD_X86
     if (level == simd::isa::avx512) centre_pack_avx512(x, ld, rows, tau, nb, d, pk, mean, cxt, eps);
     else if (level == simd::isa::avx2) centre_pack_avx2(x, ld, rows, tau, nb, d, pk, mean, cxt, eps);
@@ -397,9 +442,7 @@ inline void centre_pack(simd::isa level, S const* x, index_t ld, index_t const* 
 #endif
 }
 
-/// C (lower triangle, column-major, leading dimension ldc) += Σ_k r_k r_kᵀ over
-/// the packed block `pk` of `centre_pack` at the same level.
-inline void syrk_packed(simd::isa level, double const* pk, index_t nb, index_t d, double* c, index_t ldc) {
+QKGEOM_COMPILED_API void syrk_packed(simd::isa level, double const* pk, index_t nb, index_t d, double* c, index_t ldc) {
 #if QKGEOM_SIMD_X86
     if (level == simd::isa::avx512) syrk_avx512(pk, nb, d, c, ldc);
     else if (level == simd::isa::avx2) syrk_avx2(pk, nb, d, c, ldc);
@@ -412,15 +455,6 @@ inline void syrk_packed(simd::isa level, double const* pk, index_t nb, index_t d
 }  // namespace detail
 
 namespace simd {
-
-/// \brief What `fma_peak_probe` did: the double-precision flops it executed
-/// (a multiply and an add per lane per fused multiply-add) and a value that
-/// depends on all of them (keeps the work observable).
-struct fma_probe_result {
-    double flops = 0;     ///< flops executed
-    double checksum = 0;  ///< sum of the final accumulators
-};
-
 namespace detail {
 
 /// Independent chains x ← x·a + b (generic: SSE2 multiply then add, no FMA).
@@ -479,17 +513,7 @@ QKGEOM_MOM_PROBE(probe_avx512, "avx512f", qkgeom::detail::mom::vec512, 24)
 
 }  // namespace detail
 
-/// \brief Measures nothing itself: runs `iterations` rounds of independent
-/// double-precision multiply-add chains (x ← x·a + b) at the level
-/// `active()` allows — AVX-512: 24 zmm FMA chains, AVX2: 12 ymm FMA chains,
-/// generic: 12 SSE2 multiply-then-add chains of 2 doubles on x86-64 (16
-/// scalar chains elsewhere) — enough independent
-/// chains to keep every FMA (or multiply and add) port busy. Time it to get
-/// the machine's double-precision peak for that level (the moments'
-/// benchmark divides its rate by this one, docs/performance.md).
-/// \param[in] iterations rounds of the chains; ≤ 0 runs none.
-/// \returns the flops executed (2 per lane per multiply-add) and a checksum.
-[[nodiscard]] inline fma_probe_result fma_peak_probe(std::int64_t iterations) noexcept {
+QKGEOM_COMPILED_API fma_probe_result fma_peak_probe(std::int64_t iterations) noexcept {
     double const a = 0.999999, b = 1e-6;
     std::int64_t const it = iterations > 0 ? iterations : 0;
     auto const n = static_cast<double>(it);
@@ -504,4 +528,5 @@ QKGEOM_MOM_PROBE(probe_avx512, "avx512f", qkgeom::detail::mom::vec512, 24)
 }
 
 }  // namespace simd
+#endif  // QKGEOM_COMPILED_BODIES
 }  // namespace qkgeom

@@ -58,6 +58,29 @@ struct unrotate_args {
     return v;
 }
 
+// --- entry points (defined below; in src/qkgeom_compiled.cpp with compiled kernels)
+
+/// The pair loop of one bucket at `level` (see the file comment and
+/// `unrotate_args`); generic: `unrotate_lanes` over all pairs.
+QKGEOM_COMPILED_API void unrotate_block(simd::isa level, unrotate_args const& g) noexcept;
+
+/// acc[j] = Σ_{r < n} (x[r·ldx + j] − mu[j])², j < m, at `level` (rows in
+/// order per column: the same sum at every level).
+QKGEOM_COMPILED_API void sq_residual(simd::isa level, double const* x, index_t ldx, index_t n, double const* mu, index_t m,
+                                     double* acc) noexcept;
+
+/// acc[j] += Σ_{r < n} x[r·ldx + j], j < m, at `level` (rows in order per
+/// column: the same sums as the scalar loop at every level).
+QKGEOM_COMPILED_API void col_sums(simd::isa level, double const* x, index_t ldx, index_t n, index_t m, double* acc) noexcept;
+
+/// The group mean and centred, scaled quads of `centre_group_*` at `level`
+/// (avx2 or avx512; nothing at generic: rope_bands.hpp keeps its loops).
+QKGEOM_COMPILED_API void centre_group(simd::isa level, double const* x, index_t ldx, index_t m, index_t d, double* mu,
+                                      double scale, index_t const* src, index_t const* dst, index_t nq, double* out,
+                                      index_t stride) noexcept;
+
+#if QKGEOM_COMPILED_BODIES
+
 /// Pairs [i0, i1) of `unrotate_block` one lane at a time (the tail, and the
 /// reference order of every level).
 inline void unrotate_lanes(unrotate_args const& g, index_t i0, index_t i1) noexcept {
@@ -224,9 +247,7 @@ QKGEOM_ROPEK_GROUP(centre_group_avx2, "avx2,fma", rv256)
 
 #endif  // QKGEOM_SIMD_X86
 
-/// The pair loop of one bucket at `level` (see the file comment and
-/// `unrotate_args`); generic: `unrotate_lanes` over all pairs.
-inline void unrotate_block(simd::isa level, unrotate_args const& g) noexcept {
+QKGEOM_COMPILED_API void unrotate_block(simd::isa level, unrotate_args const& g) noexcept {
 #if QKGEOM_SIMD_X86
     if (level == simd::isa::avx512) return unrotate_avx512(g);
     if (level == simd::isa::avx2) return unrotate_avx2(g);
@@ -235,10 +256,8 @@ inline void unrotate_block(simd::isa level, unrotate_args const& g) noexcept {
     unrotate_lanes(g, 0, g.h);
 }
 
-/// acc[j] = Σ_{r < n} (x[r·ldx + j] − mu[j])², j < m, at `level` (rows in
-/// order per column: the same sum at every level).
-inline void sq_residual(simd::isa level, double const* x, index_t ldx, index_t n, double const* mu, index_t m,
-                        double* acc) noexcept {
+QKGEOM_COMPILED_API void sq_residual(simd::isa level, double const* x, index_t ldx, index_t n, double const* mu, index_t m,
+                                     double* acc) noexcept {
 #if QKGEOM_SIMD_X86
     if (level == simd::isa::avx512) return sq_residual_avx512(x, ldx, n, mu, m, acc);
     if (level == simd::isa::avx2) return sq_residual_avx2(x, ldx, n, mu, m, acc);
@@ -251,9 +270,7 @@ inline void sq_residual(simd::isa level, double const* x, index_t ldx, index_t n
     }
 }
 
-/// acc[j] += Σ_{r < n} x[r·ldx + j], j < m, at `level` (rows in order per
-/// column: the same sums as the scalar loop at every level).
-inline void col_sums(simd::isa level, double const* x, index_t ldx, index_t n, index_t m, double* acc) noexcept {
+QKGEOM_COMPILED_API void col_sums(simd::isa level, double const* x, index_t ldx, index_t n, index_t m, double* acc) noexcept {
 #if QKGEOM_SIMD_X86
     if (level == simd::isa::avx512) return col_sums_avx512(x, ldx, n, m, acc);
     if (level == simd::isa::avx2) return col_sums_avx2(x, ldx, n, m, acc);
@@ -263,11 +280,9 @@ inline void col_sums(simd::isa level, double const* x, index_t ldx, index_t n, i
         for (index_t r = 0; r < n; ++r) acc[j] += x[r * ldx + j];
 }
 
-/// The group mean and centred, scaled quads of `centre_group_*` at `level`
-/// (avx2 or avx512; nothing at generic: rope_bands.hpp keeps its loops).
-inline void centre_group(simd::isa level, double const* x, index_t ldx, index_t m, index_t d, double* mu,
-                         double scale, index_t const* src, index_t const* dst, index_t nq, double* out,
-                         index_t stride) noexcept {
+QKGEOM_COMPILED_API void centre_group(simd::isa level, double const* x, index_t ldx, index_t m, index_t d, double* mu,
+                                      double scale, index_t const* src, index_t const* dst, index_t nq, double* out,
+                                      index_t stride) noexcept {
 #if QKGEOM_SIMD_X86
     if (level == simd::isa::avx512) return centre_group_avx512(x, ldx, m, d, mu, scale, src, dst, nq, out, stride);
     if (level == simd::isa::avx2) return centre_group_avx2(x, ldx, m, d, mu, scale, src, dst, nq, out, stride);
@@ -275,6 +290,8 @@ inline void centre_group(simd::isa level, double const* x, index_t ldx, index_t 
     (void)level, (void)x, (void)ldx, (void)m, (void)d, (void)mu, (void)scale, (void)src, (void)dst, (void)nq;
     (void)out, (void)stride;
 }
+
+#endif  // QKGEOM_COMPILED_BODIES
 
 }  // namespace ropek
 }  // namespace detail

@@ -72,6 +72,52 @@ void pack_transposed(At const& x, index_t n, index_t d, index_t width, std::vect
     }
 }
 
+// --- entry points (defined below; in src/qkgeom_compiled.cpp with compiled kernels)
+
+/// S = Q Kᵀ from packed operands (see the file header): `qp` holds
+/// nq_pad / P panels, `kp` holds ceil(nk / NB) blocks, S is column-major with
+/// leading dimension nq_pad = round_up(nq, P) and nk columns. Requires a
+/// level > generic that the CPU supports.
+QKGEOM_COMPILED_API void score_product(simd::isa level, std::vector<float> const& qp, index_t nq_pad,
+                                       std::vector<float> const& kp, index_t nk, index_t d, float* s);
+
+/// Certified counts over pair-difference columns (method §9.14), the fused
+/// form of `score_product` + `count_wins` for buckets with fewer pairs than
+/// keys: `qp` the packed queries (nq_pad / P panels), `qn` per query row an
+/// upper bound of ‖q‖ in float (nq_pad entries, padding rows 0), `dp` the
+/// packed difference columns (ceil(nc / NB) blocks), `kk` per column the
+/// bound factor (float, rounded up; +inf: never decided), `ka` the absolute
+/// term (a normal float). Adds to `wins[c]` the queries decided as
+/// q·dᵢⱼ > 0 and writes `und[p·ldu + c]`, the bit mask of panel p's queries
+/// left undecided for column c (bit t = row p·P + t). Requires a level >
+/// generic that the CPU supports.
+QKGEOM_COMPILED_API void pair_counts(simd::isa level, std::vector<float> const& qp, float const* qn, index_t nq,
+                                     index_t nq_pad, float const* dp, float const* kk, float ka, index_t nc, index_t d,
+                                     std::int32_t* wins, std::uint32_t* und, index_t ldu);
+
+/// Wins and undecided comparisons of one pair (method §9.14), see
+/// `empirical_wins`: a query is decided when |fl32(sᵢ − sⱼ)| exceeds the f32
+/// threshold kk·‖q‖ + ka (kk, ‖q‖ and ka rounded up to float with slack, so
+/// that a query decided here is decided by `decided` below too) and is
+/// finite, and counts as a win when it is decided and sᵢ > sⱼ; NaN, ±∞ and
+/// small differences are undecided.
+struct counts {
+    std::int64_t wins = 0;
+    std::int64_t undecided = 0;
+};
+
+/// The counts of one pair at `level` (`counts`; the f32 test of `count_body` below).
+QKGEOM_COMPILED_API counts count_wins(simd::isa level, float const* si, float const* sj, float const* qn, float kk,
+                                      float ka, index_t n) noexcept;
+
+/// One comparison decided by the scores, in double (the reference decision
+/// of the recount in `empirical_wins`): |sᵢ − sⱼ| (exact in double) > tol.
+QKGEOM_ALWAYS_INLINE bool decided(float si, float sj, double tol) noexcept {
+    double const a = std::abs(double(si) - double(sj));  // the difference is exact in double
+    return (a > tol) & (a < std::numeric_limits<double>::infinity());
+}
+
+#if QKGEOM_COMPILED_BODIES
 #if QKGEOM_SIMD_X86
 
 /// The register block of one query panel (32 rows) and one column block (14
@@ -198,12 +244,8 @@ inline void pair_micro_avx2(float const* qp, float const* qn, float const* db, f
 
 #endif  // QKGEOM_SIMD_X86
 
-/// S = Q Kᵀ from packed operands (see the file header): `qp` holds
-/// nq_pad / P panels, `kp` holds ceil(nk / NB) blocks, S is column-major with
-/// leading dimension nq_pad = round_up(nq, P) and nk columns. Requires a
-/// level > generic that the CPU supports.
-inline void score_product(simd::isa level, std::vector<float> const& qp, index_t nq_pad, std::vector<float> const& kp,
-                          index_t nk, index_t d, float* s) {
+QKGEOM_COMPILED_API void score_product(simd::isa level, std::vector<float> const& qp, index_t nq_pad,
+                                       std::vector<float> const& kp, index_t nk, index_t d, float* s) {
 #if QKGEOM_SIMD_X86
     auto const [P, NB] = blocking_of(level);
     index_t const np = nq_pad / P;
@@ -228,19 +270,9 @@ inline void score_product(simd::isa level, std::vector<float> const& qp, index_t
 #endif
 }
 
-/// Certified counts over pair-difference columns (method §9.14), the fused
-/// form of `score_product` + `count_wins` for buckets with fewer pairs than
-/// keys: `qp` the packed queries (nq_pad / P panels), `qn` per query row an
-/// upper bound of ‖q‖ in float (nq_pad entries, padding rows 0), `dp` the
-/// packed difference columns (ceil(nc / NB) blocks), `kk` per column the
-/// bound factor (float, rounded up; +inf: never decided), `ka` the absolute
-/// term (a normal float). Adds to `wins[c]` the queries decided as
-/// q·dᵢⱼ > 0 and writes `und[p·ldu + c]`, the bit mask of panel p's queries
-/// left undecided for column c (bit t = row p·P + t). Requires a level >
-/// generic that the CPU supports.
-inline void pair_counts(simd::isa level, std::vector<float> const& qp, float const* qn, index_t nq, index_t nq_pad,
-                        float const* dp, float const* kk, float ka, index_t nc, index_t d, std::int32_t* wins,
-                        std::uint32_t* und, index_t ldu) {
+QKGEOM_COMPILED_API void pair_counts(simd::isa level, std::vector<float> const& qp, float const* qn, index_t nq,
+                                     index_t nq_pad, float const* dp, float const* kk, float ka, index_t nc, index_t d,
+                                     std::int32_t* wins, std::uint32_t* und, index_t ldu) {
 #if QKGEOM_SIMD_X86
     auto const [P, NB] = blocking_of(level);
     index_t const np = nq_pad / P;
@@ -267,23 +299,7 @@ inline void pair_counts(simd::isa level, std::vector<float> const& qp, float con
 #endif
 }
 
-/// Wins and undecided comparisons of one pair (method §9.14), see
-/// `empirical_wins`: a query is decided when |fl32(sᵢ − sⱼ)| exceeds the f32
-/// threshold kk·‖q‖ + ka (kk, ‖q‖ and ka rounded up to float with slack, so
-/// that a query decided here is decided by `decided` below too) and is
-/// finite, and counts as a win when it is decided and sᵢ > sⱼ; NaN, ±∞ and
-/// small differences are undecided.
-struct counts {
-    std::int64_t wins = 0;
-    std::int64_t undecided = 0;
-};
 
-/// One comparison decided by the scores, in double (the reference decision
-/// of the recount in `empirical_wins`): |sᵢ − sⱼ| (exact in double) > tol.
-QKGEOM_ALWAYS_INLINE bool decided(float si, float sj, double tol) noexcept {
-    double const a = std::abs(double(si) - double(sj));  // the difference is exact in double
-    return (a > tol) & (a < std::numeric_limits<double>::infinity());
-}
 
 /// The counts in single precision, 16 queries per zmm: `qn` the queries'
 /// norms rounded up to float, `kk` and `ka` the pair's threshold factors as
@@ -318,8 +334,8 @@ inline counts count_avx512(float const* si, float const* sj, float const* qn, fl
 }
 #endif
 
-inline counts count_wins(simd::isa level, float const* si, float const* sj, float const* qn, float kk, float ka,
-                         index_t n) noexcept {
+QKGEOM_COMPILED_API counts count_wins(simd::isa level, float const* si, float const* sj, float const* qn, float kk,
+                                      float ka, index_t n) noexcept {
 #if QKGEOM_SIMD_X86
     if (level == simd::isa::avx512) return count_avx512(si, sj, qn, kk, ka, n);
     if (level == simd::isa::avx2) return count_avx2(si, sj, qn, kk, ka, n);
@@ -327,5 +343,7 @@ inline counts count_wins(simd::isa level, float const* si, float const* sj, floa
     (void)level;  // QKGEOM_NO_SIMD_DISPATCH: the generic kernel only
     return count_generic(si, sj, qn, kk, ka, n);
 }
+
+#endif  // QKGEOM_COMPILED_BODIES
 
 }  // namespace qkgeom::detail::scores

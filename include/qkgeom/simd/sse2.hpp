@@ -163,7 +163,7 @@ QKGEOM_ALWAYS_INLINE void split_sse2(double const* a, double const* b, double co
     v_out = v;
 }
 
-#if QKGEOM_SIMD_X86
+#if QKGEOM_SIMD_X86 && QKGEOM_COMPILED_BODIES
 /// (x0 + x2) + (x1 + x3): the SSE2 body's reduction of its pair (x0, x1), (x2, x3).
 QKGEOM_TARGET("avx2")
 QKGEOM_ALWAYS_INLINE double fold4(__m256d x) noexcept {
@@ -227,9 +227,10 @@ inline void split_avx2(double const* a, double const* b, double const* w, double
 /// take the same products but the l = 0 one (wf[0] and s2f[0] do not count).
 /// `level` (simd::active()) picks the body (AVX2 at avx2 and avx512, else
 /// SSE2); every body gives the same bits.
-inline void diag_pair_moments_split(simd::isa level, double const* a, double const* b, double const* w,
-                                    double const* s2, double const* wf, double const* s2f, index_t d, double& m_out,
-                                    double& v_out, double c[4]) noexcept {
+#if QKGEOM_COMPILED_BODIES
+QKGEOM_COMPILED_API void diag_pair_moments_split(simd::isa level, double const* a, double const* b, double const* w,
+                                                 double const* s2, double const* wf, double const* s2f, index_t d,
+                                                 double& m_out, double& v_out, double c[4]) noexcept {
     bool const frozen = wf != nullptr;
 #if QKGEOM_SIMD_X86
     if (level != simd::isa::generic) {
@@ -244,6 +245,11 @@ inline void diag_pair_moments_split(simd::isa level, double const* a, double con
     }
     if (!frozen) c[2] = c[0], c[3] = c[1];
 }
+#else
+QKGEOM_COMPILED_API void diag_pair_moments_split(simd::isa level, double const* a, double const* b, double const* w,
+                                                 double const* s2, double const* wf, double const* s2f, index_t d,
+                                                 double& m_out, double& v_out, double c[4]) noexcept;
+#endif
 
 /// The z of the split pass's counterfactuals (docs/beyond-split.md) for k
 /// pairs (v ≤ 0 gives ±inf or NaN: the caller replaces those):
@@ -271,7 +277,7 @@ inline void split_z_tail(split_z_args const& g, std::size_t i) noexcept {
     }
 }
 
-#if QKGEOM_SIMD_X86
+#if QKGEOM_SIMD_X86 && QKGEOM_COMPILED_BODIES
 /// The AVX body of `split_z` (target "avx2" without "fma": no contraction).
 QKGEOM_TARGET("avx2")
 inline void split_z_avx2(split_z_args const& g) noexcept {
@@ -293,7 +299,8 @@ inline void split_z_avx2(split_z_args const& g) noexcept {
 #endif
 
 /// `split_z_args`' z at `level` (AVX2 at avx2 and avx512, else SSE2).
-inline void split_z(simd::isa level, split_z_args const& g) noexcept {
+#if QKGEOM_COMPILED_BODIES
+QKGEOM_COMPILED_API void split_z(simd::isa level, split_z_args const& g) noexcept {
 #if QKGEOM_SIMD_X86
     if (level != simd::isa::generic) return split_z_avx2(g);
 #endif
@@ -315,6 +322,9 @@ inline void split_z(simd::isa level, split_z_args const& g) noexcept {
 #endif
     split_z_tail(g, i);
 }
+#else
+QKGEOM_COMPILED_API void split_z(simd::isa level, split_z_args const& g) noexcept;
+#endif
 
 /// One Gram-tile column: z[a] = (s[a] − sb)/√max(v, 0), v = nrm[a] + nb − 2 col[a],
 /// a < n (v ≤ 0 gives ±inf or NaN; the caller sends such pairs to the direct path).

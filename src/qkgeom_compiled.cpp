@@ -1,0 +1,32 @@
+// qkgeom — the compiled kernels (optional; CMake target qkgeom::kernels).
+//
+// With QKGEOM_COMPILED defined in every translation unit of a program,
+// the kernel headers of include/qkgeom/simd/ declare their dispatching entry
+// points only, and none of them includes <immintrin.h>: the umbrella header
+// compiles faster (docs/architecture.md, "Compile cost"). This translation
+// unit defines those entry points once, from the same headers: one
+// implementation of each kernel in both modes.
+#ifndef QKGEOM_COMPILED
+#define QKGEOM_COMPILED 1
+#endif
+#define QKGEOM_COMPILED_IMPLEMENTATION 1
+
+#include <qkgeom/simd/moment_kernels.hpp>
+#include <qkgeom/simd/rope_kernels.hpp>
+#include <qkgeom/simd/score_kernels.hpp>
+#include <qkgeom/simd/sse2.hpp>
+
+namespace qkgeom::detail::mom {
+// The row types the moments read in place (moments.hpp: f32 and f64 rows).
+template void centre_pack<float>(simd::isa, float const*, index_t, index_t const*, double const*, index_t, index_t,
+                                 double*, double*, double*, double*);
+template void centre_pack<double>(simd::isa, double const*, index_t, index_t const*, double const*, index_t, index_t,
+                                  double*, double*, double*, double*);
+}  // namespace qkgeom::detail::mom
+
+// The plasticity engine (method §5–6), declared extern in plasticity/engine.hpp.
+#include <qkgeom/attention_plasticity.hpp>
+
+template qkgeom::plasticity_result qkgeom::detail::evaluate_plasticity<void>(
+    qkgeom::householder_result const&, qkgeom::detail::key_store const&, qkgeom::detail::query_store const&,
+    qkgeom::capture_facts const&, qkgeom::plasticity_options const&);
