@@ -33,7 +33,6 @@ struct cell_acc {
     split_acc split;  ///< the split pass (docs/beyond-split.md), when the bucket's split model is on
 };
 
-
 /// n + 1 equally spaced edges over [lo, hi].
 template <class = void>  // instantiated on use
 std::vector<double> default_edges(double lo, double hi, int bins) {
