@@ -1772,8 +1772,8 @@ TEST_CASE("capture_store::head feeds analyze_head as the owning rows do", "[plas
 // at every instruction-set level this CPU has: each score within the
 // certified bound γ_{d+3}‖q‖‖k‖ of the double product (f32_dot_error_factor is
 // twice that) for shapes around the panel, block and chunk edges, and the
-// comparison counts identical across levels (NaN included). Levels the CPU
-// lacks are reported, not run.
+// comparison counts and undecided masks identical across levels (NaN
+// included). Levels the CPU lacks are reported, not run.
 // ---------------------------------------------------------------------------
 
 TEST_CASE("score kernels stay inside the certified f32 bound at every level", "[plasticity][empirical][simd]") {
@@ -1813,7 +1813,7 @@ TEST_CASE("score kernels stay inside the certified f32 bound at every level", "[
             CHECK(worst > 0.0);  // the scores are single precision, not copies of the double ones
         }
         // counts: identical to the generic loop, NaN and exact ties undecided
-        for (index_t n : {1, 7, 8, 9, 31, 500}) {
+        for (index_t n : {1, 7, 8, 9, 16, 17, 31, 32, 33, 500}) {
             std::vector<float> si(static_cast<std::size_t>(n)), sj(si.size());
             std::vector<double> qn(si.size());
             std::vector<float> qnf(si.size());
@@ -1825,10 +1825,18 @@ TEST_CASE("score kernels stay inside the certified f32 bound at every level", "[
             }
             if (n > 3) si[3] = std::numeric_limits<float>::quiet_NaN();
             if (n > 4) si[4] = std::numeric_limits<float>::infinity();
-            auto const want = sk::count_wins(qkgeom::simd::isa::generic, si.data(), sj.data(), qnf.data(), 0.3f, 1e-3f, n);
-            auto const got = sk::count_wins(level, si.data(), sj.data(), qnf.data(), 0.3f, 1e-3f, n);
+            // the undecided masks, pre-filled with garbage: every word must be written
+            auto const words = static_cast<std::size_t>(sk::mask_words(n));
+            std::vector<std::uint32_t> mask_want(words, 0xdeadbeefu), mask_got(words, 0xdeadbeefu);
+            auto const want = sk::count_wins(qkgeom::simd::isa::generic, si.data(), sj.data(), qnf.data(), 0.3f, 1e-3f,
+                                             n, mask_want.data());
+            auto const got = sk::count_wins(level, si.data(), sj.data(), qnf.data(), 0.3f, 1e-3f, n, mask_got.data());
+            auto const plain = sk::count_wins(level, si.data(), sj.data(), qnf.data(), 0.3f, 1e-3f, n, nullptr);
             CHECK(got.wins == want.wins);
             CHECK(got.undecided == want.undecided);
+            CHECK(plain.wins == got.wins);
+            CHECK(plain.undecided == got.undecided);
+            CHECK(mask_got == mask_want);
             CHECK(want.undecided >= (n + 4) / 5 + (n > 4 ? 1 : 0));  // the exact ties and ±∞ at least
             // The f32 counts against the definition (|fl32(sᵢ − sⱼ)| > 0.3·‖q‖ + 10⁻³ in
             // double, away from the threshold's rounding): same wins and undecided.
@@ -1842,6 +1850,16 @@ TEST_CASE("score kernels stay inside the certified f32 bound at every level", "[
             }
             CHECK(want.wins == wins_def);
             CHECK(want.undecided == und_def);
+            for (index_t r = 0; r < 32 * static_cast<index_t>(words); ++r) {  // the mask is the undecided set
+                bool const bit = ((mask_got[static_cast<std::size_t>(r / 32)] >> (r % 32)) & 1u) != 0;
+                if (r >= n) {
+                    CHECK_FALSE(bit);
+                    continue;
+                }
+                double const a = std::abs(double(si[static_cast<std::size_t>(r)] - sj[static_cast<std::size_t>(r)]));
+                bool const dec = a > 0.3 * double(qnf[static_cast<std::size_t>(r)]) + 1e-3 && std::isfinite(a);
+                CHECK(bit == !dec);
+            }
             for (index_t r = 0; r < n; ++r) {  // the generic count against the definition
                 double const diff = double(si[static_cast<std::size_t>(r)]) - double(sj[static_cast<std::size_t>(r)]);
                 double const tol = 0.3 * qn[static_cast<std::size_t>(r)] + 1e-3;

@@ -4,6 +4,8 @@
 // wrong scaling); brute-force v shares; option and settings errors.
 #include <qkgeom/rope_bands.hpp>
 
+#include "test_util.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <Eigen/Core>
@@ -292,8 +294,7 @@ TEST_CASE("rope_bands: key groups packed into the band panels give the brute-for
     rd::rmat x(n, d);
     for (index_t i = 0; i < n; ++i)
         for (index_t j = 0; j < d; ++j) x(i, j) = nd(rng) + double(k.example[std::size_t(i)]) * 0.5 * double(j);
-    for (auto level : {qkgeom::simd::isa::generic, qkgeom::simd::isa::avx2, qkgeom::simd::isa::avx512}) {
-        if (level > qkgeom::simd::detected()) continue;
+    for (auto level : qkgeom_test::isa_levels_to_run("key prefix")) {
         CAPTURE(qkgeom::simd::isa_name(level));
         qkgeom::simd::scoped_limit const cap(level);
         rd::key_prefix kp(g);

@@ -18,15 +18,20 @@
 
 namespace qkgeom_test {
 
-/// The instruction-set levels this CPU and build run (generic first), for
+/// The instruction-set levels this CPU, build and QKGEOM_ISA run (generic first), for
 /// tests of the dispatched kernels; each level it lacks is reported (WARN),
 /// never silently passed.
 inline std::vector<qkgeom::simd::isa> isa_levels_to_run(std::string_view what) {
     using qkgeom::simd::isa;
+    // Outside any scoped_limit, active() is detected() capped by QKGEOM_ISA.
+    isa const reach = qkgeom::simd::active();
     std::vector<isa> run;
     for (isa level : {isa::generic, isa::avx2, isa::avx512}) {
-        if (static_cast<int>(level) <= static_cast<int>(qkgeom::simd::detected())) {
+        if (static_cast<int>(level) <= static_cast<int>(reach)) {
             run.push_back(level);
+        } else if (static_cast<int>(level) <= static_cast<int>(qkgeom::simd::detected())) {
+            WARN(what << ": level " << qkgeom::simd::isa_name(level) << " NOT tested: QKGEOM_ISA caps the kernels at "
+                      << qkgeom::simd::isa_name(reach));
         } else {
             WARN(what << ": level " << qkgeom::simd::isa_name(level) << " NOT tested: this CPU/build supports up to "
                       << qkgeom::simd::isa_name(qkgeom::simd::detected()));

@@ -92,7 +92,6 @@ struct empirical_bucket {
     Eigen::MatrixXf scores;
     index_t nq = 0;                        ///< the bucket's query count
     simd::isa level = simd::isa::generic;  ///< kernels' instruction set
-    Eigen::VectorXd q_norm;                ///< ‖q_r‖ (original basis), per query row
     std::vector<float> q_norm_up;          ///< ‖q_r‖ rounded up to float (the f32 counts)
     /// 2·score_abs with 2⁻²¹ of slack, rounded up to float, plus 2⁻¹²⁴ for a
     /// product or a score flushed to zero (FTZ/DAZ): the f32 counts' ka.
@@ -115,40 +114,37 @@ struct empirical_bucket {
 /// Key form, method §9.14: the number of the bucket's queries r with
 /// q_r·k_i > q_r·k_j for score columns ci, cj. The single-precision scores
 /// decide every query whose score difference exceeds the certified error
-/// bound of both scores; the (rare) undecided ones are recomputed in double
-/// from the original rows, so the count is that of double-precision scores
-/// (ties within double rounding aside).
+/// bound of both scores; the (rare) undecided ones, which the count reports
+/// as a bit mask, are recomputed in double from the original rows, so the
+/// count is that of double-precision scores (ties within double rounding
+/// aside). `und` is scratch for the mask.
 template <class = void>  // instantiated on use
-std::int64_t empirical_wins(empirical_bucket const& e, index_t ci, index_t cj) {
+std::int64_t empirical_wins(empirical_bucket const& e, index_t ci, index_t cj, std::vector<std::uint32_t>& und) {
     index_t const nq = e.nq;
     float const* si = e.scores.col(ci).data();
     float const* sj = e.scores.col(cj).data();
-    double const* qn = e.q_norm.data();
     double const kk = e.score_err * (e.k_norm(ci) + e.k_norm(cj));
-    double const ka = 2.0 * e.score_abs;
     // The f32 threshold: kk with 2⁻²¹ of slack after rounding to nearest
     // (kk·(1 + 2⁻²⁰) rounded is ≥ kk·(1 + 2⁻²¹); NaN and beyond the float
     // range: +∞, nothing decided) and ka_up (prepare): a query decided by the
-    // f32 counts is decided by `decided` (score_kernels.hpp, count_body).
+    // f32 counts is decided by `decided` (score_kernels.hpp, count_body), so
+    // its f32 comparison is that of the exact scores.
     double const kks = kk * (1.0 + 0x1p-20);
     float const kkf = kks <= double(std::numeric_limits<float>::max()) ? static_cast<float>(kks)
                                                                         : std::numeric_limits<float>::infinity();
-    auto const [wins0, undecided] = scores::count_wins(e.level, si, sj, e.q_norm_up.data(), kkf, e.ka_up, nq);
+    und.resize(static_cast<std::size_t>(scores::mask_words(nq)));
+    auto const [wins0, undecided] =
+        scores::count_wins(e.level, si, sj, e.q_norm_up.data(), kkf, e.ka_up, nq, und.data());
     if (undecided == 0) return wins0;
-    // Recount every query with one decision function here (the dispatched
-    // kernel may round its bound differently, e.g. with an FMA: each is
-    // certified, but a query must not be counted by both).
+    // Each query is in wins0 or in the mask, never both (one computation).
     auto const& sc = *e.scored;
     auto const ki = e.k_orig->row(sc[static_cast<std::size_t>(ci)]), kj = e.k_orig->row(sc[static_cast<std::size_t>(cj)]);
-    std::int64_t wins = 0;
-    for (index_t r = 0; r < nq; ++r) {
-        if (scores::decided(si[r], sj[r], kk * qn[r] + ka)) {
-            wins += si[r] > sj[r] ? 1 : 0;
-        } else {
-            auto const q = e.queries->row(r);
+    std::int64_t wins = wins0;
+    for (std::size_t w = 0; w < und.size(); ++w)
+        for (std::uint32_t m = und[w]; m != 0; m &= m - 1u) {
+            auto const q = e.queries->row(static_cast<index_t>(w * 32) + std::countr_zero(m));
             wins += q.dot(ki) > q.dot(kj) ? 1 : 0;
         }
-    }
     return wins;
 }
 
@@ -195,7 +191,8 @@ public:
     /// are passed over).
     std::int64_t wins(empirical_bucket const& e, index_t i, index_t j) {
         if (e.pair_wins == nullptr)
-            return empirical_wins(e, column_[static_cast<std::size_t>(i)], column_[static_cast<std::size_t>(j)]);
+            return empirical_wins(e, column_[static_cast<std::size_t>(i)], column_[static_cast<std::size_t>(j)],
+                                  und_bits_);
         auto const& keys = *e.pair_keys;
         while (cursor_ < keys.size() && !(keys[cursor_][0] == i && keys[cursor_][1] == j)) ++cursor_;
         if (cursor_ == keys.size())
@@ -375,9 +372,8 @@ private:
                 offset += n;
             }
         }
-        e.q_norm = q.rowwise().norm();
         e.q_norm_up.resize(static_cast<std::size_t>(e.nq));
-        for (index_t r = 0; r < e.nq; ++r) e.q_norm_up[static_cast<std::size_t>(r)] = float_up(e.q_norm(r));
+        for (index_t r = 0; r < e.nq; ++r) e.q_norm_up[static_cast<std::size_t>(r)] = float_up(q.row(r).norm());
         // not certifiable (subnormal or huge values): every comparison in double
         e.score_err = certifiable_ ? f32_dot_error_factor(d) : std::numeric_limits<double>::infinity();
         e.score_abs = f32_dot_abs_error(d);
@@ -404,6 +400,7 @@ private:
     std::vector<std::array<index_t, 2>> pair_keys_;  ///< the current query bucket's pairs (pair form)
     std::vector<std::int32_t> pair_wins_;
     std::vector<std::uint32_t> undecided_;  ///< per (query panel, pair column): undecided queries
+    std::vector<std::uint32_t> und_bits_;   ///< key form: one pair's undecided queries (empirical_wins)
     std::vector<float> q_norm_up_;          ///< ‖q‖ rounded up to float, per padded query row
     std::size_t cursor_ = 0;                ///< pair form: next listed pair
 };

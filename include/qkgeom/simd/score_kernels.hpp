@@ -20,7 +20,8 @@
 //                    vector registers across the whole d loop (AVX-512:
 //                    P = 32, NB = 14, 28 zmm accumulators; AVX2: P = 16,
 //                    NB = 6, 12 ymm), each score a plain d-term dot product.
-//   count_wins       wins and undecided comparisons of one pair.
+//   count_wins       wins and undecided comparisons of one pair, the undecided
+//                    queries returned as a bit mask.
 //   pair_counts      the fused pair-difference form: the same register block
 //                    against columns kᵢ − kⱼ, each query's sign decided and
 //                    counted in registers (no score matrix), undecided
@@ -33,6 +34,7 @@
 #include <qkgeom/config.hpp>
 #include <qkgeom/simd.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -106,12 +108,23 @@ struct counts {
     std::int64_t undecided = 0;
 };
 
-/// The counts of one pair at `level` (`counts`; the f32 test of `count_body` below).
-QKGEOM_COMPILED_API counts count_wins(simd::isa level, float const* si, float const* sj, float const* qn, float kk,
-                                      float ka, index_t n) noexcept;
+/// Words of the undecided bit mask of `count_wins` for n queries (bit r%32
+/// of word r/32 is query r).
+constexpr index_t mask_words(index_t n) noexcept { return (n + 31) / 32; }
 
-/// One comparison decided by the scores, in double (the reference decision
-/// of the recount in `empirical_wins`): |sᵢ − sⱼ| (exact in double) > tol.
+/// The counts of one pair at `level` (`counts`; the f32 test of `count_body`
+/// below) and, when `und` is not null, the mask of the undecided queries
+/// (`mask_words(n)` words, all written; bits past n are 0). The mask and the
+/// wins come from one computation: each query is either counted in `wins`
+/// or set in `und`, never both. The dispatched levels write the mask in the
+/// same pass; the generic level, when some query is undecided, makes a
+/// second (scalar) pass whose wins and mask replace the first's.
+QKGEOM_COMPILED_API counts count_wins(simd::isa level, float const* si, float const* sj, float const* qn, float kk,
+                                      float ka, index_t n, std::uint32_t* und) noexcept;
+
+/// One comparison decided by the scores, in double: |sᵢ − sⱼ| (exact in
+/// double) > tol, the test the f32 counts are certified against (a query
+/// they decide is decided by this test too; tests/runtime/plasticity_test.cpp).
 QKGEOM_ALWAYS_INLINE bool decided(float si, float sj, double tol) noexcept {
     double const a = std::abs(double(si) - double(sj));  // the difference is exact in double
     return (a > tol) & (a < std::numeric_limits<double>::infinity());
@@ -299,7 +312,7 @@ QKGEOM_COMPILED_API void pair_counts(simd::isa level, std::vector<float> const& 
 #endif
 }
 
-/// The counts in single precision (the generic level, and the tail of the AVX2 one): `qn` the queries'
+/// The counts in single precision (the generic level): `qn` the queries'
 /// norms rounded up to float, `kk` and `ka` the pair's threshold factors as
 /// float (empirical_wins). fl32(sᵢ − sⱼ) is within 2⁻²⁴ (relative) of the
 /// exact difference and the threshold carries ≥ 2⁻²² of slack, so every query
@@ -317,8 +330,27 @@ QKGEOM_ALWAYS_INLINE counts count_body(float const* si, float const* sj, float c
     return {wins, undecided};
 }
 
-inline counts count_generic(float const* si, float const* sj, float const* qn, float kk, float ka, index_t n) noexcept {
-    return count_body(si, sj, qn, kk, ka, n);
+/// The generic counts with the undecided mask: count_body (which the
+/// compiler may vectorise) and, when a query is undecided and a mask is
+/// wanted, one scalar pass that decides each query once for both outputs.
+inline counts count_generic(float const* si, float const* sj, float const* qn, float kk, float ka, index_t n,
+                            std::uint32_t* und) noexcept {
+    counts const c = count_body(si, sj, qn, kk, ka, n);
+    if (und == nullptr) return c;
+    std::fill(und, und + mask_words(n), 0u);
+    if (c.undecided == 0) return c;
+    counts out;
+    for (index_t r = 0; r < n; ++r) {
+        float const a = std::abs(si[r] - sj[r]);
+        bool const ok = (a > kk * qn[r] + ka) && (a < std::numeric_limits<float>::infinity());
+        if (ok) {
+            out.wins += si[r] > sj[r] ? 1 : 0;
+        } else {
+            ++out.undecided;
+            und[r >> 5] |= 1u << (r & 31);
+        }
+    }
+    return out;
 }
 
 #if QKGEOM_SIMD_X86
@@ -328,29 +360,36 @@ inline counts count_generic(float const* si, float const* sj, float const* qn, f
 // threshold is one FMA here (kk·‖q‖ + ka rounded once; count_body rounds twice
 // unless the compiler contracts): either rounding is inside the 2⁻²¹ slack.
 QKGEOM_TARGET("avx2,fma,popcnt")
-inline counts count_avx2(float const* si, float const* sj, float const* qn, float kk, float ka, index_t n) noexcept {
+inline counts count_avx2(float const* si, float const* sj, float const* qn, float kk, float ka, index_t n,
+                         std::uint32_t* und) noexcept {
     __m256 const kkv = _mm256_set1_ps(kk), kav = _mm256_set1_ps(ka);
     __m256 const inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
     __m256 const abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256i const lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    if (und != nullptr) std::fill(und, und + mask_words(n), 0u);
     std::int64_t wins = 0, decided = 0;
-    index_t r = 0;
-    for (; r + 8 <= n; r += 8) {
-        __m256 const a = _mm256_loadu_ps(si + r), b = _mm256_loadu_ps(sj + r);
+    for (index_t r = 0; r < n; r += 8) {
+        // the last block: masked loads (lanes past n read 0 and are not counted)
+        __m256i const in = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<index_t>(n - r, 8))), lane);
+        __m256 const a = _mm256_maskload_ps(si + r, in), b = _mm256_maskload_ps(sj + r, in);
         __m256 const d = _mm256_and_ps(_mm256_sub_ps(a, b), abs_mask);
-        __m256 const thr = _mm256_fmadd_ps(kkv, _mm256_loadu_ps(qn + r), kav);
+        __m256 const thr = _mm256_fmadd_ps(kkv, _mm256_maskload_ps(qn + r, in), kav);
         __m256 const ok = _mm256_and_ps(_mm256_cmp_ps(d, thr, _CMP_GT_OQ), _mm256_cmp_ps(d, inf, _CMP_LT_OQ));
-        auto const okm = static_cast<unsigned>(_mm256_movemask_ps(ok));
+        auto const inm = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(in)));
+        auto const okm = static_cast<unsigned>(_mm256_movemask_ps(ok)) & inm;
         auto const winm = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ))) & okm;
         decided += __builtin_popcount(okm);
         wins += __builtin_popcount(winm);
+        if (und != nullptr) und[r >> 5] |= (inm & ~okm) << (r & 31);
     }
-    counts const tail = count_body(si + r, sj + r, qn + r, kk, ka, n - r);
-    return {wins + tail.wins, (r - decided) + tail.undecided};
+    return {wins, n - decided};
 }
 QKGEOM_TARGET("avx512f,popcnt")
-inline counts count_avx512(float const* si, float const* sj, float const* qn, float kk, float ka, index_t n) noexcept {
+inline counts count_avx512(float const* si, float const* sj, float const* qn, float kk, float ka, index_t n,
+                           std::uint32_t* und) noexcept {
     __m512 const kkv = _mm512_set1_ps(kk), kav = _mm512_set1_ps(ka);
     __m512 const inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+    if (und != nullptr) std::fill(und, und + mask_words(n), 0u);
     std::int64_t wins = 0, decided = 0;
     for (index_t r = 0; r < n; r += 16) {
         auto const m = static_cast<__mmask16>(n - r >= 16 ? 0xffffu : (1u << (n - r)) - 1u);
@@ -360,19 +399,20 @@ inline counts count_avx512(float const* si, float const* sj, float const* qn, fl
         __mmask16 const ok = _mm512_mask_cmp_ps_mask(_mm512_mask_cmp_ps_mask(m, d, thr, _CMP_GT_OQ), d, inf, _CMP_LT_OQ);
         decided += __builtin_popcount(ok);
         wins += __builtin_popcount(_mm512_mask_cmp_ps_mask(ok, a, b, _CMP_GT_OQ));
+        if (und != nullptr) und[r >> 5] |= static_cast<std::uint32_t>(m & ~ok & 0xffffu) << (r & 31);
     }
     return {wins, n - decided};
 }
 #endif
 
 QKGEOM_COMPILED_API counts count_wins(simd::isa level, float const* si, float const* sj, float const* qn, float kk,
-                                      float ka, index_t n) noexcept {
+                                      float ka, index_t n, std::uint32_t* und) noexcept {
 #if QKGEOM_SIMD_X86
-    if (level == simd::isa::avx512) return count_avx512(si, sj, qn, kk, ka, n);
-    if (level == simd::isa::avx2) return count_avx2(si, sj, qn, kk, ka, n);
+    if (level == simd::isa::avx512) return count_avx512(si, sj, qn, kk, ka, n, und);
+    if (level == simd::isa::avx2) return count_avx2(si, sj, qn, kk, ka, n, und);
 #endif
     (void)level;  // QKGEOM_NO_SIMD_DISPATCH: the generic kernel only
-    return count_generic(si, sj, qn, kk, ka, n);
+    return count_generic(si, sj, qn, kk, ka, n, und);
 }
 
 #endif  // QKGEOM_COMPILED_BODIES
