@@ -80,6 +80,19 @@ float float_up(double x) {
     return std::max(f, std::numeric_limits<float>::min());
 }
 
+/// The double-precision wins, q·kᵢ > q·kⱼ from the original rows, of the
+/// queries of `q` set in bit mask `m` (bit t = row base + t): the fallback of
+/// both forms for the queries the f32 kernels left undecided.
+template <class Row>
+std::int32_t masked_wins(query_rows const& q, index_t base, std::uint32_t m, Row const& ki, Row const& kj) {
+    std::int32_t w = 0;
+    for (; m != 0; m &= m - 1u) {
+        auto const qrow = q.row(base + std::countr_zero(m));
+        w += qrow.dot(ki) > qrow.dot(kj) ? 1 : 0;
+    }
+    return w;
+}
+
 /// The empirical side of one query bucket: its queries and, per form, the
 /// single-precision scores (key form) or the counted wins per pair
 /// (pair-difference form).
@@ -141,10 +154,7 @@ std::int64_t empirical_wins(empirical_bucket const& e, index_t ci, index_t cj, s
     auto const ki = e.k_orig->row(sc[static_cast<std::size_t>(ci)]), kj = e.k_orig->row(sc[static_cast<std::size_t>(cj)]);
     std::int64_t wins = wins0;
     for (std::size_t w = 0; w < und.size(); ++w)
-        for (std::uint32_t m = und[w]; m != 0; m &= m - 1u) {
-            auto const q = e.queries->row(static_cast<index_t>(w * 32) + std::countr_zero(m));
-            wins += q.dot(ki) > q.dot(kj) ? 1 : 0;
-        }
+        if (und[w] != 0) wins += masked_wins(*e.queries, static_cast<index_t>(w * 32), und[w], ki, kj);
     return wins;
 }
 
@@ -317,16 +327,11 @@ private:
         // with kk = +inf), in double from the original rows.
         for (index_t p = 0; p < np; ++p)
             for (index_t c = 0; c < nc; ++c) {
-                std::uint32_t m = undecided_[static_cast<std::size_t>(p * nc + c)];
+                std::uint32_t const m = undecided_[static_cast<std::size_t>(p * nc + c)];
                 if (m == 0) continue;
                 auto const [i, j] = pair_keys_[static_cast<std::size_t>(c)];
-                auto const ki = ks_.orig.row(i), kj = ks_.orig.row(j);
-                std::int32_t w = 0;
-                for (; m != 0; m &= m - 1u) {
-                    auto const qrow = q.row(p * blk_.panel + std::countr_zero(m));
-                    w += qrow.dot(ki) > qrow.dot(kj) ? 1 : 0;
-                }
-                pair_wins_[static_cast<std::size_t>(c)] += w;
+                pair_wins_[static_cast<std::size_t>(c)] +=
+                    masked_wins(q, p * blk_.panel, m, ks_.orig.row(i), ks_.orig.row(j));
             }
         e.pair_keys = &pair_keys_;
         e.pair_wins = &pair_wins_;

@@ -312,6 +312,13 @@ QKGEOM_COMPILED_API void pair_counts(simd::isa level, std::vector<float> const& 
 #endif
 }
 
+/// The f32 test of one query at the generic level: |fl32(sᵢ − sⱼ)| above
+/// the threshold kk·‖q‖ + ka and finite (see count_body).
+QKGEOM_ALWAYS_INLINE bool f32_decided(float si, float sj, float qn, float kk, float ka) noexcept {
+    float const a = std::abs(si - sj);
+    return (a > kk * qn + ka) & (a < std::numeric_limits<float>::infinity());  // non-short-circuit: vectorisable
+}
+
 /// The counts in single precision (the generic level): `qn` the queries'
 /// norms rounded up to float, `kk` and `ka` the pair's threshold factors as
 /// float (empirical_wins). fl32(sᵢ − sⱼ) is within 2⁻²⁴ (relative) of the
@@ -322,8 +329,7 @@ QKGEOM_ALWAYS_INLINE counts count_body(float const* si, float const* sj, float c
                                        index_t n) noexcept {
     std::int32_t wins = 0, undecided = 0;  // n < 2³¹ queries
     for (index_t r = 0; r < n; ++r) {
-        float const a = std::abs(si[r] - sj[r]);
-        bool const ok = (a > kk * qn[r] + ka) & (a < std::numeric_limits<float>::infinity());
+        bool const ok = f32_decided(si[r], sj[r], qn[r], kk, ka);
         wins += (ok & (si[r] > sj[r])) ? 1 : 0;  // non-short-circuit: the loop can vectorise (-O3)
         undecided += ok ? 0 : 1;
     }
@@ -341,9 +347,7 @@ inline counts count_generic(float const* si, float const* sj, float const* qn, f
     if (c.undecided == 0) return c;
     counts out;
     for (index_t r = 0; r < n; ++r) {
-        float const a = std::abs(si[r] - sj[r]);
-        bool const ok = (a > kk * qn[r] + ka) && (a < std::numeric_limits<float>::infinity());
-        if (ok) {
+        if (f32_decided(si[r], sj[r], qn[r], kk, ka)) {
             out.wins += si[r] > sj[r] ? 1 : 0;
         } else {
             ++out.undecided;
