@@ -80,6 +80,24 @@ float float_up(double x) {
     return std::max(f, std::numeric_limits<float>::min());
 }
 
+/// The key form's f32 threshold factor of one pair: kk = score_err·(‖kᵢ‖ +
+/// ‖kⱼ‖) with 2⁻²¹ of slack after rounding to nearest (kk·(1 + 2⁻²⁰) rounded
+/// is ≥ kk·(1 + 2⁻²¹); NaN and beyond the float range: +∞, nothing decided).
+/// With `key_form_ka` a query decided by the f32 counts is decided by
+/// `scores::decided` (score_kernels.hpp, count_body), so its f32 comparison
+/// is that of the exact scores.
+template <class = void>  // instantiated on use
+float key_form_kk(double score_err, double kn_i, double kn_j) {
+    double const kks = score_err * (kn_i + kn_j) * (1.0 + 0x1p-20);
+    return kks <= double(std::numeric_limits<float>::max()) ? static_cast<float>(kks)
+                                                            : std::numeric_limits<float>::infinity();
+}
+
+/// The key form's absolute term: 2·score_abs with 2⁻²¹ of slack, rounded up
+/// to float, plus 2⁻¹²⁴ for a product or a score flushed to zero (FTZ/DAZ).
+template <class = void>  // instantiated on use
+float key_form_ka(double score_abs) { return float_up(2.0 * score_abs * (1.0 + 0x1p-21) + 0x1p-124); }
+
 /// The double-precision wins, q·kᵢ > q·kⱼ from the original rows, of the
 /// queries of `q` set in bit mask `m` (bit t = row base + t): the fallback of
 /// both forms for the queries the f32 kernels left undecided.
@@ -136,15 +154,7 @@ std::int64_t empirical_wins(empirical_bucket const& e, index_t ci, index_t cj, s
     index_t const nq = e.nq;
     float const* si = e.scores.col(ci).data();
     float const* sj = e.scores.col(cj).data();
-    double const kk = e.score_err * (e.k_norm(ci) + e.k_norm(cj));
-    // The f32 threshold: kk with 2⁻²¹ of slack after rounding to nearest
-    // (kk·(1 + 2⁻²⁰) rounded is ≥ kk·(1 + 2⁻²¹); NaN and beyond the float
-    // range: +∞, nothing decided) and ka_up (prepare): a query decided by the
-    // f32 counts is decided by `decided` (score_kernels.hpp, count_body), so
-    // its f32 comparison is that of the exact scores.
-    double const kks = kk * (1.0 + 0x1p-20);
-    float const kkf = kks <= double(std::numeric_limits<float>::max()) ? static_cast<float>(kks)
-                                                                        : std::numeric_limits<float>::infinity();
+    float const kkf = key_form_kk(e.score_err, e.k_norm(ci), e.k_norm(cj));  // with ka_up (prepare)
     und.resize(static_cast<std::size_t>(scores::mask_words(nq)));
     auto const [wins0, undecided] =
         scores::count_wins(e.level, si, sj, e.q_norm_up.data(), kkf, e.ka_up, nq, und.data());
@@ -181,8 +191,10 @@ public:
     }
 
     /// Sets `e` up for query bucket `b` with admissible key buckets `cells`
-    /// (nothing when the bucket has fewer than 2 query rows).
-    void prepare(std::int64_t b, std::vector<std::int64_t> const& cells, bool sampled, empirical_bucket& e) {
+    /// (nothing when the bucket has fewer than 2 query rows); `prefix` the
+    /// bucket's prefix groups (pair_plan::prefix_groups) under `prefix`, else null.
+    void prepare(std::int64_t b, std::vector<std::int64_t> const& cells, std::vector<key_group> const* prefix,
+                 bool sampled, empirical_bucket& e) {
         auto const qit = qs_.by_bucket.find(b);
         if (qit == qs_.by_bucket.end() || qit->second.rows() < 2) return;
         auto const& q = qit->second;
@@ -192,6 +204,8 @@ public:
         e.level = level_;
         cursor_ = 0;
         if (use_pair_form(cells, sampled)) prepare_pairs(q, cells, e);
+        else if (auto groups = panel_groups(cells, prefix, sampled); !groups.empty())
+            prepare_panels(q, cells, groups, e);
         else prepare_keys(q, cells, e);
     }
 
@@ -245,6 +259,52 @@ private:
         cell_size const total = plan_.total_size(cells);
         return static_cast<index_t>(total.largest) < opt_.dense_min_keys &&
                (opt_.empirical == empirical_columns::pairs || total.pairs <= total.keys);
+    }
+
+    /// The query-blocked key form (`prepare_panels`) applies at a dispatched
+    /// level to exact enumeration when every group is below dense_min_keys
+    /// (so the pairs are evaluated group by group, (a, b) with a < b, in the
+    /// order listed here). Returns the groups in evaluation order (those of
+    /// `evaluate_query_bucket`), or none where the form does not apply.
+    [[nodiscard]] std::vector<std::vector<index_t> const*> panel_groups(std::vector<std::int64_t> const& cells,
+                                                                        std::vector<key_group> const* prefix,
+                                                                        bool sampled) const {
+        std::vector<std::vector<index_t> const*> out;
+        if (level_ == simd::isa::generic || sampled) return out;
+        auto const add = [&](std::vector<key_group> const& groups) {
+            for (auto const& g : groups) {
+                if (static_cast<index_t>(g.keys.size()) >= opt_.dense_min_keys) return false;
+                out.push_back(&g.keys);
+            }
+            return true;
+        };
+        if (prefix != nullptr) return add(*prefix) ? out : decltype(out){};
+        for (auto c : cells)
+            if (!add(plan_.groups_of(c))) return {};
+        return out;
+    }
+
+    /// The score columns of the key form: every key of segment_of(c) for the
+    /// admissible buckets `cells` (padding −1 included) in `scored_`, each
+    /// key's column in `column_` and its ‖k‖ in `kn`. Returns the column count.
+    index_t score_columns(std::vector<std::int64_t> const& cells, VecX& kn) {
+        scored_.clear();
+        for (auto c : cells) {
+            auto const& seg = segment_of(c);
+            scored_.insert(scored_.end(), seg.keys.begin(), seg.keys.end());
+        }
+        auto const nks = static_cast<index_t>(scored_.size());
+        kn.resize(nks);
+        for (index_t a = 0; a < nks; ++a) {
+            auto const key = scored_[static_cast<std::size_t>(a)];
+            if (key < 0) {  // padding: never a pair's column
+                kn(a) = 0.0;
+                continue;
+            }
+            column_[static_cast<std::size_t>(key)] = a;
+            kn(a) = k_norm_all_(key);
+        }
+        return nks;
     }
 
     key_segment const& segment_of(std::int64_t c) {
@@ -344,22 +404,7 @@ private:
     /// empirical_wins.
     void prepare_keys(QRows const& q, std::vector<std::int64_t> const& cells, empirical_bucket& e) {
         index_t const d = ks_.d;
-        scored_.clear();
-        for (auto c : cells) {
-            auto const& seg = segment_of(c);
-            scored_.insert(scored_.end(), seg.keys.begin(), seg.keys.end());
-        }
-        auto const nks = static_cast<index_t>(scored_.size());
-        e.k_norm.resize(nks);
-        for (index_t a = 0; a < nks; ++a) {
-            auto const key = scored_[static_cast<std::size_t>(a)];
-            if (key < 0) {  // padding: never a pair's column
-                e.k_norm(a) = 0.0;
-                continue;
-            }
-            column_[static_cast<std::size_t>(key)] = a;
-            e.k_norm(a) = k_norm_all_(key);
-        }
+        index_t const nks = score_columns(cells, e.k_norm);
         if (level_ == simd::isa::generic) {  // blocks of one key: no padding
             Eigen::MatrixXf kf(nks, d);
             for (index_t a = 0; a < nks; ++a)
@@ -373,7 +418,8 @@ private:
             for (auto c : cells) {
                 auto const& seg = segment_of(c);
                 auto const n = static_cast<index_t>(seg.keys.size());
-                scores::score_product(level_, qpack_, nq_pad, seg.packed, n, d, e.scores.data() + offset * nq_pad);
+                scores::score_product(level_, qpack_.data(), nq_pad, seg.packed, n, d,
+                                      e.scores.data() + offset * nq_pad);
                 offset += n;
             }
         }
@@ -382,10 +428,66 @@ private:
         // not certifiable (subnormal or huge values): every comparison in double
         e.score_err = certifiable_ ? f32_dot_error_factor(d) : std::numeric_limits<double>::infinity();
         e.score_abs = f32_dot_abs_error(d);
-        e.ka_up = float_up(2.0 * e.score_abs * (1.0 + 0x1p-21) + 0x1p-124);
+        e.ka_up = key_form_ka(e.score_abs);
         e.k_orig = &ks_.orig;
         e.scored = &scored_;
         e.column = &column_;
+    }
+
+    /// method §9.14, the key form blocked by query panels: for each panel of
+    /// P queries, its scores against every scored key (P·nks floats, in L2
+    /// where the whole bucket's matrix would not be), then every pair of
+    /// `groups` counted against them (`scores::panel_counts`, the test of
+    /// `empirical_wins` query by query) and the undecided queries recounted
+    /// in double. The counts are those of `prepare_keys` + `empirical_wins`;
+    /// `wins` reads them in evaluation order, as in the pair-difference form.
+    void prepare_panels(QRows const& q, std::vector<std::int64_t> const& cells,
+                        std::vector<std::vector<index_t> const*> const& groups, empirical_bucket& e) {
+        index_t const d = ks_.d, P = blk_.panel;
+        index_t const nks = score_columns(cells, kn_);
+        double const score_err = certifiable_ ? f32_dot_error_factor(d) : std::numeric_limits<double>::infinity();
+        float const ka = key_form_ka(f32_dot_abs_error(d));
+        pair_keys_.clear();
+        pair_cols_.clear();
+        for (auto const* g : groups)
+            for (std::size_t a = 0; a < g->size(); ++a)
+                for (std::size_t b = a + 1; b < g->size(); ++b) {
+                    index_t const i = (*g)[a], j = (*g)[b];
+                    auto const ci = column_[static_cast<std::size_t>(i)], cj = column_[static_cast<std::size_t>(j)];
+                    pair_keys_.push_back({i, j});
+                    pair_cols_.push_back({static_cast<std::int32_t>(ci), static_cast<std::int32_t>(cj),
+                                          key_form_kk(score_err, kn_(ci), kn_(cj))});
+                }
+        auto const npairs = static_cast<index_t>(pair_keys_.size());
+        e.pair_keys = &pair_keys_;
+        e.pair_wins = &pair_wins_;
+        pair_wins_.assign(static_cast<std::size_t>(npairs), 0);
+        if (npairs == 0) return;
+        index_t const nq_pad = scores::round_up(e.nq, P);
+        scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, e.nq, d, P, qpack_);
+        q_norm_up_.assign(static_cast<std::size_t>(nq_pad), 0.0f);
+        for (index_t r = 0; r < e.nq; ++r) q_norm_up_[static_cast<std::size_t>(r)] = float_up(q.row(r).norm());
+        panel_scores_.resize(static_cast<std::size_t>(nks * P));
+        for (index_t p = 0; p < nq_pad / P; ++p) {
+            index_t offset = 0;
+            for (auto c : cells) {
+                auto const& seg = segment_of(c);
+                auto const n = static_cast<index_t>(seg.keys.size());
+                scores::score_product(level_, qpack_.data() + p * d * P, P, seg.packed, n, d,
+                                      panel_scores_.data() + offset * P);
+                offset += n;
+            }
+            index_t const rows = std::min(P, e.nq - p * P);
+            std::uint32_t const valid = rows >= 32 ? ~std::uint32_t(0) : (std::uint32_t(1) << rows) - 1u;
+            panel_und_.clear();
+            scores::panel_counts(level_, panel_scores_.data(), q_norm_up_.data() + p * P, valid, pair_cols_.data(), ka,
+                                 npairs, pair_wins_.data(), panel_und_);
+            for (auto const& u : panel_und_) {  // the rare undecided queries, in double
+                auto const [i, j] = pair_keys_[static_cast<std::size_t>(u.pair)];
+                pair_wins_[static_cast<std::size_t>(u.pair)] +=
+                    masked_wins(q, p * P, u.mask, ks_.orig.row(i), ks_.orig.row(j));
+            }
+        }
     }
 
     KeyStore const& ks_;
@@ -407,6 +509,10 @@ private:
     std::vector<std::uint32_t> undecided_;  ///< per (query panel, pair column): undecided queries
     std::vector<std::uint32_t> und_bits_;   ///< key form: one pair's undecided queries (empirical_wins)
     std::vector<float> q_norm_up_;          ///< ‖q‖ rounded up to float, per padded query row
+    std::vector<scores::pair_columns> pair_cols_;        ///< panel form: per pair its columns and kk
+    std::vector<scores::undecided_panel> panel_und_;     ///< panel form: one panel's undecided pairs
+    std::vector<float> panel_scores_;                    ///< panel form: one panel's scores, key-major
+    VecX kn_;                                            ///< panel form: ‖k‖ per score column
     std::size_t cursor_ = 0;                ///< pair form: next listed pair
 };
 

@@ -180,9 +180,11 @@ void evaluate_query_bucket(Evaluator& ev, detail::dep_t<empirical_check, Evaluat
     }
     BEval e = bucket_eval_of(s, ks.d);
     e.split = split_model_of(s, ref);
-    emp.prepare(s.bucket, qp.cells, res.sampled, e.emp);
+    bool const prefix = opt.pairs == pair_policy::prefix;
+    std::vector<key_group> const groups = prefix ? plan.prefix_groups(qp.cells) : std::vector<key_group>{};
+    emp.prepare(s.bucket, qp.cells, prefix ? &groups : nullptr, res.sampled, e.emp);
     std::vector<split_acc> sc;
-    if (opt.pairs == pair_policy::same_bucket) {
+    if (!prefix) {  // same_bucket
         auto const first = res.cells.size();
         sc.resize(qp.cells.size());
         for (std::size_t i = 0; i < qp.cells.size(); ++i)
@@ -192,7 +194,7 @@ void evaluate_query_bucket(Evaluator& ev, detail::dep_t<empirical_check, Evaluat
     } else {  // prefix: per example, its keys in all admissible buckets
         sc.resize(1);
         res.cells.push_back(
-            evaluate_cell(ev, ks, e, plan.prefix_groups(qp.cells), res.sampled, opt, s.bucket, -1, sc.data()));
+            evaluate_cell(ev, ks, e, groups, res.sampled, opt, s.bucket, -1, sc.data()));
         prefix_profile(res.cells.back(), pb);
     }
     res.n_pairs += pb.n_pairs;

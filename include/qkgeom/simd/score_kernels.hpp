@@ -22,6 +22,10 @@
 //                    NB = 6, 12 ymm), each score a plain d-term dot product.
 //   count_wins       wins and undecided comparisons of one pair, the undecided
 //                    queries returned as a bit mask.
+//   panel_counts     the same comparisons for every pair of a query bucket
+//                    against the scores of one query panel (P rows × every
+//                    scored key, key-major, in L2): the query-blocked key
+//                    form, which never writes the bucket's whole score matrix.
 //   pair_counts      the fused pair-difference form: the same register block
 //                    against columns kᵢ − kⱼ, each query's sign decided and
 //                    counted in registers (no score matrix), undecided
@@ -80,7 +84,7 @@ void pack_transposed(At const& x, index_t n, index_t d, index_t width, std::vect
 /// nq_pad / P panels, `kp` holds ceil(nk / NB) blocks, S is column-major with
 /// leading dimension nq_pad = round_up(nq, P) and nk columns. Requires a
 /// level > generic that the CPU supports.
-QKGEOM_COMPILED_API void score_product(simd::isa level, std::vector<float> const& qp, index_t nq_pad,
+QKGEOM_COMPILED_API void score_product(simd::isa level, float const* qp, index_t nq_pad,
                                        std::vector<float> const& kp, index_t nk, index_t d, float* s);
 
 /// Certified counts over pair-difference columns (method §9.14), the fused
@@ -121,6 +125,34 @@ constexpr index_t mask_words(index_t n) noexcept { return (n + 31) / 32; }
 /// second (scalar) pass whose wins and mask replace the first's.
 QKGEOM_COMPILED_API counts count_wins(simd::isa level, float const* si, float const* sj, float const* qn, float kk,
                                       float ka, index_t n, std::uint32_t* und) noexcept;
+
+/// One pair of the query-blocked key form: its two score columns (key
+/// indices of the panel's score block) and its threshold factor kk as
+/// `count_wins` takes it.
+struct pair_columns {
+    std::int32_t i = 0;
+    std::int32_t j = 0;
+    float kk = 0.0f;
+};
+
+/// A pair with undecided queries in one panel: the pair's index and the
+/// panel's undecided queries (bit t = row t of the panel).
+struct undecided_panel {
+    std::int32_t pair = 0;
+    std::uint32_t mask = 0;
+};
+
+/// The counts of `count_wins` for `npairs` pairs against one query panel:
+/// `s` the panel's scores, key c at s[c·P … c·P + P) (P = blocking_of(level)
+/// .panel; `score_product` with nq_pad = P writes that layout), `qn` the
+/// panel's P query norms rounded up to float, `valid` its real rows (bit t =
+/// row t). Adds the decided wins of pair k to wins[k] and appends each pair
+/// with an undecided real query to `und`. The test of each query is
+/// `count_wins`'s at the same level, bit for bit. Requires a level > generic
+/// that the CPU supports.
+QKGEOM_COMPILED_API void panel_counts(simd::isa level, float const* s, float const* qn, std::uint32_t valid,
+                                      pair_columns const* pc, float ka, index_t npairs, std::int32_t* wins,
+                                      std::vector<undecided_panel>& und);
 
 /// One comparison decided by the scores, in double: |sᵢ − sⱼ| (exact in
 /// double) > tol, the test the f32 counts are certified against (a query
@@ -257,7 +289,7 @@ inline void pair_micro_avx2(float const* qp, float const* qn, float const* db, f
 
 #endif  // QKGEOM_SIMD_X86
 
-QKGEOM_COMPILED_API void score_product(simd::isa level, std::vector<float> const& qp, index_t nq_pad,
+QKGEOM_COMPILED_API void score_product(simd::isa level, float const* qp, index_t nq_pad,
                                        std::vector<float> const& kp, index_t nk, index_t d, float* s) {
 #if QKGEOM_SIMD_X86
     auto const [P, NB] = blocking_of(level);
@@ -268,7 +300,7 @@ QKGEOM_COMPILED_API void score_product(simd::isa level, std::vector<float> const
     for (index_t k0 = 0; k0 < nk; k0 += chunk) {
         index_t const k1 = nk - k0 < chunk ? nk : k0 + chunk;
         for (index_t p = 0; p < np; ++p) {
-            float const* q = qp.data() + p * d * P;
+            float const* q = qp + p * d * P;
             for (index_t c0 = k0; c0 < k1; c0 += NB) {
                 float const* kb = kp.data() + (c0 / NB) * d * NB;
                 index_t const nvalid = nk - c0 < NB ? nk - c0 : NB;
@@ -417,6 +449,71 @@ QKGEOM_COMPILED_API counts count_wins(simd::isa level, float const* si, float co
 #endif
     (void)level;  // QKGEOM_NO_SIMD_DISPATCH: the generic kernel only
     return count_generic(si, sj, qn, kk, ka, n, und);
+}
+
+#if QKGEOM_SIMD_X86
+// The panel kernels: count_avx512 / count_avx2's test (one FMA threshold,
+// |a − b| above it and finite, win when decided and a > b) on one panel's
+// two score columns per pair, read from the L2-resident panel block.
+QKGEOM_TARGET("avx512f,popcnt")
+inline void panel_counts_avx512(float const* s, float const* qn, std::uint32_t valid, pair_columns const* pc, float ka,
+                                index_t npairs, std::int32_t* wins, std::vector<undecided_panel>& und) {
+    __m512 const n0 = _mm512_loadu_ps(qn), n1 = _mm512_loadu_ps(qn + 16), kav = _mm512_set1_ps(ka);
+    __m512 const inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+    for (index_t k = 0; k < npairs; ++k) {
+        float const* a = s + std::size_t(pc[k].i) * 32;
+        float const* b = s + std::size_t(pc[k].j) * 32;
+        __m512 const a0 = _mm512_loadu_ps(a), a1 = _mm512_loadu_ps(a + 16);
+        __m512 const b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+        __m512 const f = _mm512_set1_ps(pc[k].kk);
+        __m512 const d0 = _mm512_abs_ps(_mm512_sub_ps(a0, b0)), d1 = _mm512_abs_ps(_mm512_sub_ps(a1, b1));
+        __m512 const t0 = _mm512_fmadd_ps(f, n0, kav), t1 = _mm512_fmadd_ps(f, n1, kav);
+        __mmask16 const ok0 = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(d0, t0, _CMP_GT_OQ), d0, inf, _CMP_LT_OQ);
+        __mmask16 const ok1 = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(d1, t1, _CMP_GT_OQ), d1, inf, _CMP_LT_OQ);
+        __mmask16 const w0 = _mm512_mask_cmp_ps_mask(ok0, a0, b0, _CMP_GT_OQ);
+        __mmask16 const w1 = _mm512_mask_cmp_ps_mask(ok1, a1, b1, _CMP_GT_OQ);
+        std::uint32_t const ok = std::uint32_t(ok0) | (std::uint32_t(ok1) << 16);
+        std::uint32_t const won = std::uint32_t(w0) | (std::uint32_t(w1) << 16);
+        wins[k] += __builtin_popcount(won & valid);
+        if (std::uint32_t const u = ~ok & valid; u != 0) und.push_back({static_cast<std::int32_t>(k), u});
+    }
+}
+
+QKGEOM_TARGET("avx2,fma,popcnt")
+inline void panel_counts_avx2(float const* s, float const* qn, std::uint32_t valid, pair_columns const* pc, float ka,
+                              index_t npairs, std::int32_t* wins, std::vector<undecided_panel>& und) {
+    __m256 const n0 = _mm256_loadu_ps(qn), n1 = _mm256_loadu_ps(qn + 8), kav = _mm256_set1_ps(ka);
+    __m256 const inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+    __m256 const abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (index_t k = 0; k < npairs; ++k) {
+        float const* a = s + std::size_t(pc[k].i) * 16;
+        float const* b = s + std::size_t(pc[k].j) * 16;
+        __m256 const a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8);
+        __m256 const b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        __m256 const f = _mm256_set1_ps(pc[k].kk);
+        __m256 const d0 = _mm256_and_ps(_mm256_sub_ps(a0, b0), abs_mask);
+        __m256 const d1 = _mm256_and_ps(_mm256_sub_ps(a1, b1), abs_mask);
+        __m256 const t0 = _mm256_fmadd_ps(f, n0, kav), t1 = _mm256_fmadd_ps(f, n1, kav);
+        __m256 const ok0 = _mm256_and_ps(_mm256_cmp_ps(d0, t0, _CMP_GT_OQ), _mm256_cmp_ps(d0, inf, _CMP_LT_OQ));
+        __m256 const ok1 = _mm256_and_ps(_mm256_cmp_ps(d1, t1, _CMP_GT_OQ), _mm256_cmp_ps(d1, inf, _CMP_LT_OQ));
+        auto const ok = std::uint32_t(_mm256_movemask_ps(ok0)) | (std::uint32_t(_mm256_movemask_ps(ok1)) << 8);
+        auto const gt = std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a0, b0, _CMP_GT_OQ))) |
+                        (std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a1, b1, _CMP_GT_OQ))) << 8);
+        wins[k] += __builtin_popcount(gt & ok & valid);
+        if (std::uint32_t const u = ~ok & valid; u != 0) und.push_back({static_cast<std::int32_t>(k), u});
+    }
+}
+#endif
+
+QKGEOM_COMPILED_API void panel_counts(simd::isa level, float const* s, float const* qn, std::uint32_t valid,
+                                      pair_columns const* pc, float ka, index_t npairs, std::int32_t* wins,
+                                      std::vector<undecided_panel>& und) {
+#if QKGEOM_SIMD_X86
+    if (level == simd::isa::avx512) panel_counts_avx512(s, qn, valid, pc, ka, npairs, wins, und);
+    else panel_counts_avx2(s, qn, valid, pc, ka, npairs, wins, und);
+#else
+    (void)level, (void)s, (void)qn, (void)valid, (void)pc, (void)ka, (void)npairs, (void)wins, (void)und;
+#endif
 }
 
 #endif  // QKGEOM_COMPILED_BODIES
