@@ -191,8 +191,9 @@ public:
     }
 
     /// Sets `e` up for query bucket `b` with admissible key buckets `cells`
-    /// (nothing when the bucket has fewer than 2 query rows); `prefix` the
-    /// bucket's prefix groups (pair_plan::prefix_groups) under `prefix`, else null.
+    /// (nothing when the bucket has fewer than 2 query rows). `prefix`: under
+    /// pair_policy::prefix the bucket's groups (pair_plan::prefix_groups, as
+    /// the evaluator walks them), else null.
     void prepare(std::int64_t b, std::vector<std::int64_t> const& cells, std::vector<key_group> const* prefix,
                  bool sampled, empirical_bucket& e) {
         auto const qit = qs_.by_bucket.find(b);
@@ -307,6 +308,22 @@ private:
         return nks;
     }
 
+    /// The bucket's queries packed in f32 panels (`qpack_`) and their norms
+    /// rounded up to float, one per padded row (`q_norm_up_`, padding 0): the
+    /// query side of the pair-difference and panel forms.
+    void pack_queries(QRows const& q, index_t nq) {
+        index_t const nq_pad = scores::round_up(nq, blk_.panel);
+        scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, nq, ks_.d, blk_.panel, qpack_);
+        q_norm_up_.assign(static_cast<std::size_t>(nq_pad), 0.0f);
+        for (index_t r = 0; r < nq; ++r) q_norm_up_[static_cast<std::size_t>(r)] = float_up(q.row(r).norm());
+    }
+
+    /// The key form's certified relative error of an f32 score (+inf when the
+    /// rows are not certifiable: every comparison in double).
+    [[nodiscard]] double key_score_err() const {
+        return certifiable_ ? f32_dot_error_factor(ks_.d) : std::numeric_limits<double>::infinity();
+    }
+
     key_segment const& segment_of(std::int64_t c) {
         auto [it, fresh] = segments_.try_emplace(c);
         if (!fresh) return it->second;
@@ -369,9 +386,7 @@ private:
         }
         auto const nc = static_cast<index_t>(pair_keys_.size());
         index_t const nq_pad = scores::round_up(e.nq, blk_.panel);
-        scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, e.nq, d, blk_.panel, qpack_);
-        q_norm_up_.assign(static_cast<std::size_t>(nq_pad), 0.0f);
-        for (index_t r = 0; r < e.nq; ++r) q_norm_up_[static_cast<std::size_t>(r)] = float_up(q.row(r).norm());
+        pack_queries(q, e.nq);
         pair_wins_.assign(static_cast<std::size_t>(nc), 0);
         index_t const np = nq_pad / blk_.panel;
         undecided_.assign(static_cast<std::size_t>(np * nc), 0u);
@@ -426,7 +441,7 @@ private:
         e.q_norm_up.resize(static_cast<std::size_t>(e.nq));
         for (index_t r = 0; r < e.nq; ++r) e.q_norm_up[static_cast<std::size_t>(r)] = float_up(q.row(r).norm());
         // not certifiable (subnormal or huge values): every comparison in double
-        e.score_err = certifiable_ ? f32_dot_error_factor(d) : std::numeric_limits<double>::infinity();
+        e.score_err = key_score_err();
         e.score_abs = f32_dot_abs_error(d);
         e.ka_up = key_form_ka(e.score_abs);
         e.k_orig = &ks_.orig;
@@ -445,7 +460,7 @@ private:
                         std::vector<std::vector<index_t> const*> const& groups, empirical_bucket& e) {
         index_t const d = ks_.d, P = blk_.panel;
         index_t const nks = score_columns(cells, kn_);
-        double const score_err = certifiable_ ? f32_dot_error_factor(d) : std::numeric_limits<double>::infinity();
+        double const score_err = key_score_err();
         float const ka = key_form_ka(f32_dot_abs_error(d));
         pair_keys_.clear();
         pair_cols_.clear();
@@ -464,9 +479,7 @@ private:
         pair_wins_.assign(static_cast<std::size_t>(npairs), 0);
         if (npairs == 0) return;
         index_t const nq_pad = scores::round_up(e.nq, P);
-        scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, e.nq, d, P, qpack_);
-        q_norm_up_.assign(static_cast<std::size_t>(nq_pad), 0.0f);
-        for (index_t r = 0; r < e.nq; ++r) q_norm_up_[static_cast<std::size_t>(r)] = float_up(q.row(r).norm());
+        pack_queries(q, e.nq);
         panel_scores_.resize(static_cast<std::size_t>(nks * P));
         for (index_t p = 0; p < nq_pad / P; ++p) {
             index_t offset = 0;
