@@ -53,9 +53,11 @@ version = cmake_version()
 zlib = with_zlib()
 ext = Pybind11Extension(
     "qkgeom._qkgeom",
-    sorted(glob("python/src/*.cpp")),
+    # The bindings and the compiled part (src/qkgeom_compiled.cpp: the SIMD kernels and the engines,
+    # once), as the CMake build links qkgeom::compiled (docs/building.md "Compile model").
+    sorted(glob("python/src/*.cpp")) + ["src/qkgeom_compiled.cpp"],
     include_dirs=["include", eigen_include()],
-    define_macros=[("QKGEOM_PY_VERSION", f'"{version}"')] + ([("QKGEOM_HAVE_ZLIB", "1")] if zlib else []),
+    define_macros=[("QKGEOM_PY_VERSION", f'"{version}"'), ("QKGEOM_COMPILED", "1")] + ([("QKGEOM_HAVE_ZLIB", "1")] if zlib else []),
     libraries=["z"] if zlib else [],
     extra_compile_args=["-g0"],  # no debug information: a 5 MB module instead of 60 MB
     cxx_std=20,

@@ -1,11 +1,10 @@
 // qkgeom program — analyze_head for the program's row types: heads read
 // from a capture (row-major double, or row-major float for f32 / f16 / bf16
 // entries) and synthetic heads (Eigen::MatrixXd).
-// The engines themselves are instantiated once, in instantiate_*.cpp
-// (qkgeom/extern_templates.hpp).
+// The engines themselves are instantiated once, in the compiled part the
+// program links (qkgeom::compiled, docs/building.md "Compile model").
 #include "program.hpp"
 
-#include <qkgeom/extern_templates.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/plasticity.hpp>
 

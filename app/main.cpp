@@ -23,7 +23,7 @@
 //   study_command.cpp         qkgeom study, and the study report the demo shares
 //   reports.cpp               the model table, pictures and index.html
 //   analysis.cpp              analyze_head for the program's two row types
-//   instantiate_*.cpp         the analysis engines, once (qkgeom/extern_templates.hpp)
+//   (the analysis engines come from the compiled part, qkgeom::compiled)
 #include "program.hpp"
 
 #include <qkgeom/config.hpp>

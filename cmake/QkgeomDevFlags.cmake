@@ -13,6 +13,10 @@ if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   endif()
 endif()
 
+# The compiled part (root CMakeLists.txt) is built with the same flags as the
+# targets that link it (warnings, sanitizers).
+target_link_libraries(qkgeom_compiled PRIVATE qkgeom_dev_flags)
+
 function(qkgeom_dev_target target)
   target_link_libraries(${target} PRIVATE qkgeom::qkgeom qkgeom_dev_flags)
 endfunction()

@@ -1,4 +1,4 @@
-// qkgeom — the compiled kernels (optional; CMake target qkgeom::kernels).
+// qkgeom — the compiled part (optional; CMake target qkgeom::compiled).
 //
 // With QKGEOM_COMPILED defined in every translation unit of a program,
 // the kernel headers of include/qkgeom/simd/ declare their dispatching entry
@@ -30,3 +30,10 @@ template void centre_pack<double>(simd::isa, double const*, index_t, index_t con
 template qkgeom::plasticity_result qkgeom::detail::evaluate_plasticity<void>(
     qkgeom::householder_result const&, qkgeom::detail::key_store const&, qkgeom::detail::query_store const&,
     qkgeom::capture_facts const&, qkgeom::plasticity_options const&);
+
+// PCA, planar rotation and Householder decomposition of a head's moments
+// (method §2–4), declared extern in analyze.hpp.
+#include <qkgeom/analyze.hpp>
+
+template qkgeom::head_analysis qkgeom::detail::closed_forms<void>(qkgeom::head_moments const&,
+                                                                  qkgeom::analysis_options const&);

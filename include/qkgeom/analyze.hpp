@@ -173,6 +173,11 @@ void check_moments_and_keys(std::string_view fn, head_moments const& hm, index_t
                  key_rows);
 }
 
+#if defined(QKGEOM_COMPILED)
+// Instantiated once in src/qkgeom_compiled.cpp (the compiled part, docs/building.md "Compile model").
+extern template head_analysis closed_forms<void>(head_moments const&, analysis_options const&);
+#endif
+
 }  // namespace detail
 
 /// \brief Analyse one head (method §2–6): PCA, planar rotation, Householder

@@ -1,9 +1,8 @@
 // qkgeom Python extension — analyze_head over zero-copy NumPy rows: the one
-// instantiation per entry point (the engines themselves are extern here and
-// instantiated in instantiate_*.cpp).
+// instantiation per entry point (the engines themselves come from the
+// compiled part, qkgeom::compiled).
 #include "common.hpp"
 
-#include <qkgeom/extern_templates.hpp>
 #include <qkgeom/plasticity.hpp>
 
 namespace qkgeom_py {

@@ -5,7 +5,6 @@
 // turns the result into DataFrames.
 #include "common.hpp"
 
-#include <qkgeom/extern_templates.hpp>
 #include <qkgeom/study/run.hpp>
 #include <qkgeom/study/tables.hpp>
 

@@ -1,7 +1,7 @@
 // qkgeom Python extension (qkgeom._qkgeom) — declarations shared by its
 // translation units (docs/python.md). The heavy engines are instantiated once,
-// in instantiate_*.cpp (qkgeom/extern_templates.hpp); every other unit sees
-// them as extern.
+// in the compiled part the module links (qkgeom::compiled, docs/building.md
+// "Compile model"); every unit sees them as extern.
 #pragma once
 
 #include <qkgeom/analyze.hpp>

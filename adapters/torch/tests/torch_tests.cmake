@@ -5,7 +5,7 @@
 find_package(Catch2 2.13 REQUIRED)
 add_executable(qkgeom_torch_tests "${CMAKE_CURRENT_LIST_DIR}/main.cpp" "${CMAKE_CURRENT_LIST_DIR}/torch_test.cpp")
 qkgeom_dev_target(qkgeom_torch_tests)
-target_link_libraries(qkgeom_torch_tests PRIVATE qkgeom::torch Catch2::Catch2)
+target_link_libraries(qkgeom_torch_tests PRIVATE qkgeom::torch qkgeom::compiled Catch2::Catch2)
 
 foreach(_group adapter capture device_moments plasticity errors manifest)
   add_test(NAME torch.${_group} COMMAND qkgeom_torch_tests "[${_group}]")
