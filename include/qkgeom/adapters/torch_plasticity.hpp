@@ -26,6 +26,7 @@
 
 #include <qkgeom/adapters/torch.hpp>
 #include <qkgeom/attention_plasticity.hpp>
+#include <qkgeom/gaussian.hpp>  // inv_sqrt2 (not reached through the umbrella with QKGEOM_COMPILED)
 #include <qkgeom/householder.hpp>
 
 #if defined(QKGEOM_HAS_TORCH)
