@@ -4,7 +4,7 @@
 #include "program.hpp"
 
 #include <qkgeom/io/dataset.hpp>
-#include <qkgeom/io/dataset_analysis.hpp>
+#include <qkgeom/run/dataset_analysis.hpp>
 
 #include <cstddef>
 #include <filesystem>
@@ -83,7 +83,7 @@ int run_analyze(cli const& c) {
     // The heads the capture holds (method §0.1 head sample, or all; method §0
     // GQA mapping). A listed head whose entry is missing or bad is a failure,
     // never skipped; an entry outside the manifest is a failure too
-    // (qkgeom/io/dataset_analysis.hpp).
+    // (qkgeom/run/dataset_analysis.hpp).
     auto plan = qkgeom::io::plan_dataset(c.dir);
     output_folder folder(c.out, report_marker, "-o");  // checked before any analysis
     progress bar(plan.planned.size(), c.quiet);

@@ -1,9 +1,9 @@
-// qkgeom program — the synthetic generator (qkgeom/synthetic.hpp, method §0),
+// qkgeom program — the synthetic generator (qkgeom/capture/synthetic.hpp, method §0),
 // instantiated in this translation unit only.
 #include "generate_parts.hpp"
 #include "program.hpp"
 
-#include <qkgeom/synthetic.hpp>
+#include <qkgeom/capture/synthetic.hpp>
 
 namespace qkgeom_app {
 

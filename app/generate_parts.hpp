@@ -3,7 +3,7 @@
 // the rest), so that each translation unit stays small.
 #pragma once
 
-#include <qkgeom/synthetic.hpp>
+#include <qkgeom/capture/synthetic.hpp>
 
 namespace qkgeom::synthetic::detail {
 

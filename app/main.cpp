@@ -17,7 +17,7 @@
 // Translation units (each compiles in well under 20 s of CPU):
 //   main.cpp                  command line, usage, main
 //   study.cpp                 the embedded synthetic study: demo and synth
-//   generate.cpp              the synthetic generator (qkgeom/synthetic.hpp)
+//   generate.cpp              the synthetic generator (qkgeom/capture/synthetic.hpp)
 //   generate_parts.cpp        its rows and ground truth, instantiated once
 //   analyze.cpp               qkgeom analyze: a capture directory
 //   study_command.cpp         qkgeom study, and the study report the demo shares
@@ -26,9 +26,9 @@
 //   (the analysis engines come from the compiled part, qkgeom::compiled)
 #include "program.hpp"
 
-#include <qkgeom/config.hpp>
-#include <qkgeom/io/dataset_analysis.hpp>
-#include <qkgeom/policy_names.hpp>
+#include <qkgeom/analysis/policy_names.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/run/dataset_analysis.hpp>
 
 #include <cctype>
 #include <cstdlib>
@@ -193,7 +193,7 @@ E parse_choice(std::string const& flag, std::string const& v, std::map<std::stri
     return it->second;
 }
 
-/// A policy option's value (the names: qkgeom/policy_names.hpp).
+/// A policy option's value (the names: qkgeom/analysis/policy_names.hpp).
 template <class E>
 E parse_policy(std::string const& flag, std::string const& v) {
     if (auto const e = qkgeom::policy_from_name<E>(v)) return *e;

@@ -4,8 +4,8 @@
 // (head_moments::operator+=) and written as one shard (docs/cli.md#merge).
 #include "program.hpp"
 
-#include <qkgeom/moments.hpp>
-#include <qkgeom/moments_io.hpp>
+#include <qkgeom/io/moments_io.hpp>
+#include <qkgeom/stats/moments.hpp>
 
 #include <filesystem>
 #include <iostream>

@@ -1,12 +1,12 @@
 // qkgeom program — declarations shared by its translation units.
 #pragma once
 
-#include <qkgeom/analyze.hpp>
-#include <qkgeom/head.hpp>
+#include <qkgeom/analysis/analyze.hpp>
+#include <qkgeom/capture/synthetic.hpp>
+#include <qkgeom/core/head.hpp>
+#include <qkgeom/core/parallel.hpp>
 #include <qkgeom/io/dataset.hpp>
-#include <qkgeom/parallel.hpp>
 #include <qkgeom/study/compute.hpp>
-#include <qkgeom/synthetic.hpp>
 
 #include <Eigen/Core>
 
@@ -123,7 +123,7 @@ private:
     std::mutex m_;
 };
 
-using qkgeom::parallel_for;  // qkgeom/parallel.hpp
+using qkgeom::parallel_for;  // qkgeom/core/parallel.hpp
 
 int run_synth(cli const& c);
 int run_analyze(cli const& c);

@@ -3,9 +3,9 @@
 // capture in the dataset layout of docs/dataset.md).
 #include "program.hpp"
 
+#include <qkgeom/capture/synthetic.hpp>
 #include <qkgeom/io/dataset.hpp>
-#include <qkgeom/study/run.hpp>
-#include <qkgeom/synthetic.hpp>
+#include <qkgeom/run/study_run.hpp>
 
 #include <algorithm>
 #include <cstdint>

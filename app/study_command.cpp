@@ -7,9 +7,9 @@
 #include <qkgeom/report/csv.hpp>
 #include <qkgeom/report/study_html.hpp>
 #include <qkgeom/report/study_svg.hpp>
-#include <qkgeom/study/run.hpp>
-#include <qkgeom/study/spec.hpp>
-#include <qkgeom/study/tables.hpp>
+#include <qkgeom/report/study_tables.hpp>
+#include <qkgeom/run/study_run.hpp>
+#include <qkgeom/run/study_spec.hpp>
 
 #include <cmath>
 #include <cstdio>

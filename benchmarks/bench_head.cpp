@@ -4,7 +4,7 @@
 // the whole head end to end.
 #include "workload.hpp"
 
-#include <qkgeom/simd.hpp>
+#include <qkgeom/simd/dispatch.hpp>
 
 #include <benchmark/benchmark.h>
 

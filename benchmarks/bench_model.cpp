@@ -13,10 +13,10 @@
 #include "workload.hpp"
 
 #include <qkgeom/io/dataset.hpp>
-#include <qkgeom/io/dataset_analysis.hpp>
 #include <qkgeom/report/study_svg.hpp>
-#include <qkgeom/study/run.hpp>
-#include <qkgeom/study/tables.hpp>
+#include <qkgeom/report/study_tables.hpp>
+#include <qkgeom/run/dataset_analysis.hpp>
+#include <qkgeom/run/study_run.hpp>
 
 #include <benchmark/benchmark.h>
 

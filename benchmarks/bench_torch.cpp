@@ -33,7 +33,7 @@
 #include <qkgeom/adapters/torch.hpp>
 #include <qkgeom/adapters/torch_capture.hpp>
 #include <qkgeom/adapters/torch_plasticity.hpp>
-#include <qkgeom/householder.hpp>
+#include <qkgeom/geometry/householder.hpp>
 
 #include <torch/cuda.h>
 #include <torch/torch.h>

@@ -19,11 +19,11 @@
 
 #include "workload.hpp"
 
-#include <qkgeom/gaussian.hpp>
-#include <qkgeom/householder.hpp>
-#include <qkgeom/kolmogorov.hpp>
-#include <qkgeom/pca.hpp>
-#include <qkgeom/rotation.hpp>
+#include <qkgeom/geometry/householder.hpp>
+#include <qkgeom/geometry/pca.hpp>
+#include <qkgeom/geometry/rotation.hpp>
+#include <qkgeom/stats/gaussian.hpp>
+#include <qkgeom/stats/kolmogorov.hpp>
 
 #include <cmath>
 #include <map>

@@ -163,7 +163,7 @@ def main():
     print("qkgeom benchmark summary")
     print(f"  host: {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs @ {ctx.get('mhz_per_cpu', '?')} MHz,"
           f" load average at start {ctx.get('load_avg', '?')}, libbenchmark build {ctx.get('library_build_type', '?')}")
-    print(f"  qkgeom kernels: instruction-set level {ctx.get('qkgeom_isa', '?')} (runtime dispatch, simd.hpp)")
+    print(f"  qkgeom kernels: instruction-set level {ctx.get('qkgeom_isa', '?')} (runtime dispatch, simd/dispatch.hpp)")
     print("  reference points (same run):")
     print(f"    Eigen GEMM (double, 512³):         {fmt(gemm, '{:.1f}')} GFLOP/s")
     xtx = get(rows, "bm_eigen_gemm_xtx/d:128", "GFLOP/s")

@@ -5,9 +5,9 @@
 // query + 8,000 key rows per head. Rows are stored as f32, as captures are.
 #pragma once
 
-#include <qkgeom/analyze.hpp>
-#include <qkgeom/parallel.hpp>
-#include <qkgeom/synthetic.hpp>
+#include <qkgeom/analysis/analyze.hpp>
+#include <qkgeom/capture/synthetic.hpp>
+#include <qkgeom/core/parallel.hpp>
 
 #include <Eigen/Core>
 
@@ -128,7 +128,7 @@ inline head_data const& realistic_head() {
     return h;
 }
 
-using qkgeom::parallel_for;  // qkgeom/parallel.hpp
+using qkgeom::parallel_for;  // qkgeom/core/parallel.hpp
 
 /// Analyse one head with the library (default options = what `qkgeom analyze` does).
 inline qkgeom::head_analysis analyze(head_data const& h, qkgeom::analysis_options const& opt) {

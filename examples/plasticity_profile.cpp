@@ -6,8 +6,8 @@
 // (gaussian_gap < 0.05), as it must on this Gaussian head.
 //
 // Expected output: at the end of this file.
+#include <qkgeom/capture/synthetic.hpp>  // not part of the umbrella header
 #include <qkgeom/plasticity.hpp>
-#include <qkgeom/synthetic.hpp>  // not part of the umbrella header
 
 #include <cmath>
 #include <cstdio>

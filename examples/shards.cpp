@@ -6,7 +6,7 @@
 //   4 shards written to <dir>
 //   merged: q rows 4000, k rows 4000, buckets 16
 //   max relative difference to a single pass: <1e-12 -> ok
-#include <qkgeom/moments_io.hpp>
+#include <qkgeom/io/moments_io.hpp>
 #include <qkgeom/plasticity.hpp>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // libFuzzer target: qkgeom::read_moments (the moments shard reader,
-// moments_io.hpp) on arbitrary bytes. Every failure must be a
+// io/moments_io.hpp) on arbitrary bytes. Every failure must be a
 // qkgeom::input_error; anything else (crash, sanitizer report, other
 // exception, an allocation beyond the fuzzer's -rss_limit_mb) is a bug. A
 // shard that reads must be accepted by write_moments (it refuses exactly what
@@ -8,7 +8,7 @@
 // Seed corpus: when the first corpus directory given on the command line is
 // empty, a few valid shards (d = 1, 3, 8; query and key buckets; a merged
 // shard) are written into it before fuzzing starts.
-#include <qkgeom/moments_io.hpp>
+#include <qkgeom/io/moments_io.hpp>
 
 #include <Eigen/Core>
 

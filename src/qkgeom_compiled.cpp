@@ -17,7 +17,7 @@
 #include <qkgeom/simd/sse2.hpp>
 
 namespace qkgeom::detail::mom {
-// The row types the moments read in place (moments.hpp: f32 and f64 rows).
+// The row types the moments read in place (stats/moments.hpp: f32 and f64 rows).
 template void centre_pack<float>(simd::isa, float const*, index_t, index_t const*, double const*, index_t, index_t,
                                  double*, double*, double*, double*);
 template void centre_pack<double>(simd::isa, double const*, index_t, index_t const*, double const*, index_t, index_t,
@@ -25,15 +25,25 @@ template void centre_pack<double>(simd::isa, double const*, index_t, index_t con
 }  // namespace qkgeom::detail::mom
 
 // The plasticity engine (method §5–6), declared extern in plasticity/engine.hpp.
-#include <qkgeom/attention_plasticity.hpp>
+#include <qkgeom/plasticity/attention_plasticity.hpp>
 
 template qkgeom::plasticity_result qkgeom::detail::evaluate_plasticity<void>(
     qkgeom::householder_result const&, qkgeom::detail::key_store const&, qkgeom::detail::query_store const&,
     qkgeom::capture_facts const&, qkgeom::plasticity_options const&);
 
 // PCA, planar rotation and Householder decomposition of a head's moments
-// (method §2–4), declared extern in analyze.hpp.
-#include <qkgeom/analyze.hpp>
+// (method §2–4), declared extern in analysis/analyze.hpp.
+#include <qkgeom/analysis/analyze.hpp>
 
 template qkgeom::head_analysis qkgeom::detail::closed_forms<void>(qkgeom::head_moments const&,
                                                                   qkgeom::analysis_options const&);
+
+// analyze_head for the common row types, declared extern in analysis/analyze.hpp.
+template qkgeom::head_analysis qkgeom::analyze_head(
+    qkgeom::head_capture<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> const&,
+    qkgeom::analysis_options const&);
+template qkgeom::head_analysis qkgeom::analyze_head(
+    qkgeom::head_capture<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> const&,
+    qkgeom::analysis_options const&);
+template qkgeom::head_analysis qkgeom::analyze_head(qkgeom::head_capture<Eigen::MatrixXd> const&,
+                                                    qkgeom::analysis_options const&);

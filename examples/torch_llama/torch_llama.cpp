@@ -10,7 +10,7 @@
 // analysed (method §2–6) and reported. Runs on CUDA when a GPU is present.
 #include <qkgeom/adapters/torch.hpp>
 #include <qkgeom/adapters/torch_capture.hpp>
-#include <qkgeom/analyze.hpp>
+#include <qkgeom/analysis/analyze.hpp>
 
 #include <torch/torch.h>
 

@@ -5,5 +5,5 @@
 // instantiation definitions written against it still compile.
 #pragma once
 
-#include <qkgeom/analyze.hpp>
-#include <qkgeom/attention_plasticity.hpp>
+#include <qkgeom/analysis/analyze.hpp>
+#include <qkgeom/plasticity/attention_plasticity.hpp>

@@ -8,19 +8,19 @@
 //
 // Not included, to keep the umbrella cheap to compile: the shard files of
 // head_moments (save_moments, load_moments, read_moments, write_moments,
-// merge_moment_files): #include <qkgeom/moments_io.hpp>.
+// merge_moment_files): #include <qkgeom/io/moments_io.hpp>.
 #pragma once
 
-#include <qkgeom/analyze.hpp>     // IWYU pragma: export
-#include <qkgeom/attention_plasticity.hpp>  // IWYU pragma: export
-#include <qkgeom/buckets.hpp>     // IWYU pragma: export
-#include <qkgeom/config.hpp>      // IWYU pragma: export
-#include <qkgeom/errors.hpp>      // IWYU pragma: export
-#include <qkgeom/float16.hpp>     // IWYU pragma: export
-#include <qkgeom/gaussian.hpp>    // IWYU pragma: export
-#include <qkgeom/householder.hpp>  // IWYU pragma: export
-#include <qkgeom/moments.hpp>     // IWYU pragma: export
-#include <qkgeom/pca.hpp>         // IWYU pragma: export
-#include <qkgeom/rotation.hpp>    // IWYU pragma: export
-#include <qkgeom/simd.hpp>        // IWYU pragma: export
-#include <qkgeom/tensor.hpp>      // IWYU pragma: export
+#include <qkgeom/analysis/analyze.hpp>          // IWYU pragma: export
+#include <qkgeom/core/buckets.hpp>              // IWYU pragma: export
+#include <qkgeom/core/config.hpp>               // IWYU pragma: export
+#include <qkgeom/core/errors.hpp>               // IWYU pragma: export
+#include <qkgeom/core/float16.hpp>              // IWYU pragma: export
+#include <qkgeom/core/tensor.hpp>               // IWYU pragma: export
+#include <qkgeom/geometry/householder.hpp>      // IWYU pragma: export
+#include <qkgeom/geometry/pca.hpp>              // IWYU pragma: export
+#include <qkgeom/geometry/rotation.hpp>         // IWYU pragma: export
+#include <qkgeom/plasticity/attention_plasticity.hpp>  // IWYU pragma: export
+#include <qkgeom/simd/dispatch.hpp>             // IWYU pragma: export
+#include <qkgeom/stats/gaussian.hpp>            // IWYU pragma: export
+#include <qkgeom/stats/moments.hpp>             // IWYU pragma: export

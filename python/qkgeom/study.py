@@ -2,7 +2,7 @@
 study file — every run analysed once (or taken from the cache, its analysis folder or the file's
 numbers) — and returns its tables as pandas DataFrames.
 
-The tables are the C++ library's (study/tables.hpp, through ``qkgeom._qkgeom.run_study``): the
+The tables are the C++ library's (report/study_tables.hpp, through ``qkgeom._qkgeom.run_study``): the
 same columns, in the same order, and the same values as the study_*.csv files ``qkgeom study``
 writes. Integer columns are int64, text columns str, number columns float64 (NaN where the CSV
 says ``nan``); a column mixing integers with NaN (``step``: NaN where a run has no step) is

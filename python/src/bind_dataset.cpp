@@ -1,9 +1,9 @@
 // qkgeom Python extension — analyze_dataset: the loop of `qkgeom analyze`
-// (io/dataset_analysis.hpp), the same library function the program calls,
+// (run/dataset_analysis.hpp), the same library function the program calls,
 // in parallel with the GIL released.
 #include "common.hpp"
 
-#include <qkgeom/io/dataset_analysis.hpp>
+#include <qkgeom/run/dataset_analysis.hpp>
 
 #include <pybind11/stl/filesystem.h>
 

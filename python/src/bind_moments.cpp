@@ -2,7 +2,7 @@
 // moments (HeadMoments, shard files).
 #include "common.hpp"
 
-#include <qkgeom/moments_io.hpp>
+#include <qkgeom/io/moments_io.hpp>
 
 #include <pybind11/eigen.h>
 #include <pybind11/operators.h>

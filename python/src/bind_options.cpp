@@ -1,10 +1,10 @@
 // qkgeom Python extension — Options: analysis_options with the program's
-// option names and policy spellings (qkgeom/policy_names.hpp, shared with the
+// option names and policy spellings (qkgeom/analysis/policy_names.hpp, shared with the
 // program). One table below serves the keyword constructor, the attributes
 // and the repr.
 #include "common.hpp"
 
-#include <qkgeom/policy_names.hpp>
+#include <qkgeom/analysis/policy_names.hpp>
 
 #include <functional>
 #include <utility>

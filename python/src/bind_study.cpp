@@ -1,12 +1,12 @@
 // qkgeom Python extension — run_study: a study file (docs/study.md) read, its
-// runs analysed or taken from the cache, and its tables (study/tables.hpp, the
+// runs analysed or taken from the cache, and its tables (report/study_tables.hpp, the
 // same columns as the program's study_*.csv) returned column by column; the
 // GIL is released while the study runs. qkgeom.study() (python/qkgeom/study.py)
 // turns the result into DataFrames.
 #include "common.hpp"
 
-#include <qkgeom/study/run.hpp>
-#include <qkgeom/study/tables.hpp>
+#include <qkgeom/report/study_tables.hpp>
+#include <qkgeom/run/study_run.hpp>
 
 #include <pybind11/stl/filesystem.h>
 

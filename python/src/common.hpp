@@ -4,13 +4,13 @@
 // "Compile model"); every unit sees them as extern.
 #pragma once
 
-#include <qkgeom/analyze.hpp>
-#include <qkgeom/buckets.hpp>
-#include <qkgeom/capture.hpp>
-#include <qkgeom/float16.hpp>
-#include <qkgeom/head.hpp>
-#include <qkgeom/moments.hpp>
-#include <qkgeom/tensor.hpp>
+#include <qkgeom/analysis/analyze.hpp>
+#include <qkgeom/capture/protocol.hpp>
+#include <qkgeom/core/buckets.hpp>
+#include <qkgeom/core/float16.hpp>
+#include <qkgeom/core/head.hpp>
+#include <qkgeom/core/tensor.hpp>
+#include <qkgeom/stats/moments.hpp>
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>

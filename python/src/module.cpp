@@ -8,7 +8,7 @@
 //   std::runtime_error / logic_error       -> RuntimeError (pybind11)
 #include "common.hpp"
 
-#include <qkgeom/errors.hpp>
+#include <qkgeom/core/errors.hpp>
 
 #include <filesystem>
 

@@ -1,6 +1,6 @@
 // Must not compile: positions are integers (method §9.2), so a vector of
 // doubles is not an IndexVector. The diagnostic names `IndexVector`.
-#include <qkgeom/moments.hpp>
+#include <qkgeom/stats/moments.hpp>
 
 #include <vector>
 

@@ -1,6 +1,6 @@
 // Must not compile: integer elements are not token vectors (f64/f32/bf16/f16
 // only). The diagnostic names `RowMatrix`.
-#include <qkgeom/moments.hpp>
+#include <qkgeom/stats/moments.hpp>
 
 #include <vector>
 

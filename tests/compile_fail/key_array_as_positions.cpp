@@ -1,11 +1,11 @@
 // Must not compile: a key array where the key positions belong. Neither the
 // key vectors (an Eigen matrix) nor the key bucket array converts to
-// qkgeom::token_positions (qkgeom/head.hpp): not in a token_rows aggregate,
+// qkgeom::token_positions (qkgeom/core/head.hpp): not in a token_rows aggregate,
 // not by copy-initialisation, not even explicitly. The diagnostics name
 // position_tag with the matrix, then with bucket_tag. With QKGEOM_CF_CONTROL
 // the same statements with the key positions compile (so the failure is the
 // intended one).
-#include <qkgeom/head.hpp>
+#include <qkgeom/core/head.hpp>
 
 int main() {
     Eigen::MatrixXd const K = Eigen::MatrixXd::Zero(3, 2);  // key vectors

@@ -1,9 +1,9 @@
 // Must not compile: the streaming accumulator given a bucket array where the
 // positions belong and a position array where the buckets belong (the typed
-// arrays of qkgeom/head.hpp). Plain integer vectors stay accepted there; a
+// arrays of qkgeom/core/head.hpp). Plain integer vectors stay accepted there; a
 // typed array of the other meaning is a compile error naming the argument.
 // With QKGEOM_CF_CONTROL the same call in the right order compiles.
-#include <qkgeom/moments.hpp>
+#include <qkgeom/stats/moments.hpp>
 
 int main() {
     Eigen::MatrixXd const X = Eigen::MatrixXd::Ones(3, 2);

@@ -1,7 +1,7 @@
 // Must not compile: a type that is not a matrix is passed as rows. The
 // diagnostic names the concept `RowMatrix`. With QKGEOM_CF_CONTROL the same
 // call with a real matrix compiles (so the failure is the intended one).
-#include <qkgeom/moments.hpp>
+#include <qkgeom/stats/moments.hpp>
 
 #include <vector>
 

@@ -1,6 +1,6 @@
 // Must not compile: rows of run-time length (possibly ragged) are not a row
 // matrix; use fixed-size rows or a strided view. The diagnostic names `RowMatrix`.
-#include <qkgeom/tensor.hpp>
+#include <qkgeom/core/tensor.hpp>
 
 #include <array>
 #include <vector>

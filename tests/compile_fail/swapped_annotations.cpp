@@ -1,10 +1,10 @@
 // Must not compile: the bucket array in the position slot (and the position
 // array in the bucket slot) of a head's rows. Positions, buckets and example
-// ids are distinct types (qkgeom/head.hpp), so swapped arrays are a compile
+// ids are distinct types (qkgeom/core/head.hpp), so swapped arrays are a compile
 // error, for token_rows and for a whole head_capture. The diagnostic names
 // both meanings (bucket_tag, position_tag). With QKGEOM_CF_CONTROL the same
 // aggregates in the right order compile (so the failure is the intended one).
-#include <qkgeom/head.hpp>
+#include <qkgeom/core/head.hpp>
 
 int main() {
     Eigen::MatrixXd const X = Eigen::MatrixXd::Zero(3, 2);

@@ -685,7 +685,7 @@ def truncate_file(p, drop):
 
 
 # --------------------------------------------------------------------------
-# moments shards (docs/moments.md "Shard file format", include/qkgeom/moments_io.hpp)
+# moments shards (docs/moments.md "Shard file format", include/qkgeom/io/moments_io.hpp)
 # --------------------------------------------------------------------------
 SHARD_MAGIC = b"QKGMOM\r\n"
 

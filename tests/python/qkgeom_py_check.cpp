@@ -8,17 +8,17 @@
 //   rewrite IN OUT [stored|deflate] [zip64] [descriptor]
 //                                    read IN (.npy or .npz) with qkgeom, write OUT
 //   kept SCHEME WIDTH RATE SEED EXAMPLE LAYER q|k LENGTH
-//                                    kept_positions (buckets.hpp)
+//                                    kept_positions (core/buckets.hpp)
 //   heads SEED COUNT|all ELIGIBILITY NQ:NKV[:WINDOW] ...
-//                                    sample_heads (capture.hpp), one "layer q k" per line
+//                                    sample_heads (capture/protocol.hpp), one "layer q k" per line
 //   dataset DIR                      read_manifest + list_heads + read_head of every entry
 //   sample OUT.npz [stored|deflate] [zip64] [descriptor]
 //                                    a small fixed archive (f32 2x3 "a", int64 "b")
 //   zlib                             1 when deflate is available, else 0
 //
 // Exit status 0 on success, 1 on a qkgeom error (message on stderr), 2 on usage.
-#include <qkgeom/buckets.hpp>
-#include <qkgeom/capture.hpp>
+#include <qkgeom/capture/protocol.hpp>
+#include <qkgeom/core/buckets.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/npy.hpp>
 #include <qkgeom/io/npz.hpp>

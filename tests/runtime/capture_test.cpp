@@ -1,12 +1,12 @@
-// Runtime tests of the capture protocol components (capture.hpp, method §0,
+// Runtime tests of the capture protocol components (capture/protocol.hpp, method §0,
 // §0.1): GQA mapping against its definition, eligibility, seeded head
 // sampling (without replacement, uniform inclusion within a binomial bound,
 // deterministic per seed), the step sampler (kept fraction per bucket within a
 // binomial bound, the same tokens for every head of a (layer, kind), different
 // tokens across seeds), the row store (kept rows equal the input rows) and
 // capture_store::head (a planned head as one head_capture).
-#include <qkgeom/capture.hpp>
-#include <qkgeom/parallel.hpp>
+#include <qkgeom/capture/protocol.hpp>
+#include <qkgeom/core/parallel.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -4,9 +4,9 @@
 #include "report_heads.hpp"
 #include "temp_dir.hpp"
 
+#include <qkgeom/capture/synthetic.hpp>
 #include <qkgeom/report/csv.hpp>
-#include <qkgeom/study/read.hpp>
-#include <qkgeom/synthetic.hpp>
+#include <qkgeom/run/study_read.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -35,7 +35,7 @@ namespace rep = qkgeom::report;
 namespace fs = std::filesystem;
 using strings = std::vector<std::string>;
 
-// --- the CSV reader of the studies (study/read.hpp: RFC 4180, quoted fields,
+// --- the CSV reader of the studies (run/study_read.hpp: RFC 4180, quoted fields,
 // doubled quotes; a row with another field count than the header's throws).
 struct table {
     strings header;

@@ -5,10 +5,10 @@
 // an unclosed writer leaves no dataset; the loop accounts for every planned head.
 #include "temp_dir.hpp"
 
+#include <qkgeom/analysis/policy_names.hpp>
 #include <qkgeom/io/dataset.hpp>
-#include <qkgeom/io/dataset_analysis.hpp>
 #include <qkgeom/io/dataset_writer.hpp>
-#include <qkgeom/policy_names.hpp>
+#include <qkgeom/run/dataset_analysis.hpp>
 
 #include <catch2/catch.hpp>
 

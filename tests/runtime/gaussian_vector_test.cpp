@@ -1,4 +1,4 @@
-// The batched, vectorised PP of the dense Gram path (gaussian.hpp:
+// The batched, vectorised PP of the dense Gram path (stats/gaussian.hpp:
 // `detail::vpp::pairwise_plasticity`, Cody's erfc with its own exp(−x²)) against the scalar `pairwise_plasticity`
 // (std::erfc): relative error ≤ 1e-13 for |z| ≤ 37 on a dense sweep (linear
 // and log-spaced over [0, 40], random doubles, every interval boundary ± a few
@@ -6,12 +6,12 @@
 // result underflows), graceful underflow beyond 37, and results that depend
 // on a lane's input only (not on its batch, position or neighbours).
 //
-// Every instruction-set level of the kernel that this CPU runs (simd.hpp:
+// Every instruction-set level of the kernel that this CPU runs (simd/dispatch.hpp:
 // generic, AVX2, AVX-512; `detail::vpp::batch_at`) is checked, and the levels
 // must agree bit for bit over the whole sweep (no fused multiply–add at any
-// level, gaussian.hpp); levels the CPU lacks are reported with WARN.
-#include <qkgeom/gaussian.hpp>
-#include <qkgeom/simd.hpp>
+// level, stats/gaussian.hpp); levels the CPU lacks are reported with WARN.
+#include <qkgeom/simd/dispatch.hpp>
+#include <qkgeom/stats/gaussian.hpp>
 
 #include <catch2/catch.hpp>
 

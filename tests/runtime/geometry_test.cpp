@@ -12,7 +12,7 @@
 #include <range/v3/view/transform.hpp>
 #endif
 
-#include <qkgeom/synthetic.hpp>
+#include <qkgeom/capture/synthetic.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -500,7 +500,7 @@ TEST_CASE("normality diagnostics: brute force, Gaussian and heavy-tailed heads",
 }
 
 // ---------------------------------------------------------------------------
-// Planted truth (synthetic.hpp). Bounds: every estimate must lie within 5
+// Planted truth (capture/synthetic.hpp). Bounds: every estimate must lie within 5
 // standard errors of the planted value, with the standard errors derived from
 // the sample sizes and the (conservative, total) sample variances:
 //   se(β_j) = sd(q_j) / (sd(t)·√n),  se(α_j) = sd(q_j)·√(1/n + t̄²/M2_t),

@@ -5,10 +5,10 @@
 // Monte Carlo; uniform p-values under independence), exclusions and
 // degenerate layers, the CSV read back, and an end-to-end check on synthetic
 // GQA layers (shared vs mixed drift slopes within groups).
-#include <qkgeom/gqa.hpp>
-#include <qkgeom/kolmogorov.hpp>
-#include <qkgeom/study/read.hpp>
-#include <qkgeom/synthetic.hpp>
+#include <qkgeom/analysis/gqa.hpp>
+#include <qkgeom/capture/synthetic.hpp>
+#include <qkgeom/run/study_read.hpp>
+#include <qkgeom/stats/kolmogorov.hpp>
 
 #include <boost/math/distributions/fisher_f.hpp>
 #include <catch2/catch.hpp>

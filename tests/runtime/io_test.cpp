@@ -5,10 +5,10 @@
 
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/json.hpp>
+#include <qkgeom/io/moments_io.hpp>
 #include <qkgeom/io/npy.hpp>
 #include <qkgeom/io/npz.hpp>
 #include <qkgeom/io/safetensors.hpp>
-#include <qkgeom/moments_io.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -6,7 +6,7 @@
 // methods (Durbin, Pomeranz) where both apply, calibration of ks_test_normal
 // over many seeds, ks_test_normal against the sorted formula (and the
 // interpolant its bucketing relies on), and errors on bad input.
-#include <qkgeom/kolmogorov.hpp>
+#include <qkgeom/stats/kolmogorov.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -437,7 +437,7 @@ TEST_CASE("ks_test_normal equals the sorted formula on random tied tail and shif
 
 TEST_CASE("the KS bucketing interpolant is monotone and within its error bound", "[kolmogorov]") {
     // ks_test_normal is exact only if the interpolant never decreases and stays
-    // within normal_cdf_approx_error of normal_cdf (kolmogorov.hpp).
+    // within normal_cdf_approx_error of normal_cdf (stats/kolmogorov.hpp).
     auto const& knots = qkgeom::detail::ks::normal_cdf_approx();
     using knots_t = qkgeom::detail::ks::normal_cdf_knots;
     double const bound = qkgeom::detail::ks::normal_cdf_approx_error;

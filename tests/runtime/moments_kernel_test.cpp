@@ -4,8 +4,8 @@
 // reference, the levels equal each other, the rank-k update touches only the
 // lower triangle, and merging is symmetric. Tolerances: docs/moments.md,
 // "The kernels".
-#include <qkgeom/moments.hpp>
 #include <qkgeom/simd/moment_kernels.hpp>
+#include <qkgeom/stats/moments.hpp>
 
 #include "test_util.hpp"
 

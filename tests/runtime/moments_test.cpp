@@ -1,7 +1,7 @@
 // Runtime tests of the streaming moment accumulator (method §1) and its shard
 // serialisation: merge-order invariance, accuracy against a long-double
 // two-pass reference, round trips, and clear errors on bad input.
-#include <qkgeom/moments_io.hpp>
+#include <qkgeom/io/moments_io.hpp>
 #include <qkgeom/plasticity.hpp>
 
 #ifdef QKGEOM_TEST_XTENSOR

@@ -7,10 +7,10 @@
 // the heatmap and its model-wide default grid, bad input (mislabelled
 // annotation arrays included), and analyze_head (from rows, from moments, from
 // a capture_store's views) / summarise_model end to end.
-#include <qkgeom/capture.hpp>
+#include <qkgeom/capture/protocol.hpp>
+#include <qkgeom/capture/synthetic.hpp>
 #include <qkgeom/plasticity.hpp>
 #include <qkgeom/plasticity/empirical.hpp>  // the kernels tested directly (not in the umbrella with QKGEOM_COMPILED)
-#include <qkgeom/synthetic.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -83,7 +83,7 @@ bool same_value(double a, double b, double tol) {
     return std::abs(a - b) <= tol * std::max(std::abs(b), 1e-300);
 }
 
-/// A synthetic head (synthetic.hpp) with one query and one kv head.
+/// A synthetic head (capture/synthetic.hpp) with one query and one kv head.
 struct head_setup {
     index_t d = 12, rotary = 4;
     bool mix = true;
@@ -1700,7 +1700,7 @@ TEST_CASE("model_heatmap_grid is the default grid, the same for heads of one con
 }
 
 // ---------------------------------------------------------------------------
-// capture_store::head (capture.hpp) is a head_capture of views of the stored
+// capture_store::head (capture/protocol.hpp) is a head_capture of views of the stored
 // rows (f32, widened exactly): analyze_head of it equals analyze_head of the
 // same rows copied into an owning head_capture<row_matrix>.
 // ---------------------------------------------------------------------------

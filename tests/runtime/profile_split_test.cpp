@@ -8,9 +8,9 @@
 // plasticity outputs unchanged bit for bit); no first-quintile reference;
 // synthetic heads fitted from their rows (diag, full, global_linear); and the
 // split's dispatched kernels: the same bits at every level.
+#include <qkgeom/capture/synthetic.hpp>
 #include <qkgeom/plasticity.hpp>
 #include <qkgeom/simd/sse2.hpp>
-#include <qkgeom/synthetic.hpp>
 
 #include "test_util.hpp"
 

@@ -3,7 +3,7 @@
 // draws of the query from the same model on the same key sets, the m = 2
 // closed form, planted truths (symmetric keys, zero variance, strong drift),
 // the key-set draw rules, bad options and reproducibility.
-#include <qkgeom/plasticity/ranks.hpp>
+#include <qkgeom/beyond/ranks.hpp>
 
 #include <catch2/catch.hpp>
 #include <Eigen/Cholesky>

@@ -3,14 +3,14 @@
 // its erfc is Boost.Math's). Boost is a test-only dependency of qkgeom and
 // this file is why (docs/building.md).
 //
-//  - gaussian.hpp: Φ(−|z|) (`normal_tail`), Φ(z) (`preference_probability`)
+//  - stats/gaussian.hpp: Φ(−|z|) (`normal_tail`), Φ(z) (`preference_probability`)
 //    and PP(z) = 4Φ(−|z|)(1 − Φ(−|z|)) (`pairwise_plasticity`, scalar and
 //    span; the batched `detail::vpp::pairwise_plasticity` at every ISA level)
 //    within 1e-12 relative of the 50-digit values for |z| <= 37, both signs,
 //    on a dense sweep; beyond, graceful underflow: finite, >= 0,
 //    non-increasing in |z|, within 1e-12·DBL_MIN + 8 subnormal ulps of the
 //    reference in the subnormals, and exactly 0 far out.
-//  - kolmogorov.hpp: the limiting Kolmogorov distribution `kolmogorov_sf(x)`,
+//  - stats/kolmogorov.hpp: the limiting Kolmogorov distribution `kolmogorov_sf(x)`,
 //    and `kolmogorov_smirnov_sf(n, d)` for n > 10000 (where it is
 //    kolmogorov_sf(√n·d), method §9 item 15), within 1e-12 relative of the two
 //    theta series summed in 50 digits, down to the edge of the normal range.
@@ -26,9 +26,9 @@
 // ≈ 1.9e-13 near |z| = 37 (bound ≈ z²·ε): the rounding of |z|/√2 to a double,
 // amplified by erfc's conditioning (d ln erfc(x)/d ln x ≈ −2x²); the batched
 // kernel and std::erfc, which round the same argument, err alike.
-#include <qkgeom/gaussian.hpp>
-#include <qkgeom/kolmogorov.hpp>
-#include <qkgeom/simd.hpp>
+#include <qkgeom/simd/dispatch.hpp>
+#include <qkgeom/stats/gaussian.hpp>
+#include <qkgeom/stats/kolmogorov.hpp>
 
 #include <boost/multiprecision/cpp_bin_float.hpp>
 

@@ -6,8 +6,8 @@
 // context length. Shared by csv_test.cpp and study_read_test.cpp.
 #pragma once
 
-#include <qkgeom/analyze.hpp>
-#include <qkgeom/synthetic.hpp>
+#include <qkgeom/analysis/analyze.hpp>
+#include <qkgeom/capture/synthetic.hpp>
 
 #include <cstdint>
 #include <vector>

@@ -2,7 +2,7 @@
 // and per-band content variances, RoPE applied with known settings, and the
 // checks that must pass (consistent) or fail (wrong pairing, pre-RoPE rows,
 // wrong scaling); brute-force v shares; option and settings errors.
-#include <qkgeom/rope_bands.hpp>
+#include <qkgeom/beyond/rope_bands.hpp>
 
 #include "test_util.hpp"
 

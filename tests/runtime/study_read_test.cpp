@@ -1,4 +1,4 @@
-// Studies, reading an analysis folder back (include/qkgeom/study/read.hpp,
+// Studies, reading an analysis folder back (include/qkgeom/run/study_read.hpp,
 // docs/study.md): synthetic heads analysed and written by write_reports come
 // back bit for bit (metrics, taxonomy, profiles); the quantile means recomputed
 // from head_profile.csv equal the library's ap_quintile / ap_decile; the token
@@ -9,7 +9,7 @@
 #include "temp_dir.hpp"
 
 #include <qkgeom/report/csv.hpp>
-#include <qkgeom/study/read.hpp>
+#include <qkgeom/run/study_read.hpp>
 
 #include <catch2/catch.hpp>
 

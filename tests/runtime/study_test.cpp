@@ -8,12 +8,12 @@
 // the study file's errors name the file, field and value.
 #include "temp_dir.hpp"
 
+#include <qkgeom/capture/synthetic.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/report/csv.hpp>
-#include <qkgeom/study/run.hpp>
-#include <qkgeom/study/spec.hpp>
-#include <qkgeom/study/tables.hpp>
-#include <qkgeom/synthetic.hpp>
+#include <qkgeom/report/study_tables.hpp>
+#include <qkgeom/run/study_run.hpp>
+#include <qkgeom/run/study_spec.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -1,10 +1,10 @@
 // Runtime tests of the bucket schemes and deterministic capture sampling
-// (method §0.1, buckets.hpp) and of the synthetic GQA layer generator
-// (synthetic.hpp): planted structure, its ground truth, and that sample
+// (method §0.1, core/buckets.hpp) and of the synthetic GQA layer generator
+// (capture/synthetic.hpp): planted structure, its ground truth, and that sample
 // estimates computed here with plain Eigen approach the truth within stated
 // sampling bounds.
-#include <qkgeom/buckets.hpp>
-#include <qkgeom/synthetic.hpp>
+#include <qkgeom/capture/synthetic.hpp>
+#include <qkgeom/core/buckets.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -109,7 +109,7 @@ syn::layer_spec test_layer(index_t d = 32, index_t rd = 16) {
 }  // namespace
 
 // ===========================================================================
-// buckets.hpp
+// core/buckets.hpp
 // ===========================================================================
 
 TEST_CASE("buckets: bucket_of hand cases for the three schemes", "[buckets]") {
@@ -279,7 +279,7 @@ TEST_CASE("buckets: invalid arguments throw std::invalid_argument naming the val
 }
 
 // ===========================================================================
-// synthetic.hpp
+// capture/synthetic.hpp
 // ===========================================================================
 
 TEST_CASE("synthetic: RoPE preserves norms and the rotary dot product depends only on t_k - t_q",

@@ -1,7 +1,7 @@
 // Shared helpers for the runtime tests.
 #pragma once
 
-#include <qkgeom/simd.hpp>
+#include <qkgeom/simd/dispatch.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -11,9 +11,9 @@
 #include <qkgeom/adapters/torch.hpp>
 #include <qkgeom/adapters/torch_capture.hpp>
 #include <qkgeom/adapters/torch_plasticity.hpp>
-#include <qkgeom/attention_plasticity.hpp>
-#include <qkgeom/householder.hpp>
-#include <qkgeom/moments.hpp>
+#include <qkgeom/geometry/householder.hpp>
+#include <qkgeom/plasticity/attention_plasticity.hpp>
+#include <qkgeom/stats/moments.hpp>
 
 #include <torch/torch.h>
 #undef CHECK

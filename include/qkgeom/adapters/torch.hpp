@@ -22,7 +22,7 @@
 //   * sparse, quantized or otherwise non-strided tensors are rejected.
 #pragma once
 
-#include <qkgeom/tensor.hpp>
+#include <qkgeom/core/tensor.hpp>
 
 #if __has_include(<torch/torch.h>)
 #include <ATen/ATen.h>

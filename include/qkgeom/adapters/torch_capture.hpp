@@ -35,11 +35,11 @@
 #pragma once
 
 #include <qkgeom/adapters/torch.hpp>
-#include <qkgeom/buckets.hpp>
-#include <qkgeom/capture.hpp>
-#include <qkgeom/errors.hpp>
+#include <qkgeom/capture/protocol.hpp>
+#include <qkgeom/core/buckets.hpp>
+#include <qkgeom/core/errors.hpp>
 #include <qkgeom/io/dataset.hpp>
-#include <qkgeom/moments.hpp>
+#include <qkgeom/stats/moments.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -655,7 +655,7 @@ private:
 
     /// Absorb the gathered rows g [nH, nK, D] (kept tokens grouped by bucket)
     /// into the device state of (layer, kind): per bucket, the block's centred
-    /// co-moments by one batched GEMM, merged with Chan's formulas (moments.hpp).
+    /// co-moments by one batched GEMM, merged with Chan's formulas (stats/moments.hpp).
     /// Position statistics are exact host arithmetic (positions are on the host).
     void device_update(std::int64_t layer, kind k, std::vector<std::int64_t> const& heads, at::Tensor const& g,
                        pending_part const& part) {

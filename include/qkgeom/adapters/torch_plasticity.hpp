@@ -25,9 +25,9 @@
 #pragma once
 
 #include <qkgeom/adapters/torch.hpp>
-#include <qkgeom/attention_plasticity.hpp>
-#include <qkgeom/gaussian.hpp>  // inv_sqrt2 (not reached through the umbrella with QKGEOM_COMPILED)
-#include <qkgeom/householder.hpp>
+#include <qkgeom/geometry/householder.hpp>
+#include <qkgeom/plasticity/attention_plasticity.hpp>
+#include <qkgeom/stats/gaussian.hpp>  // inv_sqrt2 (not reached through the umbrella with QKGEOM_COMPILED)
 
 #if defined(QKGEOM_HAS_TORCH)
 #include <algorithm>

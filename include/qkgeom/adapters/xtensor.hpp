@@ -6,7 +6,7 @@
 // nothing when xtensor is not installed (the core never requires it).
 #pragma once
 
-#include <qkgeom/tensor.hpp>
+#include <qkgeom/core/tensor.hpp>
 
 #if __has_include(<xtensor/xexpression.hpp>) && __has_include(<xtensor/xutils.hpp>)
 #include <xtensor/xexpression.hpp>

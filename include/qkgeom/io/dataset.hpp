@@ -10,11 +10,11 @@
 // See docs/dataset.md for the manifest fields and the validation rules.
 #pragma once
 
-#include <qkgeom/buckets.hpp>
-#include <qkgeom/capture.hpp>
-#include <qkgeom/config.hpp>
-#include <qkgeom/errors.hpp>
-#include <qkgeom/head.hpp>
+#include <qkgeom/capture/protocol.hpp>
+#include <qkgeom/core/buckets.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/core/errors.hpp>
+#include <qkgeom/core/head.hpp>
 #include <qkgeom/io/json.hpp>
 #include <qkgeom/io/npy.hpp>
 #include <qkgeom/io/npz.hpp>

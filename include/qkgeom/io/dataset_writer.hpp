@@ -11,12 +11,12 @@
 // write_head writes for the concatenation of the appended rows, byte for byte.
 #pragma once
 
-#include <qkgeom/buckets.hpp>
-#include <qkgeom/config.hpp>
-#include <qkgeom/errors.hpp>
+#include <qkgeom/core/buckets.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/core/errors.hpp>
+#include <qkgeom/core/tensor.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/npy.hpp>
-#include <qkgeom/tensor.hpp>
 
 #include <algorithm>
 #include <cerrno>

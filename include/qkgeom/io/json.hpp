@@ -12,7 +12,7 @@
 // offset as value: "<source>: json: <problem> (value byte 17)".
 #pragma once
 
-#include <qkgeom/errors.hpp>
+#include <qkgeom/core/errors.hpp>
 
 #include <algorithm>
 #include <charconv>

@@ -20,9 +20,9 @@
 // found 40 (value 40)".
 #pragma once
 
-#include <qkgeom/config.hpp>
-#include <qkgeom/errors.hpp>
-#include <qkgeom/float16.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/core/errors.hpp>
+#include <qkgeom/core/float16.hpp>
 
 #include <Eigen/Core>
 

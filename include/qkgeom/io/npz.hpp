@@ -40,8 +40,8 @@
 //   "x.npz[vectors.npy]: crc32: CRC-32 mismatch: the archive records 0x1c291ca3 (value 0x1c291ca2)".
 #pragma once
 
-#include <qkgeom/config.hpp>
-#include <qkgeom/errors.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/core/errors.hpp>
 #include <qkgeom/io/npy.hpp>
 
 #include <algorithm>

@@ -2,13 +2,13 @@
 // cells → AP_b → AP_overall, the quantile profiles and AP_drop, the
 // gaussian_gap, and the heatmap grid (one grid for every head of a capture,
 // so that the model picture sums them all).
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
-#include <qkgeom/buckets.hpp>
-#include <qkgeom/config.hpp>
-#include <qkgeom/errors.hpp>
-#include <qkgeom/head.hpp>
+#include <qkgeom/core/buckets.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/core/errors.hpp>
+#include <qkgeom/core/head.hpp>
 #include <qkgeom/plasticity/options.hpp>
 #include <qkgeom/plasticity/split.hpp>
 

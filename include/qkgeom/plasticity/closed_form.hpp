@@ -11,19 +11,19 @@
 // same PP to rounding (tested to 1e-12). Sampled enumeration draws pairs per
 // cell with a seed of (head stream, b, c); the head stream mixes the options'
 // seed with the head's identity (`head_stream_seed`, pair_plan.hpp).
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
-#include <qkgeom/buckets.hpp>
-#include <qkgeom/config.hpp>
-#include <qkgeom/gaussian.hpp>
+#include <qkgeom/core/buckets.hpp>
+#include <qkgeom/core/config.hpp>
 #include <qkgeom/plasticity/aggregate.hpp>
 #include <qkgeom/plasticity/empirical.hpp>
 #include <qkgeom/plasticity/options.hpp>
 #include <qkgeom/plasticity/rows.hpp>
 #include <qkgeom/plasticity/split.hpp>
-#include <qkgeom/simd.hpp>
+#include <qkgeom/simd/dispatch.hpp>
 #include <qkgeom/simd/sse2.hpp>
+#include <qkgeom/stats/gaussian.hpp>
 
 #include <Eigen/Core>
 

@@ -11,14 +11,14 @@
 // key that takes part in a pair and compares pairs of scores; the
 // pair-difference form scores one column kᵢ − kⱼ per pair and decides the sign
 // in registers (docs/plasticity.md, "How the counts are computed").
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
-#include <qkgeom/config.hpp>
+#include <qkgeom/core/config.hpp>
 #include <qkgeom/plasticity/options.hpp>
 #include <qkgeom/plasticity/pair_plan.hpp>
 #include <qkgeom/plasticity/rows.hpp>
-#include <qkgeom/simd.hpp>
+#include <qkgeom/simd/dispatch.hpp>
 #include <qkgeom/simd/score_kernels.hpp>
 
 #include <Eigen/Core>

@@ -1,19 +1,19 @@
 // qkgeom — the declaration of the plasticity engine (method §5–6): the one
-// function the public entry points (<qkgeom/attention_plasticity.hpp>) and the
+// function the public entry points (<qkgeom/plasticity/attention_plasticity.hpp>) and the
 // LibTorch path hand validated rows to. Its definition is
 // plasticity/evaluate.hpp; with compiled parts (QKGEOM_COMPILED, the CMake
 // target qkgeom::compiled, docs/architecture.md "Compile cost") it is
 // instantiated once in src/qkgeom_compiled.cpp and the headers that include
 // the umbrella parse neither it nor the closed-form and empirical passes.
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
-#include <qkgeom/buckets.hpp>
-#include <qkgeom/config.hpp>
-#include <qkgeom/householder.hpp>
+#include <qkgeom/core/buckets.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/geometry/householder.hpp>
 #include <qkgeom/plasticity/options.hpp>
 #include <qkgeom/plasticity/rows.hpp>
-#include <qkgeom/simd.hpp>
+#include <qkgeom/simd/dispatch.hpp>
 
 #include <Eigen/Core>
 
@@ -21,7 +21,7 @@ namespace qkgeom::detail {
 
 /// The d × d covariance blockdiag(σ²_pos, Σ_b) of a bucket of the `full`
 /// semantic model (method §4–5); shared with the rank
-/// stability (plasticity/ranks.hpp) and the LibTorch path.
+/// stability (beyond/ranks.hpp) and the LibTorch path.
 template <class Dep = void>
 Eigen::MatrixXd full_bucket_covariance(detail::dep_t<bucket_semantics, Dep> const& s, index_t d) {
     using MatX = detail::dep_t<Eigen::MatrixXd, Dep>;

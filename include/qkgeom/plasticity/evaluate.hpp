@@ -1,14 +1,14 @@
 // qkgeom — attention plasticity of one head from validated rows (method §5–6):
 // the pair plan, then per query bucket its cells (exact or sampled, with the
 // empirical cross-check when the bucket has query rows), then the
-// aggregates. The public entry points (<qkgeom/attention_plasticity.hpp>)
+// aggregates. The public entry points (<qkgeom/plasticity/attention_plasticity.hpp>)
 // read and validate the rows and call `evaluate_plasticity`.
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
-#include <qkgeom/config.hpp>
-#include <qkgeom/head.hpp>
-#include <qkgeom/householder.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/core/head.hpp>
+#include <qkgeom/geometry/householder.hpp>
 #include <qkgeom/plasticity/aggregate.hpp>
 #include <qkgeom/plasticity/closed_form.hpp>
 #include <qkgeom/plasticity/empirical.hpp>

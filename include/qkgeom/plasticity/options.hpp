@@ -7,11 +7,11 @@
 //   aggregate.hpp    cells → AP_b → profiles, AP_drop, heatmap grid, the split
 //   split.hpp        the split of the profile: its types (docs/beyond-split.md)
 //   evaluate.hpp     one head, from validated rows
-// and the public entry points in <qkgeom/attention_plasticity.hpp>.
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// and the public entry points in <qkgeom/plasticity/attention_plasticity.hpp>.
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
-#include <qkgeom/config.hpp>
+#include <qkgeom/core/config.hpp>
 #include <qkgeom/plasticity/split.hpp>
 
 #include <Eigen/Core>

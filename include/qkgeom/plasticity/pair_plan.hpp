@@ -4,12 +4,12 @@
 // (query bucket, pair) evaluations that makes, and whether the head is
 // enumerated exactly or sampled. Computed once per head from the keys'
 // buckets and example ids; shared by the CPU path and the LibTorch path.
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
-#include <qkgeom/buckets.hpp>
-#include <qkgeom/config.hpp>
-#include <qkgeom/head.hpp>
+#include <qkgeom/core/buckets.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/core/head.hpp>
 #include <qkgeom/plasticity/options.hpp>
 
 #include <algorithm>

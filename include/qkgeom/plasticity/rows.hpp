@@ -3,10 +3,10 @@
 // and its queries grouped by bucket for the empirical cross-check, with the
 // value ranges that decide whether single-precision scores can be certified
 // (method §9.14).
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
-#include <qkgeom/config.hpp>
+#include <qkgeom/core/config.hpp>
 #include <qkgeom/simd/sse2.hpp>
 
 #include <Eigen/Core>

@@ -7,10 +7,10 @@
 // This header holds the types only (options.hpp includes it); the per-pair
 // kernel is in closed_form.hpp, the pass runs inside the plasticity pass
 // (evaluate.hpp) and the aggregation is in aggregate.hpp.
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
-#include <qkgeom/config.hpp>
+#include <qkgeom/core/config.hpp>
 
 #include <Eigen/Core>
 

@@ -12,8 +12,8 @@
 // quote doubled.
 #pragma once
 
-#include <qkgeom/analyze.hpp>
-#include <qkgeom/gqa.hpp>
+#include <qkgeom/analysis/analyze.hpp>
+#include <qkgeom/analysis/gqa.hpp>
 
 #include <algorithm>
 #include <array>

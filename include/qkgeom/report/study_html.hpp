@@ -10,7 +10,7 @@
 
 #include <qkgeom/report/html.hpp>
 #include <qkgeom/report/study_svg.hpp>
-#include <qkgeom/study/tables.hpp>
+#include <qkgeom/report/study_tables.hpp>
 #include <qkgeom/study/types.hpp>
 
 #include <array>

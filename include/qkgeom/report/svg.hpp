@@ -25,7 +25,7 @@
 // a streaming caller can drop each `head_analysis` after `add`.
 #pragma once
 
-#include <qkgeom/analyze.hpp>
+#include <qkgeom/analysis/analyze.hpp>
 #include <qkgeom/report/csv.hpp>
 
 #include <Eigen/Core>

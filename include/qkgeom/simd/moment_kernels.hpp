@@ -1,6 +1,6 @@
 // qkgeom — the moments' kernels (method §1) and the FMA peak probe.
-// IWYU pragma: private, include <qkgeom/moments.hpp>
-// (SIMD kernels live in include/qkgeom/simd/; the dispatch is qkgeom/simd.hpp.)
+// IWYU pragma: private, include <qkgeom/stats/moments.hpp>
+// (SIMD kernels live in include/qkgeom/simd/; the dispatch is qkgeom/simd/dispatch.hpp.)
 //
 // One block of nb ≤ 256 rows of dimension d (row-major doubles or floats) is
 // absorbed into the moments in two dispatched steps, at the widest
@@ -29,13 +29,13 @@
 //                 per entry and row, then added to C under a mask that keeps
 //                 the lower triangle (i ≥ j) and i, j < d.
 //
-// The generic level is not here: moments.hpp keeps Eigen's rankUpdate for it.
+// The generic level is not here: stats/moments.hpp keeps Eigen's rankUpdate for it.
 // The levels differ in rounding (FMA, summation order), not in formula: see
 // docs/moments.md for the tolerance the tests hold them to.
 #pragma once
 
-#include <qkgeom/config.hpp>
-#include <qkgeom/simd.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/simd/dispatch.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // qkgeom — the RoPE band analysis' kernels (docs/beyond-rope.md, "Cost").
-// IWYU pragma: private, include <qkgeom/rope_bands.hpp>
-// (SIMD kernels live in include/qkgeom/simd/; the dispatch is qkgeom/simd.hpp.)
+// IWYU pragma: private, include <qkgeom/beyond/rope_bands.hpp>
+// (SIMD kernels live in include/qkgeom/simd/; the dispatch is qkgeom/simd/dispatch.hpp.)
 //
 // `unrotate_block` runs the pair loop of one bucket in register blocks: per
 // chunk of W rotary pairs (AVX-512: W = 8 doubles per zmm; AVX2: 4 per ymm)
@@ -17,11 +17,11 @@
 // packed panels of the band Gram update).
 //
 // The pairs past the last full chunk (h not a multiple of W) run the scalar
-// loop. Below AVX2 nothing here is used: rope_bands.hpp keeps its loops.
+// loop. Below AVX2 nothing here is used: beyond/rope_bands.hpp keeps its loops.
 #pragma once
 
-#include <qkgeom/config.hpp>
-#include <qkgeom/simd.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/simd/dispatch.hpp>
 #include <qkgeom/simd/moment_kernels.hpp>
 
 #include <cstdint>
@@ -74,7 +74,7 @@ QKGEOM_COMPILED_API void sq_residual(simd::isa level, double const* x, index_t l
 QKGEOM_COMPILED_API void col_sums(simd::isa level, double const* x, index_t ldx, index_t n, index_t m, double* acc) noexcept;
 
 /// The group mean and centred, scaled quads of `centre_group_*` at `level`
-/// (avx2 or avx512; nothing at generic: rope_bands.hpp keeps its loops).
+/// (avx2 or avx512; nothing at generic: beyond/rope_bands.hpp keeps its loops).
 QKGEOM_COMPILED_API void centre_group(simd::isa level, double const* x, index_t ldx, index_t m, index_t d, double* mu,
                                       double scale, index_t const* src, index_t const* dst, index_t nq, double* out,
                                       index_t stride) noexcept;

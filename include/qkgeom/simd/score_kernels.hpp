@@ -1,6 +1,6 @@
 // qkgeom — the empirical cross-check's kernels (internal), method §6 / §9.14.
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
-// (SIMD kernels live in include/qkgeom/simd/; the dispatch is qkgeom/simd.hpp.)
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
+// (SIMD kernels live in include/qkgeom/simd/; the dispatch is qkgeom/simd/dispatch.hpp.)
 //
 // For one query bucket the check needs the scores q_r·k_c of the bucket's
 // queries against every key that takes part in a pair, then, per evaluated
@@ -35,8 +35,8 @@
 // matrices (plasticity/empirical.hpp).
 #pragma once
 
-#include <qkgeom/config.hpp>
-#include <qkgeom/simd.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/simd/dispatch.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -6,12 +6,12 @@
 // body is part of the contract: the direct and Gram paths, and every caller,
 // see the same sums in the same order (bit-identical results, tested).
 // The split pass's kernel also has an AVX2 body (runtime dispatch,
-// qkgeom/simd.hpp) that keeps the SSE2 lanes' order: the same bits at every level.
-// IWYU pragma: private, include <qkgeom/attention_plasticity.hpp>
+// qkgeom/simd/dispatch.hpp) that keeps the SSE2 lanes' order: the same bits at every level.
+// IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
-#include <qkgeom/config.hpp>
-#include <qkgeom/simd.hpp>
+#include <qkgeom/core/config.hpp>
+#include <qkgeom/simd/dispatch.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -6,8 +6,7 @@
 // the per-length correlation, and per-head trajectories across checkpoints.
 #pragma once
 
-#include <qkgeom/study/read.hpp>
-#include <qkgeom/study/spec.hpp>
+#include <qkgeom/study/metrics.hpp>
 #include <qkgeom/study/stats.hpp>
 #include <qkgeom/study/types.hpp>
 

@@ -2,16 +2,18 @@
 // tables and pictures (docs/study.md). This header holds the plain types the
 // study's parts share: what a study file says (study_spec), what one run's
 // analysis holds once read back (run_heads), and the computed tables
-// (study_result). The functions live in study/spec.hpp (the file),
-// study/read.hpp (analysis folders), study/stats.hpp (correlations,
-// permutation p-values, bootstrap), study/compute.hpp (the tables),
-// report/study_svg.hpp (pictures) and study/run.hpp (analysis and cache).
+// (study_result). The functions live in run/study_spec.hpp (the file),
+// run/study_read.hpp (analysis folders), study/metrics.hpp (metric names, a
+// head's profile summaries), study/stats.hpp (correlations, permutation
+// p-values, bootstrap), study/compute.hpp (the tables),
+// report/study_tables.hpp (the tables as named columns),
+// report/study_svg.hpp (pictures) and run/study_run.hpp (analysis and cache).
 #pragma once
 
-#include <qkgeom/analyze.hpp>
-#include <qkgeom/head.hpp>
+#include <qkgeom/analysis/analyze.hpp>
+#include <qkgeom/core/head.hpp>
+#include <qkgeom/geometry/pca.hpp>
 #include <qkgeom/io/json.hpp>
-#include <qkgeom/pca.hpp>
 
 #include <array>
 #include <cstdint>
@@ -84,7 +86,7 @@ struct study_spec {
     std::int64_t depth_bins = 10;  ///< relative layer-depth bins of the heatmap
     /// The file's "options" object as written (checked when parsed): the
     /// analysis options of every capture, applied over the caller's by
-    /// apply_study_options (study/spec.hpp); null when absent.
+    /// apply_study_options (run/study_spec.hpp); null when absent.
     json::value options;
 };
 

@@ -1,0 +1,509 @@
+// qkgeom — one call per head (PCA, rotation, Householder, diagnostics,
+// plasticity) and the layer- and model-level aggregation (method §2–6, §7).
+#pragma once
+
+#include <qkgeom/beyond/ranks.hpp>
+#include <qkgeom/beyond/rope_bands.hpp>
+#include <qkgeom/core/head.hpp>
+#include <qkgeom/core/tensor.hpp>
+#include <qkgeom/geometry/householder.hpp>
+#include <qkgeom/geometry/pca.hpp>
+#include <qkgeom/geometry/rotation.hpp>
+#include <qkgeom/plasticity/attention_plasticity.hpp>
+#include <qkgeom/stats/moments.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qkgeom {
+
+/// \brief Options of every analysis of a head (each with the thesis' defaults).
+struct analysis_options {
+    pca_options pca{};                  ///< options of `pca`
+    rotation_options rotation{};        ///< options of `planar_rotation`
+    householder_options householder{};  ///< options of `householder`
+    plasticity_options plasticity{};    ///< options of `attention_plasticity`
+    bool diagnostics = true;  ///< row-based normality diagnostics (needs query rows)
+    double ks_alpha = 0.05;   ///< level of sem_frac_ks_reject, in (0, 1) (checked only when diagnostics run)
+    bool ranks_on = true;     ///< top-1 flip and Kendall of m keys (`head_analysis::ranks`, docs/beyond-ranks.md)
+    rank_options ranks{};     ///< options of `rank_stability`
+    rope_band_options rope{}; ///< options of `rope_bands` (runs when the facts carry a RoPE and query rows exist)
+};
+
+/// \brief Degeneracy flags of a head (method §9.17): each names why some
+/// head metrics are NaN (or, for `q_beta_zero`, which convention applies).
+/// Bit i is `head_flag_names[i]`; the flags column of head_metrics.csv lists
+/// the set ones, ';'-separated (docs/outputs.md).
+enum class head_flag : std::uint32_t {
+    q_constant = 1u << 0,             ///< < 2 query rows or all numerically identical
+    k_constant = 1u << 1,             ///< < 2 key rows or all numerically identical
+    q_positions_constant = 1u << 2,   ///< the query positions have zero variance (or < 2 rows)
+    k_positions_constant = 1u << 3,   ///< the key positions have zero variance (or < 2 rows)
+    pca_degenerate = 1u << 4,         ///< pooled covariance numerically zero, or the eigensolver failed
+    pc0_q_flat = 1u << 5,             ///< pc0_r_q NaN: queries or their positions constant along component 0
+    pc0_k_flat = 1u << 6,             ///< pc0_r_k NaN: keys or their positions constant along component 0
+    drift_degenerate = 1u << 7,       ///< axis a undefined (rotation.degenerate_a)
+    separation_degenerate = 1u << 8,  ///< axis b undefined (rotation.degenerate_b)
+    q_beta_zero = 1u << 9,            ///< β numerically zero: H = I, β̂ = e1 (alpha_pos = mean of coordinate 0)
+    pos_residual_degenerate = 1u << 10,  ///< pos_ diagnostics NaN (σ²_pos numerically zero, < 3 rows)
+    sem_degenerate = 1u << 11,        ///< sem_ diagnostics NaN (no non-constant semantic coordinate, < 3 rows)
+    no_plasticity_pairs = 1u << 12,   ///< no key pair evaluated: the ap_ columns are NaN
+    rope_inconsistent = 1u << 13,     ///< the RoPE check failed: the rows do not fit the recorded RoPE (docs/beyond-rope.md)
+};
+
+/// \brief Names of the head flags, in bit order (the flags column's words).
+inline constexpr std::array<std::string_view, 14> head_flag_names{
+    "q_constant",       "k_constant",         "q_positions_constant",    "k_positions_constant",
+    "pca_degenerate",   "pc0_q_flat",         "pc0_k_flat",              "drift_degenerate",
+    "separation_degenerate", "q_beta_zero",   "pos_residual_degenerate", "sem_degenerate",
+    "no_plasticity_pairs", "rope_inconsistent"};
+
+/// \brief Everything qkgeom computes for one head pair.
+///
+/// Numerical outcomes are carried, not thrown: `pca.status`,
+/// `rotation.status`, the degeneracy flags of each part, and NaN fields
+/// (documented on each result type).
+struct head_analysis {
+    head_id id;                   ///< the head (from the capture or the moments)
+    std::int64_t n_q_tokens = 0;  ///< query rows analysed
+    std::int64_t n_k_tokens = 0;  ///< key rows in the moments
+    index_t d_model = 0;  ///< head dimension (the column name of method §7)
+    pca_result pca;                     ///< method §2; see pca_result::status
+    rotation_result rotation;           ///< method §3; see rotation_result::status
+    householder_result householder;     ///< method §4
+    normality_diagnostics diagnostics;  ///< NaN when computed from moments or with `diagnostics` off
+    plasticity_result plasticity;       ///< method §5–6; empirical values NaN when computed from moments
+    rank_result ranks;                  ///< beyond pairs: top-1 flip and Kendall of m keys (docs/beyond-ranks.md)
+    rope_band_result rope;              ///< RoPE check and frequency bands (docs/beyond-rope.md); not_applicable
+                                        ///< without facts.rope or query rows
+    std::uint32_t flags = 0;            ///< `head_flag` bits set by analyze_head (method §9.17)
+
+    /// \brief Whether a flag is set.
+    /// \param[in] f the flag.
+    /// \returns true when `flags` has f's bit.
+    [[nodiscard]] bool has(head_flag f) const noexcept { return (flags & static_cast<std::uint32_t>(f)) != 0; }
+};
+
+/// \brief The set flags of a head as text: their names in bit order,
+/// ';'-separated; empty when none (the flags column of head_metrics.csv).
+/// \param[in] h the head's analysis.
+/// \returns e.g. "q_constant;pc0_q_flat;no_plasticity_pairs".
+/// \throws std::bad_alloc if the string cannot be allocated.
+inline std::string head_flags_text(head_analysis const& h) {
+    std::string out;
+    for (std::size_t i = 0; i < head_flag_names.size(); ++i)
+        if ((h.flags >> i) & 1u) {
+            if (!out.empty()) out += ';';
+            out += head_flag_names[i];
+        }
+    return out;
+}
+
+namespace detail {
+
+/// The closed forms over a head's moments (method §2–4), shared by both
+/// entry points (a function template: instantiated on use).
+template <class = void>
+head_analysis closed_forms(head_moments const& hm, analysis_options const& opt) {
+    head_analysis out;
+    out.id = hm.id;
+    out.n_q_tokens = hm.q.count();
+    out.n_k_tokens = hm.k.count();
+    out.d_model = hm.d;
+    out.pca = pca(hm, opt.pca);
+    out.rotation = planar_rotation(hm, opt.rotation);
+    out.householder = householder(hm.q, opt.householder);
+    return out;
+}
+
+/// The flags of method §9.17 from the moments and the results (`diagnosed`:
+/// the normality diagnostics were computed).
+template <class = void>
+std::uint32_t flags_of(head_moments const& hm, head_analysis const& h, bool diagnosed) {
+    moments const mq = hm.q.pooled(), mk = hm.k.pooled();
+    std::uint32_t f = 0;
+    auto set = [&f](head_flag x, bool on) {
+        if (on) f |= static_cast<std::uint32_t>(x);
+    };
+    set(head_flag::q_constant, rows_constant(mq));
+    set(head_flag::k_constant, rows_constant(mk));
+    set(head_flag::q_positions_constant, positions_constant(mq));
+    set(head_flag::k_positions_constant, positions_constant(mk));
+    set(head_flag::pca_degenerate, h.pca.degenerate);
+    set(head_flag::pc0_q_flat, std::isnan(h.pca.pc0_r_q));
+    set(head_flag::pc0_k_flat, std::isnan(h.pca.pc0_r_k));
+    set(head_flag::drift_degenerate, h.rotation.degenerate_a);
+    set(head_flag::separation_degenerate, h.rotation.degenerate_b);
+    set(head_flag::q_beta_zero, h.householder.beta_zero);
+    set(head_flag::pos_residual_degenerate, diagnosed && h.diagnostics.pos_degenerate);
+    set(head_flag::sem_degenerate, diagnosed && h.diagnostics.sem_degenerate);
+    set(head_flag::no_plasticity_pairs, h.plasticity.n_pairs == 0);
+    set(head_flag::rope_inconsistent, h.rope.status == rope_status::inconsistent);
+    return f;
+}
+
+/// `analyze_head(head_moments, keys, …)`: the moments are well formed
+/// (dimensions, both kinds present, finite and inside the input limit) and
+/// agree with the key rows (dimension, row count).
+template <class = void>
+void check_moments_and_keys(std::string_view fn, head_moments const& hm, index_t key_cols, index_t key_rows) {
+    check_head(fn, hm);
+    for (auto const* bm : {&hm.q, &hm.k})
+        for (auto const& [b, m] : bm->buckets) {
+            std::string const what = std::string(bm == &hm.q ? "query" : "key") + " moments of bucket " +
+                                     std::to_string(b);
+            if (m.dim() != hm.d) fail_arg(fn, what + ": dimension differs from d = " + std::to_string(hm.d), m.dim());
+            if (any_out_of_range(m.mean_x.data(), m.dim()) || !std::isfinite(m.mean_t) || !std::isfinite(m.m2_t) ||
+                !m.c_xx.allFinite() || !m.c_xt.allFinite())
+                fail_arg(fn, what + ": a statistic is non-finite or a mean is outside |x| < 2^128; rows", m.n);
+        }
+    if (key_cols != hm.d)
+        fail_arg(fn, "keys: head dimension differs from the moments' d = " + std::to_string(hm.d) + "; keys have",
+                 key_cols);
+    if (key_rows != hm.k.count())
+        fail_arg(fn, "keys: row count differs from the key moments' " + std::to_string(hm.k.count()) +
+                         " rows; key rows",
+                 key_rows);
+}
+
+#if defined(QKGEOM_COMPILED)
+// Instantiated once in src/qkgeom_compiled.cpp (the compiled part, docs/building.md "Compile model").
+extern template head_analysis closed_forms<void>(head_moments const&, analysis_options const&);
+#endif
+
+}  // namespace detail
+
+/// \brief Analyse one head (method §2–6): PCA, planar rotation, Householder
+/// decomposition, normality diagnostics and attention plasticity with its
+/// empirical cross-check, from the head's rows. The moments are reduced once
+/// and shared by PCA, rotation and Householder; the rows serve the
+/// diagnostics, the key pairs and the empirical check.
+///
+/// \tparam QM any RowMatrix (the query rows).
+/// \tparam KM any RowMatrix (the key rows).
+/// \param[in] head  the head: identity (copied to the result), capture facts
+///                  (bucket scheme, sliding window, context length) and the
+///                  query and key rows (any RowMatrix types). Keys need
+///                  example ids; query example ids are optional.
+/// \param[in] opt   options of every analysis (thesis defaults)
+/// \returns every metric of the head (the columns of head_metrics.csv and
+///          the per-bucket, per-component and per-cell tables)
+/// \pre queries and keys have the same head dimension, at least one row each
+/// \throws std::invalid_argument when queries and keys differ in head
+///         dimension, a kind has no rows, a length differs from the rows, a
+///         row holds NaN/Inf, a position or bucket is negative, a bucket does
+///         not match its position under the facts' scheme (both arrays named),
+///         the facts are inconsistent, or an option is out of range.
+///         Numerical outcomes (degenerate axes, failed decompositions) are
+///         flags, statuses and NaN in the result, never exceptions.
+/// \throws std::bad_alloc if the moments, the d × d work matrices or the
+///         plasticity work buffers cannot be allocated.
+/// \sa summarise_model
+template <RowMatrix QM, RowMatrix KM>
+head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options const& opt = {}) {
+    constexpr std::string_view fn = "qkgeom::analyze_head";
+    auto const qr = as_matrix(head.queries.vectors);
+    auto const kr = as_matrix(head.keys.vectors);
+    if (qr.cols() != kr.cols())
+        detail::fail_arg(fn, "queries and keys differ in head dimension: queries have " + std::to_string(qr.cols()) +
+                                 " columns, keys have",
+                         kr.cols());
+    detail::check_facts(fn, head.facts);
+    detail::check_annotations(fn, "queries", qr.rows(), head.queries.position, head.queries.bucket,
+                              head.queries.example_id, false, head.facts);
+    detail::check_annotations(fn, "keys", kr.rows(), head.keys.position, head.keys.bucket, head.keys.example_id,
+                              true, head.facts);
+    head_moments hm(qr.cols(), head.id);
+    hm.add(kind::query, head.queries);
+    hm.add(kind::key, head.keys);
+    head_analysis out = detail::closed_forms(hm, opt);
+    // The rows were validated by the moments pass (hm.add) and the
+    // annotations above: the later passes check shapes only.
+    if (opt.diagnostics)
+        out.diagnostics = detail::diagnostics_of(out.householder, head.queries.vectors, head.queries.position,
+                                                 opt.ks_alpha, true);
+    out.plasticity =
+        detail::plasticity_of(out.householder, &head.queries, head.keys, head.facts, opt.plasticity, true, head.id);
+    if (opt.ranks_on)
+        out.ranks = detail::rank_stability_of(out.householder, head.keys, head.facts, head.id, opt.ranks, true);
+    out.rope = detail::rope_bands_of(head, opt.rope, &hm.q, true);  // the query moments: no second pass over the rows
+    out.flags = detail::flags_of(hm, out, opt.diagnostics);
+    return out;
+}
+
+#if defined(QKGEOM_COMPILED)
+// The common row types (row-major f64 and f32 as read from captures, column-major
+// f64 as the synthetic generator makes them): instantiated once in
+// src/qkgeom_compiled.cpp (docs/building.md "Compile model"); other types are
+// instantiated where they are used, as without the compiled part.
+extern template head_analysis analyze_head(head_capture<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> const&,
+                                           analysis_options const&);
+extern template head_analysis analyze_head(head_capture<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> const&,
+                                           analysis_options const&);
+extern template head_analysis analyze_head(head_capture<Eigen::MatrixXd> const&, analysis_options const&);
+#endif
+
+/// \brief Analyse one head from its (merged) moments and its key rows: every
+/// closed form; no normality diagnostics and no empirical cross-check (those
+/// need query rows), so those fields stay NaN.
+///
+/// \tparam KM any RowMatrix (the key rows).
+/// \param[in] hm     the head's moments (identity copied to the result)
+/// \param[in] keys   the key rows with positions, buckets and example ids
+/// \param[in] facts  the capture facts
+/// \param[in] opt    options (the diagnostics flag is ignored)
+/// \returns the head's metrics without diagnostics and empirical values
+/// \pre hm.d ≥ 1 and the moments hold query and key rows; `keys` are the
+///      rows the key moments were reduced from (same d and row count,
+///      checked; their values are not compared with the moments)
+/// \throws std::invalid_argument as `analyze_head(head)` for the keys, and
+///         when hm.d < 1, the moments hold no query rows or no key rows, a
+///         bucket's dimension differs from hm.d, a statistic is non-finite or
+///         a mean is outside the input limit, the keys' column count differs
+///         from hm.d or their row count from the key moments', or
+///         pca.n_components < 1
+/// \throws std::bad_alloc if the d × d work matrices or the plasticity work
+///         buffers cannot be allocated
+template <RowMatrix KM>
+head_analysis analyze_head(head_moments const& hm, token_rows<KM> const& keys, capture_facts const& facts,
+                           analysis_options const& opt = {}) {
+    auto const kr = as_matrix(keys.vectors);
+    detail::check_moments_and_keys("qkgeom::analyze_head", hm, kr.cols(), kr.rows());
+    head_analysis out = detail::closed_forms(hm, opt);
+    out.plasticity = attention_plasticity(out.householder, keys, facts, hm.id, opt.plasticity);
+    if (opt.ranks_on) out.ranks = rank_stability(out.householder, keys, facts, hm.id, opt.ranks);
+    out.flags = detail::flags_of(hm, out, false);
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// Head metrics as named numbers (the numeric columns of head_metrics.csv) and
+// their aggregation over heads.
+// ---------------------------------------------------------------------------
+
+/// \brief Names of the numeric head metrics, in column order (method §7).
+inline constexpr std::array<std::string_view, 54> head_metric_names{
+    "n_q_tokens",          "n_k_tokens",          "d_model",
+    "q_R2_pos",            "q_beta_norm",         "alpha_pos",
+    "sigma2_pos",          "pos_skew",            "pos_excess_kurtosis",
+    "pos_ks_p",            "sem_median_abs_skew", "sem_median_abs_kurtosis",
+    "sem_median_ks_p",     "sem_frac_ks_reject",  "ap_overall",
+    "ap_first_20pct",      "ap_last_20pct",       "ap_drop",
+    "gaussian_gap",        "mu_q_a",              "mu_k_a",
+    "mu_q_b",              "mu_k_b",              "alpha_q",
+    "alpha_k",             "r_q_a",               "r_k_a",
+    "position_r",          "bias_strength",       "separation_strength",
+    "var_frac_a",          "var_frac_b",          "plane_var_fraction",
+    "content_var_b",       "residual_pos_cov",    "pc0_r_q",
+    "pc0_r_k",             "q_pos_var_frac",      "k_pos_var_frac",
+    // beyond the thesis (docs/beyond-*.md)
+    "ap_drop_bias",        "ap_drop_content",     "ap_drop_neither",
+    "ap_drop_no_drift",    "ap_drop_frozen_content",
+    "top1_flip",           "top1_flip_first_20pct", "top1_flip_last_20pct",
+    "top1_flip_drop",      "rank_kendall",        "rank_kendall_first_20pct",
+    "rank_kendall_last_20pct", "rank_kendall_drop",
+    "rope_coherence",      "rope_coherence_raw"};
+
+/// \brief The numeric head metrics of one head, in `head_metric_names` order.
+/// \param[in] h the head's analysis.
+/// \returns the 54 values; NaN where the analysis left a field NaN.
+inline std::array<double, head_metric_names.size()> head_metric_values(head_analysis const& h) {
+    auto const& d = h.diagnostics;
+    auto const& p = h.plasticity;
+    auto const& r = h.rotation;
+    return {double(h.n_q_tokens),
+            double(h.n_k_tokens),
+            double(h.d_model),
+            h.householder.q_R2_pos,
+            h.householder.q_beta_norm,
+            h.householder.alpha_pos,
+            h.householder.sigma2_pos,
+            d.pos_skew,
+            d.pos_excess_kurtosis,
+            d.pos_ks_p,
+            d.sem_median_abs_skew,
+            d.sem_median_abs_kurtosis,
+            d.sem_median_ks_p,
+            d.sem_frac_ks_reject,
+            p.ap_overall,
+            p.ap_first_20pct,
+            p.ap_last_20pct,
+            p.ap_drop,
+            p.gaussian_gap,
+            r.mu_q_a,
+            r.mu_k_a,
+            r.mu_q_b,
+            r.mu_k_b,
+            r.alpha_q,
+            r.alpha_k,
+            r.r_q_a,
+            r.r_k_a,
+            r.position_r,
+            r.bias_strength,
+            r.separation_strength,
+            r.var_frac_a,
+            r.var_frac_b,
+            r.plane_var_fraction,
+            r.content_var_b,
+            r.residual_pos_cov,
+            h.pca.pc0_r_q,
+            h.pca.pc0_r_k,
+            h.pca.q_pos_var_frac,
+            h.pca.k_pos_var_frac,
+            p.split.ap_drop_bias,
+            p.split.ap_drop_content,
+            p.split.ap_drop_neither,
+            p.split.ap_drop_no_drift,
+            p.split.ap_drop_frozen_content,
+            h.ranks.top1_flip,
+            h.ranks.top1_flip_first_20pct,
+            h.ranks.top1_flip_last_20pct,
+            h.ranks.top1_flip_drop,
+            h.ranks.kendall,
+            h.ranks.kendall_first_20pct,
+            h.ranks.kendall_last_20pct,
+            h.ranks.kendall_drop,
+            h.rope.coherence,
+            h.rope.coherence_raw};
+}
+
+/// \brief Names of the per-query-bucket values beyond the thesis (columns of
+/// head_profile.csv after `decile`): the split of the profile
+/// (docs/beyond-split.md) and the rank stability of m keys
+/// (docs/beyond-ranks.md).
+inline constexpr std::array<std::string_view, 11> profile_beyond_names{
+    "pos_mean_rms", "content_mean_rms", "pos_var",   "content_var",  "ap_no_drift",    "ap_frozen_content",
+    "ap_neither",   "top1_flip",        "top1_flip_se", "rank_kendall", "rank_kendall_se"};
+
+/// \brief The per-bucket values of `profile_beyond_names` for entry `i` of
+/// `h.plasticity.profile` (the split entry of the same index, the rank
+/// entry of the same q_bucket); NaN where an analysis was off or has none.
+/// \param[in] h the head's analysis.
+/// \param[in] i an index into h.plasticity.profile.
+/// \returns the 11 values.
+inline std::array<double, profile_beyond_names.size()> profile_beyond_values(head_analysis const& h, std::size_t i) {
+    std::array<double, profile_beyond_names.size()> v;
+    v.fill(detail::nan);
+    auto const& sp = h.plasticity.split.profile;
+    if (i < sp.size()) {
+        auto const& s = sp[i];
+        v[0] = s.pos_mean_rms;
+        v[1] = s.content_mean_rms;
+        v[2] = s.pos_var;
+        v[3] = s.content_var;
+        v[4] = s.ap_no_drift;
+        v[5] = s.ap_frozen_content;
+        v[6] = s.ap_neither;
+    }
+    if (i < h.plasticity.profile.size()) {
+        std::int64_t const b = h.plasticity.profile[i].q_bucket;
+        auto const& rp = h.ranks.profile;
+        auto const it = std::lower_bound(rp.begin(), rp.end(), b,
+                                         [](rank_bucket const& r, std::int64_t x) { return r.q_bucket < x; });
+        if (it != rp.end() && it->q_bucket == b) {
+            v[7] = it->top1_flip;
+            v[8] = it->top1_flip_se;
+            v[9] = it->kendall;
+            v[10] = it->kendall_se;
+        }
+    }
+    return v;
+}
+
+/// \brief Averages over a set of heads (method §6 "Model level"). Each mean is
+/// over the heads where the value is finite; `n_finite` says how many.
+struct head_set_summary {
+    std::int64_t n_heads = 0;  ///< heads in the set
+    std::array<double, head_metric_names.size()> mean{};       ///< per metric, `head_metric_names` order; NaN when no
+                                                               ///< head has a finite value
+    std::array<std::int64_t, head_metric_names.size()> n_finite{};  ///< per metric, heads with a finite value
+    std::array<double, 5> ap_quintile{};   ///< mean quintile profile over heads (finite entries); NaN where none
+    std::array<double, 10> ap_decile{};    ///< mean decile profile; NaN where none
+    std::map<head_class, std::int64_t> taxonomy_counts;  ///< heads per PCA class (`undefined` included)
+
+    /// \brief The mean of a metric by name (NaN when unknown or no finite value).
+    /// \param[in] name a name of `head_metric_names`.
+    /// \returns the mean; NaN for an unknown name or when no head has a finite value.
+    [[nodiscard]] double operator[](std::string_view name) const noexcept {
+        for (std::size_t i = 0; i < head_metric_names.size(); ++i)
+            if (head_metric_names[i] == name) return mean[i];
+        return detail::nan;
+    }
+};
+
+/// \brief Model-level report: all heads, and per layer.
+struct model_summary {
+    head_set_summary all;                                ///< every head
+    std::map<std::int64_t, head_set_summary> per_layer;  ///< by head_id::layer, ascending (−1 for heads without one)
+};
+
+namespace detail {
+
+template <std::size_t N>
+void mean_finite(std::array<double, N>& sum, std::array<std::int64_t, N>& cnt, std::array<double, N> const& v) {
+    for (std::size_t i = 0; i < N; ++i)
+        if (std::isfinite(v[i])) {
+            sum[i] += v[i];
+            ++cnt[i];
+        }
+}
+
+template <std::size_t N>
+std::array<double, N> finish_mean(std::array<double, N> const& sum, std::array<std::int64_t, N> const& cnt) {
+    std::array<double, N> out{};
+    for (std::size_t i = 0; i < N; ++i) out[i] = cnt[i] > 0 ? sum[i] / double(cnt[i]) : nan;
+    return out;
+}
+
+template <class = void>
+head_set_summary summarise(std::vector<head_analysis const*> const& heads) {
+    head_set_summary s;
+    s.n_heads = static_cast<std::int64_t>(heads.size());
+    std::array<double, head_metric_names.size()> sum{};
+    std::array<double, 5> qsum{};
+    std::array<std::int64_t, 5> qcnt{};
+    std::array<double, 10> dsum{};
+    std::array<std::int64_t, 10> dcnt{};
+    for (auto const* h : heads) {
+        mean_finite(sum, s.n_finite, head_metric_values(*h));
+        mean_finite(qsum, qcnt, h->plasticity.ap_quintile);
+        mean_finite(dsum, dcnt, h->plasticity.ap_decile);
+        ++s.taxonomy_counts[h->pca.taxonomy];
+    }
+    s.mean = finish_mean(sum, s.n_finite);
+    s.ap_quintile = finish_mean(qsum, qcnt);
+    s.ap_decile = finish_mean(dsum, dcnt);
+    return s;
+}
+
+}  // namespace detail
+
+/// \brief Aggregate the heads of one model: every head metric averaged over
+/// heads (finite values only), overall and per layer, plus the averaged
+/// quintile/decile profiles and the taxonomy counts.
+/// \param[in] heads the analyses of the model's heads (any order).
+/// \returns the summary; with no heads, `all.n_heads` is 0, every mean NaN
+///          and `per_layer` empty.
+/// \throws std::bad_alloc if the per-layer lists cannot be allocated.
+template <class = void>
+model_summary summarise_model(std::span<head_analysis const> heads) {
+    model_summary m;
+    std::vector<head_analysis const*> all;
+    std::map<std::int64_t, std::vector<head_analysis const*>> by_layer;
+    for (auto const& h : heads) {
+        all.push_back(&h);
+        by_layer[h.id.layer].push_back(&h);
+    }
+    m.all = detail::summarise(all);
+    for (auto const& [layer, hs] : by_layer) m.per_layer.emplace(layer, detail::summarise(hs));
+    return m;
+}
+
+}  // namespace qkgeom
