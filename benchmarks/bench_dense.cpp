@@ -9,6 +9,8 @@
 // Flops of the Gram part: 2·d per pair (the upper tiles and the diagonal tiles).
 #include "workload.hpp"
 
+#include <qkgeom/plasticity/closed_form.hpp>  // detail::dense_group_t (not in the umbrella with QKGEOM_COMPILED)
+
 #include <benchmark/benchmark.h>
 
 #include <random>
