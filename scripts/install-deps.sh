@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# Installs every build/test dependency of qkgeom from Debian packages.
-# Idempotent: does nothing when all packages are already installed.
-# Used by both README commands (scripts/test.sh, and the main job later).
+# Installs qkgeom's dependencies from Debian packages. Idempotent: does nothing
+# when every package of the group is already installed.
+#   scripts/install-deps.sh [program|tests]
+#   program  what the qkgeom program needs (scripts/demo.sh, the main job):
+#            a compiler, CMake, Eigen, zlib
+#   tests    (default) everything the tests, examples and benchmarks use
+#            (scripts/test.sh, .ci/run)
 set -euo pipefail
+GROUP="${1:-tests}"
 
-PACKAGES=(
-  build-essential cmake pkg-config
-  g++ clang                     # g++ 12 (default build), clang++ 14 (sanitizer build)
+PROGRAM_PACKAGES=(
+  build-essential cmake pkg-config g++
   libeigen3-dev                 # Eigen 3.4 (core)
+  zlib1g-dev                    # zlib: deflate-compressed .npz entries (io/npz.hpp)
+)
+TEST_PACKAGES=(
+  "${PROGRAM_PACKAGES[@]}"
+  ninja-build                   # Ninja (scripts/test.sh uses it when present: .ninja_log has the time of every step)
+  clang                         # clang++ 14 (sanitizer build)
   libboost-dev                  # Boost 1.74 headers, tests only: Boost.Multiprecision references (the library needs no Boost)
   librange-v3-dev               # range-v3 0.12 (adapter tests)
   libxtensor-dev libxtensor-blas-dev  # xtensor 0.24 + xtensor-blas (adapter)
   catch2                        # Catch2 2.13 (tests)
   libbenchmark-dev              # Google Benchmark (benchmarks)
-  zlib1g-dev                    # zlib: deflate-compressed .npz entries (io/npz.hpp)
   python3-numpy                 # cross-checks of .npy/.npz against NumPy itself (tests)
   python3-dev pybind11-dev python3-pybind11  # the Python package's extension (python/, issue 15)
   python3-pandas                # qkgeom.frames: results as DataFrames (tests)
@@ -25,6 +34,12 @@ PACKAGES=(
   pmccabe                       # function lengths (scripts/function_lengths.sh, CTest lint.function_lengths)
 )
 
+case "$GROUP" in
+  program) PACKAGES=("${PROGRAM_PACKAGES[@]}") ;;
+  tests) PACKAGES=("${TEST_PACKAGES[@]}") ;;
+  *) echo "install-deps: unknown group '$GROUP' (program or tests)" >&2; exit 2 ;;
+esac
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   [[ "$p" == \#* ]] && continue
@@ -34,7 +49,7 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  echo "install-deps: all ${#PACKAGES[@]} packages of the $GROUP group present"
   exit 0
 fi
 
