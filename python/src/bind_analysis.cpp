@@ -49,15 +49,14 @@ column_map with_id(column_map m) {
 
 column_map head_metrics_getters() {
     column_map m;
-    for (std::size_t k = 0; k < qkgeom::head_metric_names.size(); ++k) {
-        // The counts (n_q_tokens, n_k_tokens, d_model: the first three) are
-        // integers, written as such by report::write_head_metrics.
-        if (k < 3) m[std::string(qkgeom::head_metric_names[k])] = int_col([k](row_ref r) {
-            return static_cast<std::int64_t>(qkgeom::head_metric_values(*r.h)[k]);
-        });
-        else m[std::string(qkgeom::head_metric_names[k])] = dbl_col([k](row_ref r) {
-            return qkgeom::head_metric_values(*r.h)[k];
-        });
+    // One column per entry of the registry; the counts (metric_kind::count:
+    // n_q_tokens, n_k_tokens, d_model) are integers, written as such by
+    // report::write_head_metrics.
+    for (qkgeom::head_metric const& hm : qkgeom::head_metrics) {
+        auto const value = hm.value;
+        if (hm.kind == qkgeom::metric_kind::count)
+            m[std::string(hm.name)] = int_col([value](row_ref r) { return static_cast<std::int64_t>(value(*r.h)); });
+        else m[std::string(hm.name)] = dbl_col([value](row_ref r) { return value(*r.h); });
     }
     m["taxonomy"] = str_col([](row_ref r) { return std::string(qkgeom::to_string(r.h->pca.taxonomy)); });
     m["flags"] = str_col([](row_ref r) { return qkgeom::head_flags_text(*r.h); });

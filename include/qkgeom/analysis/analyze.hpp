@@ -288,90 +288,176 @@ head_analysis analyze_head(head_moments const& hm, token_rows<KM> const& keys, c
 // their aggregation over heads.
 // ---------------------------------------------------------------------------
 
-/// \brief Names of the numeric head metrics, in column order (method §7).
-inline constexpr std::array<std::string_view, 54> head_metric_names{
-    "n_q_tokens",          "n_k_tokens",          "d_model",
-    "q_R2_pos",            "q_beta_norm",         "alpha_pos",
-    "sigma2_pos",          "pos_skew",            "pos_excess_kurtosis",
-    "pos_ks_p",            "sem_median_abs_skew", "sem_median_abs_kurtosis",
-    "sem_median_ks_p",     "sem_frac_ks_reject",  "ap_overall",
-    "ap_first_20pct",      "ap_last_20pct",       "ap_drop",
-    "gaussian_gap",        "mu_q_a",              "mu_k_a",
-    "mu_q_b",              "mu_k_b",              "alpha_q",
-    "alpha_k",             "r_q_a",               "r_k_a",
-    "position_r",          "bias_strength",       "separation_strength",
-    "var_frac_a",          "var_frac_b",          "plane_var_fraction",
-    "content_var_b",       "residual_pos_cov",    "pc0_r_q",
-    "pc0_r_k",             "q_pos_var_frac",      "k_pos_var_frac",
-    // beyond the thesis (docs/beyond-*.md)
-    "ap_drop_bias",        "ap_drop_content",     "ap_drop_neither",
-    "ap_drop_no_drift",    "ap_drop_frozen_content",
-    "top1_flip",           "top1_flip_first_20pct", "top1_flip_last_20pct",
-    "top1_flip_drop",      "rank_kendall",        "rank_kendall_first_20pct",
-    "rank_kendall_last_20pct", "rank_kendall_drop",
-    "rope_coherence",      "rope_coherence_raw"};
+/// \brief What kind of number a head metric is (docs/analyze.md, "Head metrics").
+enum class metric_kind {
+    count,        ///< a non-negative integer (rows, dimension); written as an integer
+    fraction,     ///< a score in [0, 1]: a share of a whole (R², variance fractions), plasticity, coherence
+    correlation,  ///< a correlation in [−1, 1] (Pearson r, Kendall τ)
+    probability,  ///< a probability (KS p-values, top-1 flip rates)
+    real          ///< any other real number (means, slopes, shapes, differences)
+};
 
-/// \brief The numeric head metrics of one head, in `head_metric_names` order.
+/// \brief The name of a metric kind ("count", "fraction", "correlation",
+/// "probability", "real").
+constexpr std::string_view metric_kind_name(metric_kind k) noexcept {
+    switch (k) {
+    case metric_kind::count: return "count";
+    case metric_kind::fraction: return "fraction";
+    case metric_kind::correlation: return "correlation";
+    case metric_kind::probability: return "probability";
+    case metric_kind::real: break;
+    }
+    return "real";
+}
+
+/// \brief One numeric column of head_metrics.csv: its name, kind, meaning and
+/// the field of `head_analysis` it reads.
+struct head_metric {
+    std::string_view name;                     ///< column name (the result field's name)
+    metric_kind kind;                          ///< what kind of number it is
+    std::string_view meaning;                  ///< one line, as in docs/outputs.md
+    double (*value)(head_analysis const&);     ///< the value of one head (counts converted to double)
+};
+
+/// \brief The registry of the numeric head metrics, in column order (method §7,
+/// then §10 from `ap_drop_bias` on): every list of head metrics — the columns of
+/// head_metrics.csv and model_report.csv, `head_metric_names`,
+/// `head_metric_values`, the Python tables, the study metrics — comes from it.
+/// tests/runtime/metric_registry_test.cpp checks docs/outputs.md against it.
+inline constexpr std::array<head_metric, 54> head_metrics{{
+    {"n_q_tokens", metric_kind::count, "query rows of the head",
+     [](head_analysis const& h) { return double(h.n_q_tokens); }},
+    {"n_k_tokens", metric_kind::count, "key rows of the head",
+     [](head_analysis const& h) { return double(h.n_k_tokens); }},
+    {"d_model", metric_kind::count, "head dimension d",
+     [](head_analysis const& h) { return double(h.d_model); }},
+    {"q_R2_pos", metric_kind::fraction, "overall R² of the queries on position",
+     [](head_analysis const& h) { return h.householder.q_R2_pos; }},
+    {"q_beta_norm", metric_kind::real, "‖β‖, norm of the positional slope of the queries",
+     [](head_analysis const& h) { return h.householder.q_beta_norm; }},
+    {"alpha_pos", metric_kind::real, "intercept of the positional coordinate",
+     [](head_analysis const& h) { return h.householder.alpha_pos; }},
+    {"sigma2_pos", metric_kind::real, "residual variance of the positional coordinate",
+     [](head_analysis const& h) { return h.householder.sigma2_pos; }},
+    {"pos_skew", metric_kind::real, "skewness of the positional residual",
+     [](head_analysis const& h) { return h.diagnostics.pos_skew; }},
+    {"pos_excess_kurtosis", metric_kind::real, "excess kurtosis of the positional residual",
+     [](head_analysis const& h) { return h.diagnostics.pos_excess_kurtosis; }},
+    {"pos_ks_p", metric_kind::probability, "KS p-value of the positional residual against a normal",
+     [](head_analysis const& h) { return h.diagnostics.pos_ks_p; }},
+    {"sem_median_abs_skew", metric_kind::real, "median |skewness| over up to 64 semantic coordinates",
+     [](head_analysis const& h) { return h.diagnostics.sem_median_abs_skew; }},
+    {"sem_median_abs_kurtosis", metric_kind::real, "median |excess kurtosis| over the semantic coordinates",
+     [](head_analysis const& h) { return h.diagnostics.sem_median_abs_kurtosis; }},
+    {"sem_median_ks_p", metric_kind::probability, "median KS p-value over the semantic coordinates",
+     [](head_analysis const& h) { return h.diagnostics.sem_median_ks_p; }},
+    {"sem_frac_ks_reject", metric_kind::fraction, "share of semantic coordinates whose KS test rejects",
+     [](head_analysis const& h) { return h.diagnostics.sem_frac_ks_reject; }},
+    {"ap_overall", metric_kind::fraction, "w_b-weighted attention plasticity over all buckets",
+     [](head_analysis const& h) { return h.plasticity.ap_overall; }},
+    {"ap_first_20pct", metric_kind::fraction, "attention plasticity of the first quintile",
+     [](head_analysis const& h) { return h.plasticity.ap_first_20pct; }},
+    {"ap_last_20pct", metric_kind::fraction, "attention plasticity of the last quintile",
+     [](head_analysis const& h) { return h.plasticity.ap_last_20pct; }},
+    {"ap_drop", metric_kind::real, "ap_first_20pct − ap_last_20pct",
+     [](head_analysis const& h) { return h.plasticity.ap_drop; }},
+    {"gaussian_gap", metric_kind::real, "mean |AP_b − AP_b,empirical|",
+     [](head_analysis const& h) { return h.plasticity.gaussian_gap; }},
+    {"mu_q_a", metric_kind::real, "mean query projection on the drift axis a",
+     [](head_analysis const& h) { return h.rotation.mu_q_a; }},
+    {"mu_k_a", metric_kind::real, "mean key projection on a",
+     [](head_analysis const& h) { return h.rotation.mu_k_a; }},
+    {"mu_q_b", metric_kind::real, "mean query projection on the separation axis b",
+     [](head_analysis const& h) { return h.rotation.mu_q_b; }},
+    {"mu_k_b", metric_kind::real, "mean key projection on b",
+     [](head_analysis const& h) { return h.rotation.mu_k_b; }},
+    {"alpha_q", metric_kind::real, "OLS slope of the query projection on a against position",
+     [](head_analysis const& h) { return h.rotation.alpha_q; }},
+    {"alpha_k", metric_kind::real, "OLS slope of the key projection on a against position",
+     [](head_analysis const& h) { return h.rotation.alpha_k; }},
+    {"r_q_a", metric_kind::correlation, "corr(a·q, position) over the queries",
+     [](head_analysis const& h) { return h.rotation.r_q_a; }},
+    {"r_k_a", metric_kind::correlation, "corr(a·k, position) over the keys",
+     [](head_analysis const& h) { return h.rotation.r_k_a; }},
+    {"position_r", metric_kind::correlation, "|corr(a·x, position)| over queries and keys pooled",
+     [](head_analysis const& h) { return h.rotation.position_r; }},
+    {"bias_strength", metric_kind::real, "mu_q_a · alpha_k (thesis eq. 4.6)",
+     [](head_analysis const& h) { return h.rotation.bias_strength; }},
+    {"separation_strength", metric_kind::fraction, "bᵀMb / trace M, separation of queries and keys along b",
+     [](head_analysis const& h) { return h.rotation.separation_strength; }},
+    {"var_frac_a", metric_kind::fraction, "share of the pooled variance along a",
+     [](head_analysis const& h) { return h.rotation.var_frac_a; }},
+    {"var_frac_b", metric_kind::fraction, "share of the pooled variance along b",
+     [](head_analysis const& h) { return h.rotation.var_frac_b; }},
+    {"plane_var_fraction", metric_kind::fraction, "var_frac_a + var_frac_b",
+     [](head_analysis const& h) { return h.rotation.plane_var_fraction; }},
+    {"content_var_b", metric_kind::real, "(Var(b·q) + Var(b·k)) / 2",
+     [](head_analysis const& h) { return h.rotation.content_var_b; }},
+    {"residual_pos_cov", metric_kind::real, "‖(I − aaᵀ)c‖ / ‖c‖, self-check (≈ 1e-16)",
+     [](head_analysis const& h) { return h.rotation.residual_pos_cov; }},
+    {"pc0_r_q", metric_kind::correlation, "r_q of PCA component 0",
+     [](head_analysis const& h) { return h.pca.pc0_r_q; }},
+    {"pc0_r_k", metric_kind::correlation, "r_k of PCA component 0",
+     [](head_analysis const& h) { return h.pca.pc0_r_k; }},
+    {"q_pos_var_frac", metric_kind::fraction, "share of Q variance linear in position",
+     [](head_analysis const& h) { return h.pca.q_pos_var_frac; }},
+    {"k_pos_var_frac", metric_kind::fraction, "share of K variance linear in position",
+     [](head_analysis const& h) { return h.pca.k_pos_var_frac; }},
+    // beyond the thesis (docs/beyond-*.md)
+    {"ap_drop_bias", metric_kind::real, "bias part of ap_drop (two-factor Shapley split)",
+     [](head_analysis const& h) { return h.plasticity.split.ap_drop_bias; }},
+    {"ap_drop_content", metric_kind::real, "content-decay part of ap_drop",
+     [](head_analysis const& h) { return h.plasticity.split.ap_drop_content; }},
+    {"ap_drop_neither", metric_kind::real, "remainder: ap_drop with neither drift nor content change",
+     [](head_analysis const& h) { return h.plasticity.split.ap_drop_neither; }},
+    {"ap_drop_no_drift", metric_kind::real, "ap_drop of the counterfactual profile with β_pos = 0",
+     [](head_analysis const& h) { return h.plasticity.split.ap_drop_no_drift; }},
+    {"ap_drop_frozen_content", metric_kind::real, "ap_drop with the content model frozen at the first quintile",
+     [](head_analysis const& h) { return h.plasticity.split.ap_drop_frozen_content; }},
+    {"top1_flip", metric_kind::probability, "probability that the top-scoring of m keys changes",
+     [](head_analysis const& h) { return h.ranks.top1_flip; }},
+    {"top1_flip_first_20pct", metric_kind::probability, "top1_flip over the first quintile",
+     [](head_analysis const& h) { return h.ranks.top1_flip_first_20pct; }},
+    {"top1_flip_last_20pct", metric_kind::probability, "top1_flip over the last quintile",
+     [](head_analysis const& h) { return h.ranks.top1_flip_last_20pct; }},
+    {"top1_flip_drop", metric_kind::real, "top1_flip_first_20pct − top1_flip_last_20pct",
+     [](head_analysis const& h) { return h.ranks.top1_flip_drop; }},
+    {"rank_kendall", metric_kind::correlation, "expected Kendall τ_a of score order and position order of m keys",
+     [](head_analysis const& h) { return h.ranks.kendall; }},
+    {"rank_kendall_first_20pct", metric_kind::correlation, "rank_kendall over the first quintile",
+     [](head_analysis const& h) { return h.ranks.kendall_first_20pct; }},
+    {"rank_kendall_last_20pct", metric_kind::correlation, "rank_kendall over the last quintile",
+     [](head_analysis const& h) { return h.ranks.kendall_last_20pct; }},
+    {"rank_kendall_drop", metric_kind::real, "rank_kendall_first_20pct − rank_kendall_last_20pct",
+     [](head_analysis const& h) { return h.ranks.kendall_drop; }},
+    {"rope_coherence", metric_kind::fraction, "pooled coherence of the unrotated bucket means (≈ 1: fits the RoPE)",
+     [](head_analysis const& h) { return h.rope.coherence; }},
+    {"rope_coherence_raw", metric_kind::fraction, "the same for the rows as given (not unrotated)",
+     [](head_analysis const& h) { return h.rope.coherence_raw; }},
+}};
+
+namespace detail {
+
+/// The names of the registry, in its order.
+consteval std::array<std::string_view, head_metrics.size()> head_metric_names_of_registry() {
+    std::array<std::string_view, head_metrics.size()> out{};
+    for (std::size_t i = 0; i < head_metrics.size(); ++i) out[i] = head_metrics[i].name;
+    return out;
+}
+
+}  // namespace detail
+
+/// \brief Names of the numeric head metrics, in column order (method §7): the
+/// names of `head_metrics`.
+inline constexpr std::array<std::string_view, 54> head_metric_names = detail::head_metric_names_of_registry();
+
+/// \brief The numeric head metrics of one head, in `head_metrics` order.
 /// \param[in] h the head's analysis.
 /// \returns the 54 values; NaN where the analysis left a field NaN.
 inline std::array<double, head_metric_names.size()> head_metric_values(head_analysis const& h) {
-    auto const& d = h.diagnostics;
-    auto const& p = h.plasticity;
-    auto const& r = h.rotation;
-    return {double(h.n_q_tokens),
-            double(h.n_k_tokens),
-            double(h.d_model),
-            h.householder.q_R2_pos,
-            h.householder.q_beta_norm,
-            h.householder.alpha_pos,
-            h.householder.sigma2_pos,
-            d.pos_skew,
-            d.pos_excess_kurtosis,
-            d.pos_ks_p,
-            d.sem_median_abs_skew,
-            d.sem_median_abs_kurtosis,
-            d.sem_median_ks_p,
-            d.sem_frac_ks_reject,
-            p.ap_overall,
-            p.ap_first_20pct,
-            p.ap_last_20pct,
-            p.ap_drop,
-            p.gaussian_gap,
-            r.mu_q_a,
-            r.mu_k_a,
-            r.mu_q_b,
-            r.mu_k_b,
-            r.alpha_q,
-            r.alpha_k,
-            r.r_q_a,
-            r.r_k_a,
-            r.position_r,
-            r.bias_strength,
-            r.separation_strength,
-            r.var_frac_a,
-            r.var_frac_b,
-            r.plane_var_fraction,
-            r.content_var_b,
-            r.residual_pos_cov,
-            h.pca.pc0_r_q,
-            h.pca.pc0_r_k,
-            h.pca.q_pos_var_frac,
-            h.pca.k_pos_var_frac,
-            p.split.ap_drop_bias,
-            p.split.ap_drop_content,
-            p.split.ap_drop_neither,
-            p.split.ap_drop_no_drift,
-            p.split.ap_drop_frozen_content,
-            h.ranks.top1_flip,
-            h.ranks.top1_flip_first_20pct,
-            h.ranks.top1_flip_last_20pct,
-            h.ranks.top1_flip_drop,
-            h.ranks.kendall,
-            h.ranks.kendall_first_20pct,
-            h.ranks.kendall_last_20pct,
-            h.ranks.kendall_drop,
-            h.rope.coherence,
-            h.rope.coherence_raw};
+    std::array<double, head_metric_names.size()> out{};
+    for (std::size_t i = 0; i < head_metrics.size(); ++i) out[i] = head_metrics[i].value(h);
+    return out;
 }
 
 /// \brief Names of the per-query-bucket values beyond the thesis (columns of

@@ -100,7 +100,7 @@ inline std::string csv_quote(std::string_view s) {
 // ---------------------------------------------------------------------------
 
 /// \brief Columns of head_metrics.csv: layer, q_head, k_head, every
-/// `head_metric_names` entry in order, taxonomy, flags.
+/// `head_metrics` (registry) name in order, taxonomy, flags, rope_status.
 /// \returns the column names, in file order (docs/outputs.md).
 inline std::vector<std::string> head_metrics_columns() {
     std::vector<std::string> c{"layer", "q_head", "k_head"};
@@ -259,9 +259,10 @@ inline void write_head_metrics(std::ostream& os, std::span<head_analysis const> 
     for (auto const& h : heads) {
         w.id(h.id);
         auto const v = head_metric_values(h);
-        // Counts are integers: write them as such (exact, same text as the double form).
+        // Counts are integers: write them as such (exact below 2^53, the
+        // double holds the integer field unchanged).
         for (std::size_t i = 0; i < v.size(); ++i) {
-            if (i < 3) w.integer(i == 0 ? h.n_q_tokens : i == 1 ? h.n_k_tokens : static_cast<std::int64_t>(h.d_model));
+            if (head_metrics[i].kind == metric_kind::count) w.integer(static_cast<std::int64_t>(v[i]));
             else w.num(v[i]);
         }
         w.raw(to_string(h.pca.taxonomy));
