@@ -69,9 +69,11 @@ qkgeom::io::dataset_run analyze_folder(cli const& c, qkgeom::io::dataset_plan pl
     o.on_head_done = [&bar](std::string const& name) { bar.tick(name); };
     qkgeom::io::head_analyzers const a{
         [](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& opt) {
+            check_interrupted();  // a safe point: before each head
             return analyze(h, opt);
         },
         [](qkgeom::head_capture<qkgeom::io::row_matrix_f32> const& h, qkgeom::analysis_options const& opt) {
+            check_interrupted();
             return analyze(h, opt);
         }};
     return qkgeom::io::analyze_dataset(std::move(plan), o, a);
@@ -85,7 +87,7 @@ int run_analyze(cli const& c) {
     // never skipped; an entry outside the manifest is a failure too
     // (qkgeom/run/dataset_analysis.hpp).
     auto plan = qkgeom::io::plan_dataset(c.dir);
-    output_folder folder(c.out, report_marker, "-o");  // checked before any analysis
+    output_folder folder(c.out, report_marker, "-o", {c.dir});  // checked before any analysis
     progress bar(plan.planned.size(), c.quiet);
     auto const run = analyze_folder(c, std::move(plan), bar);
     auto const& heads = run.heads;

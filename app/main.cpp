@@ -30,11 +30,15 @@
 #include <qkgeom/core/config.hpp>
 #include <qkgeom/run/dataset_analysis.hpp>
 
+#include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -74,13 +78,17 @@ Usage:
 
 Output folders (-o OUT of demo, analyze and study, DIR of synth) must be
 absent, empty, or a folder an earlier qkgeom run wrote (it holds .qkgeom-report
-or .qkgeom-capture); they are checked before any analysis, written next to the
-target and swapped in at the end, so a folder never mixes two runs. summary.txt
-and index.html record the command line, the input and the options.
+or .qkgeom-capture), and never an input, inside one or around one (canonical
+paths: symbolic links resolved); they are checked before any analysis, written
+next to the target and swapped in at the end, so a folder never mixes two runs.
+What a killed run left next to OUT is removed by the next run into OUT.
+summary.txt and index.html record the command line, the input and the options.
 Exit status: 0 success; 1 the run failed (one line on stderr naming the file,
-field and value; the old OUT is left as it was); 2 usage error; 3 some heads
+field and value; the old OUT is left as it was), or stdout could not be written
+(EPIPE, ENOSPC; after the reports were written); 2 usage error; 3 some heads
 (analyze) or runs (study) failed (each listed in OUT/failures.txt, the others
-reported).
+reported); 130 / 143 stopped by SIGINT / SIGTERM (at the next head; nothing
+written, the old OUT left as it was; a second signal stops at once).
 
 The demo study: three synthetic model families (steady, moderate, steep), each
 through four checkpoints (steps 1000..4000: pre-train, pre-train, anneal,
@@ -104,44 +112,55 @@ trajectories), the study pictures (docs/study-pictures.md) and OUT/index.html.
 OUT/summary.txt holds the table printed at the end. --no-pictures skips the
 pictures and index.html.
 
-Options (defaults are the thesis'; method section in brackets, docs/method.md):
-  -o, --out DIR              output directory (required)
-  -j, --jobs N               worker threads (default: all cores)
-      --components K         PCA components reported (10) [§2]
+Options (defaults are the thesis'; method section in brackets, docs/method.md).
+Each command takes only its own options (another command's is refused), each
+value option at most once, and a value that starts with '-' is refused (a path
+starting with '-': write ./-name). Integers must lie in the range shown.
+demo, analyze and study:
+  -o, --out DIR              output directory (required; merge: the shard FILE)
+  -j, --jobs N               worker threads, 1..4096 (default: all cores)
+      --components K         PCA components reported, 1..4096 (10) [§2]
       --sign POLICY          dominant | query_anchor (dominant) [§2]
-      --low X, --high X      taxonomy thresholds (0.3, 0.7) [§2]
+      --low X, --high X      taxonomy thresholds, 0 <= low <= high <= 1 (0.3, 0.7) [§2]
       --separation POLICY    centroid | max_separation (centroid) [§3]
       --semantic MODEL       diag | full | global_linear (diag) [§4]
       --no-diagnostics       skip the row-based normality diagnostics [§4]
-      --ks-alpha X           level of the KS rejection fraction (0.05) [§4]
+      --ks-alpha X           level of the KS rejection fraction, 0 < X < 1 (0.05) [§4]
       --pairs POLICY         same_bucket | prefix (same_bucket) [§6]
       --weighting POLICY     query_count | cell_mean (query_count) [§6]
       --enumeration MODE     auto | exact | sampled (auto) [§6]
-      --max-exact-pairs N    auto: exact up to N evaluations per head (4000000) [§6]
-      --samples N            sampled: pairs per cell (2000) [§6]
-      --seed N               sampled: seed (0) [§6]
+      --max-exact-pairs N    auto: exact up to N evaluations per head, 0..2^62 (4000000) [§6]
+      --samples N            sampled: pairs per cell, 1..10^9 (2000) [§6]
+      --seed N               sampled: seed, 0..2^63-1 (0) [§6]
+      --empirical-check MODE gaussian_gap check: sampled | exact (sampled) [§6]
+      --empirical-budget N   sampled: evaluations of a sampled cell, 4..10^9 (4096) [§6]
+      --empirical-max-exact N  sampled: cells up to N evaluations counted exactly, 0..2^62 (262144) [§6]
       --no-split             skip the split of AP_drop into bias and content parts [§10.1]
       --no-ranks             skip top-1 flip and Kendall of m keys [§10.4]
       --rank-keys M          keys per set of the top-1/Kendall analysis, 2..64 (8) [§10.4]
-      --rank-sets N          key sets drawn per query bucket (16) [§10.4]
+      --rank-sets N          key sets drawn per query bucket, 1..10^6 (16) [§10.4]
       --rank-draw POLICY     prefix | same_bucket: how a key set is drawn (prefix) [§10.4]
-      --rope-bands N         frequency bands of the RoPE analysis (8) [§10.2]
+      --rope-bands N         frequency bands of the RoPE analysis, 1..2048 (8) [§10.2]
       --window W             sliding window in tokens for heads whose capture records
-                             none (the capture's own window wins) [§6]
+                             none (the capture's own window wins), 0..2^62 [§6]
       --context L            context length for the quantiles and the heatmap grid,
                              replacing the capture's (the manifest's context_length;
-                             the demo: 4096); 0 = not given. A head with a position
-                             >= L fails [§6, §9.12]
-      --layers N             layers per demo/synth model (4)
-      --family NAME          synth: steady | moderate | steep (steep)
-      --format F             synth: npy | safetensors | npz | npz_deflate (npy) [docs/dataset.md]
-      --heads N              synth: write N query heads sampled uniformly without
-                             replacement (and the key heads they read); 0 = all (0) [§0.1]
-      --head-seed N          synth: seed of the head sample (0) [§0.1]
-      --dtype T              synth: f32 | f16 | bf16 | f64 (f32)
-      --strict               analyze: stop at the first head that fails
+                             the demo: 4096), 0..2^62; 0 = not given. A head with a
+                             position >= L fails [§6, §9.12]
       --no-pictures          write no SVG pictures and no index.html
-      --quiet                no progress output
+      --quiet                no progress output (synth too)
+analyze only:
+      --strict               stop at the first head that fails
+demo and synth:
+      --layers N             layers per demo/synth model, 1..1024 (4)
+synth only:
+      --family NAME          steady | moderate | steep (steep)
+      --format F             npy | safetensors | npz | npz_deflate (npy) [docs/dataset.md]
+      --heads N              write N query heads sampled uniformly without replacement
+                             (and the key heads they read), 0..8 x layers; 0 = all (0) [§0.1]
+      --head-seed N          seed of the head sample, 0..2^63-1 (0) [§0.1]
+      --dtype T              f32 | f16 | bf16 | f64 (f32)
+merge: -o FILE only.
 )";
 
 /// `a` as a POSIX shell word (quoted only when it needs to be).
@@ -160,26 +179,38 @@ std::string shell_quoted(std::string const& a) {
     std::exit(2);
 }
 
-double parse_double(std::string const& flag, std::string const& v) {
-    try {
-        std::size_t pos = 0;
-        double const x = std::stod(v, &pos);
-        if (pos != v.size()) throw std::invalid_argument(v);
-        return x;
-    } catch (std::exception const&) {
-        usage_error(flag + ": not a number: '" + v + "'");
-    }
+[[noreturn]] void print_help() {
+    std::cout << usage_text;
+    std::string const bad = finish_stdout();
+    if (!bad.empty()) std::cerr << "qkgeom: error: cannot write the help text to standard output: " << bad << "\n";
+    std::exit(bad.empty() ? 0 : 1);
 }
 
-std::int64_t parse_int(std::string const& flag, std::string const& v, std::int64_t lo) {
-    try {
-        std::size_t pos = 0;
-        long long const x = std::stoll(v, &pos);
-        if (pos != v.size() || x < lo) throw std::invalid_argument(v);
-        return x;
-    } catch (std::exception const&) {
-        usage_error(flag + ": expected an integer >= " + std::to_string(lo) + ", got '" + v + "'");
-    }
+}  // namespace
+
+namespace cli_impl {  // named: the program may be compiled as one unity translation unit
+
+std::string range_text(std::int64_t lo, std::int64_t hi) { return std::to_string(lo) + ".." + std::to_string(hi); }
+
+/// A whole decimal integer in [lo, hi] (no sign other than '-', no spaces,
+/// no suffix); anything else is a usage error naming the option and value.
+std::int64_t parse_int(std::string const& flag, std::string const& v, std::int64_t lo, std::int64_t hi) {
+    std::int64_t x = 0;
+    auto const [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    bool const whole = !v.empty() && end == v.data() + v.size();
+    if (whole && (ec == std::errc::result_out_of_range || (ec == std::errc() && (x < lo || x > hi))))
+        usage_error(flag + ": '" + v + "' is out of range: expected an integer in " + range_text(lo, hi));
+    if (!whole || ec != std::errc())
+        usage_error(flag + ": expected an integer in " + range_text(lo, hi) + ", got '" + v + "'");
+    return x;
+}
+
+double parse_double(std::string const& flag, std::string const& v) {
+    double x = 0;
+    auto const [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size() || !std::isfinite(x))
+        usage_error(flag + ": not a finite number: '" + v + "'");
+    return x;
 }
 
 template <class E>
@@ -200,92 +231,199 @@ E parse_policy(std::string const& flag, std::string const& v) {
     usage_error(flag + ": '" + v + "' is not one of " + qkgeom::policy_choices_text<E>());
 }
 
-}  // namespace
+enum command_bit : unsigned { demo_cmd = 1, synth_cmd = 2, analyze_cmd = 4, study_cmd = 8, merge_cmd = 16 };
+constexpr unsigned report_cmds = demo_cmd | analyze_cmd | study_cmd;
+constexpr std::int64_t int64_max = std::numeric_limits<std::int64_t>::max(), two_62 = std::int64_t{1} << 62;
 
-cli parse(int argc, char** argv) {
-    cli c;
-    std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.empty()) usage_error("no command given");
-    if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-        std::cout << usage_text;
-        std::exit(0);
-    }
-    c.command = args[0];
-    if (c.command != "demo" && c.command != "synth" && c.command != "analyze" && c.command != "merge" &&
-        c.command != "study")
-        usage_error("unknown command '" + c.command + "'");
-    c.command_line = "qkgeom";
-    for (auto const& a : args) c.command_line += " " + shell_quoted(a);
+/// One option: its names, the commands that take it and whether it takes a
+/// value (a path value never starts with '-'); apply_option sets it.
+struct option {
+    char const* name;
+    char const* alias;
+    unsigned commands;
+    enum class takes { nothing, value, path } arg;
+};
+using T = option::takes;
+
+/// Every option of every command (the reference: usage_text, docs/cli.md).
+std::vector<option> const& options() {
+    static std::vector<option> const table{
+        {"--out", "-o", report_cmds | merge_cmd, T::path},   {"--jobs", "-j", report_cmds, T::value},
+        {"--quiet", "", report_cmds | synth_cmd, T::nothing}, {"--no-pictures", "", report_cmds, T::nothing},
+        {"--strict", "", analyze_cmd, T::nothing},            {"--layers", "", demo_cmd | synth_cmd, T::value},
+        {"--family", "", synth_cmd, T::value},                {"--format", "", synth_cmd, T::value},
+        {"--heads", "", synth_cmd, T::value},                 {"--head-seed", "", synth_cmd, T::value},
+        {"--dtype", "", synth_cmd, T::value},                 {"--components", "", report_cmds, T::value},
+        {"--sign", "", report_cmds, T::value},                {"--low", "", report_cmds, T::value},
+        {"--high", "", report_cmds, T::value},                {"--separation", "", report_cmds, T::value},
+        {"--semantic", "", report_cmds, T::value},            {"--no-diagnostics", "", report_cmds, T::nothing},
+        {"--ks-alpha", "", report_cmds, T::value},            {"--pairs", "", report_cmds, T::value},
+        {"--weighting", "", report_cmds, T::value},           {"--enumeration", "", report_cmds, T::value},
+        {"--max-exact-pairs", "", report_cmds, T::value},     {"--samples", "", report_cmds, T::value},
+        {"--seed", "", report_cmds, T::value},                {"--no-split", "", report_cmds, T::nothing},
+        {"--empirical-check", "", report_cmds, T::value},     {"--empirical-budget", "", report_cmds, T::value},
+        {"--empirical-max-exact", "", report_cmds, T::value},
+        {"--no-ranks", "", report_cmds, T::nothing},          {"--rank-keys", "", report_cmds, T::value},
+        {"--rank-sets", "", report_cmds, T::value},           {"--rank-draw", "", report_cmds, T::value},
+        {"--rope-bands", "", report_cmds, T::value},          {"--window", "", report_cmds, T::value},
+        {"--context", "", report_cmds, T::value},
+    };
+    return table;
+}
+
+void set_format(cli& c, std::string const& a, std::string const& v) {
+    std::string const f = parse_choice<std::string>(
+        a, v, {{"npy", "npy"}, {"safetensors", "safetensors"}, {"npz", "npz"}, {"npz_deflate", "npz_deflate"}});
+    c.format = f == "npy"           ? qkgeom::io::storage_format::npy
+               : f == "safetensors" ? qkgeom::io::storage_format::safetensors
+                                    : qkgeom::io::storage_format::npz;
+    c.npz = f == "npz_deflate" ? qkgeom::io::npz_compression::deflate : qkgeom::io::npz_compression::stored;
+    if (f == "npz_deflate" && !qkgeom::io::npz_deflate_available())
+        usage_error("--format npz_deflate: this qkgeom was built without zlib");
+}
+
+/// Sets the option `name` (its long name) given as `a` with the value `v`
+/// (empty for a flag): each value parsed whole and range-checked.
+void apply_option(cli& c, std::string const& name, std::string const& a, std::string const& v) {
     auto& o = c.opt;
-    for (std::size_t i = 1; i < args.size(); ++i) {
-        std::string const& a = args[i];
-        auto value = [&]() -> std::string const& {
-            if (i + 1 >= args.size()) usage_error(a + " needs a value");
-            return args[++i];
-        };
-        if (a == "--help" || a == "-h") {
-            std::cout << usage_text;
-            std::exit(0);
-        } else if (a == "-o" || a == "--out") c.out = value();
-        else if (a == "-j" || a == "--jobs") c.jobs = static_cast<unsigned>(parse_int(a, value(), 1));
-        else if (a == "--quiet") c.quiet = true;
-        else if (a == "--layers") c.layers = parse_int(a, value(), 1);
-        else if (a == "--family") c.family = value();
-        else if (a == "--format") {
-            std::string const f = parse_choice<std::string>(
-                a, value(), {{"npy", "npy"}, {"safetensors", "safetensors"}, {"npz", "npz"}, {"npz_deflate", "npz_deflate"}});
-            c.format = f == "npy"           ? qkgeom::io::storage_format::npy
-                       : f == "safetensors" ? qkgeom::io::storage_format::safetensors
-                                            : qkgeom::io::storage_format::npz;
-            c.npz = f == "npz_deflate" ? qkgeom::io::npz_compression::deflate : qkgeom::io::npz_compression::stored;
-            if (f == "npz_deflate" && !qkgeom::io::npz_deflate_available())
-                usage_error("--format npz_deflate: this qkgeom was built without zlib");
-        } else if (a == "--heads") c.heads = parse_int(a, value(), 0);
-        else if (a == "--head-seed") c.head_seed = static_cast<std::uint64_t>(parse_int(a, value(), 0));
-        else if (a == "--dtype") c.dtype = parse_choice<std::string>(a, value(), {{"f32", "f32"}, {"f16", "f16"}, {"bf16", "bf16"}, {"f64", "f64"}});
-        else if (a == "--strict") c.strict = true;
-        else if (a == "--no-pictures") c.pictures = false;
-        else if (!a.empty() && a[0] != '-' && c.command == "merge") c.inputs.emplace_back(a);
-        else if (!a.empty() && a[0] != '-' && c.dir.empty() && c.command != "demo") c.dir = a;
-        else if (a == "--components") o.pca.n_components = parse_int(a, value(), 1);
-        else if (a == "--sign")
-            o.pca.sign = parse_policy<qkgeom::sign_policy>(a, value());
-        else if (a == "--low") o.pca.thresholds.low = parse_double(a, value());
-        else if (a == "--high") o.pca.thresholds.high = parse_double(a, value());
-        else if (a == "--separation")
-            o.rotation.separation = parse_policy<qkgeom::separation_policy>(a, value());
-        else if (a == "--semantic")
-            o.householder.model = parse_policy<qkgeom::semantic_model>(a, value());
-        else if (a == "--no-diagnostics") o.diagnostics = false;
-        else if (a == "--ks-alpha") o.ks_alpha = parse_double(a, value());
-        else if (a == "--pairs")
-            o.plasticity.pairs = parse_policy<qkgeom::pair_policy>(a, value());
-        else if (a == "--weighting")
-            o.plasticity.weighting = parse_policy<qkgeom::ap_weighting>(a, value());
-        else if (a == "--enumeration")
-            o.plasticity.enumeration = parse_policy<qkgeom::enumeration_policy>(a, value());
-        else if (a == "--max-exact-pairs") o.plasticity.max_exact_pairs = parse_int(a, value(), 0);
-        else if (a == "--samples") o.plasticity.samples_per_cell = parse_int(a, value(), 1);
-        else if (a == "--seed") o.plasticity.seed = static_cast<std::uint64_t>(parse_int(a, value(), 0));
-        else if (a == "--no-split") o.plasticity.split_profile = false;
-        else if (a == "--no-ranks") o.ranks_on = false;
-        else if (a == "--rank-keys") o.ranks.keys_per_set = parse_int(a, value(), 2);
-        else if (a == "--rank-sets") o.ranks.sets_per_bucket = parse_int(a, value(), 1);
-        else if (a == "--rank-draw") o.ranks.keys = parse_policy<qkgeom::rank_key_policy>(a, value());
-        else if (a == "--rope-bands") o.rope.n_bands = parse_int(a, value(), 1);
-        else if (a == "--window") c.window = parse_int(a, value(), 0);
-        else if (a == "--context") c.context = parse_int(a, value(), 0);
-        else usage_error("unknown option '" + a + "'");
-    }
+    if (name == "--out") c.out = v;
+    else if (name == "--jobs") c.jobs = static_cast<unsigned>(parse_int(a, v, 1, 4096));
+    else if (name == "--quiet") c.quiet = true;
+    else if (name == "--no-pictures") c.pictures = false;
+    else if (name == "--strict") c.strict = true;
+    else if (name == "--layers") c.layers = parse_int(a, v, 1, 1024);
+    else if (name == "--family")
+        c.family = parse_choice<std::string>(a, v, {{"steady", "steady"}, {"moderate", "moderate"}, {"steep", "steep"}});
+    else if (name == "--format") set_format(c, a, v);
+    else if (name == "--heads") c.heads = parse_int(a, v, 0, 8 * 1024);
+    else if (name == "--head-seed") c.head_seed = static_cast<std::uint64_t>(parse_int(a, v, 0, int64_max));
+    else if (name == "--dtype")
+        c.dtype = parse_choice<std::string>(a, v, {{"f32", "f32"}, {"f16", "f16"}, {"bf16", "bf16"}, {"f64", "f64"}});
+    else if (name == "--components") o.pca.n_components = parse_int(a, v, 1, 4096);
+    else if (name == "--sign") o.pca.sign = parse_policy<qkgeom::sign_policy>(a, v);
+    else if (name == "--low") o.pca.thresholds.low = parse_double(a, v);
+    else if (name == "--high") o.pca.thresholds.high = parse_double(a, v);
+    else if (name == "--separation") o.rotation.separation = parse_policy<qkgeom::separation_policy>(a, v);
+    else if (name == "--semantic") o.householder.model = parse_policy<qkgeom::semantic_model>(a, v);
+    else if (name == "--no-diagnostics") o.diagnostics = false;
+    else if (name == "--ks-alpha") o.ks_alpha = parse_double(a, v);
+    else if (name == "--pairs") o.plasticity.pairs = parse_policy<qkgeom::pair_policy>(a, v);
+    else if (name == "--weighting") o.plasticity.weighting = parse_policy<qkgeom::ap_weighting>(a, v);
+    else if (name == "--enumeration") o.plasticity.enumeration = parse_policy<qkgeom::enumeration_policy>(a, v);
+    else if (name == "--max-exact-pairs") o.plasticity.max_exact_pairs = parse_int(a, v, 0, two_62);
+    else if (name == "--samples") o.plasticity.samples_per_cell = parse_int(a, v, 1, 1'000'000'000);
+    else if (name == "--seed") o.plasticity.seed = static_cast<std::uint64_t>(parse_int(a, v, 0, int64_max));
+    else if (name == "--empirical-check") o.plasticity.empirical_check = parse_policy<qkgeom::empirical_policy>(a, v);
+    else if (name == "--empirical-budget") o.plasticity.empirical_budget = parse_int(a, v, 4, 1'000'000'000);
+    else if (name == "--empirical-max-exact") o.plasticity.empirical_max_exact = parse_int(a, v, 0, two_62);
+    else if (name == "--no-split") o.plasticity.split_profile = false;
+    else if (name == "--no-ranks") o.ranks_on = false;
+    else if (name == "--rank-keys") o.ranks.keys_per_set = parse_int(a, v, 2, 64);
+    else if (name == "--rank-sets") o.ranks.sets_per_bucket = parse_int(a, v, 1, 1'000'000);
+    else if (name == "--rank-draw") o.ranks.keys = parse_policy<qkgeom::rank_key_policy>(a, v);
+    else if (name == "--rope-bands") o.rope.n_bands = parse_int(a, v, 1, 2048);
+    else if (name == "--window") c.window = parse_int(a, v, 0, two_62);
+    else if (name == "--context") c.context = parse_int(a, v, 0, two_62);
+}
+
+unsigned command_of(std::string const& name) {
+    if (name == "demo") return demo_cmd;
+    if (name == "synth") return synth_cmd;
+    if (name == "analyze") return analyze_cmd;
+    if (name == "study") return study_cmd;
+    if (name == "merge") return merge_cmd;
+    return 0;
+}
+
+std::string commands_text(unsigned mask) {
+    std::vector<std::string> names;
+    for (auto const* n : {"analyze", "demo", "merge", "study", "synth"})
+        if ((mask & command_of(n)) != 0) names.emplace_back(n);
+    std::string s;
+    for (std::size_t i = 0; i < names.size(); ++i)
+        s += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+    return s;
+}
+
+/// Whether a value is taken for an option: it starts with '-' (a path value
+/// always; other values unless they are a negative number, which the
+/// number's own range check then reports).
+bool looks_like_option(std::string const& v, bool path) {
+    if (v.size() < 2 || v[0] != '-') return false;
+    return path || !(std::isdigit(static_cast<unsigned char>(v[1])) || v[1] == '.');
+}
+
+/// A word that is not an option: merge's shards, else the one DIR / FILE.
+void positional(cli& c, std::string const& a) {
+    if (c.command == "merge") return c.inputs.emplace_back(a), void();
+    std::string const what = c.command == "study" ? "STUDY_FILE" : "DIR";
+    if (c.command == "demo") usage_error("unexpected argument '" + a + "': demo takes no input (only -o OUT and options)");
+    if (a.empty()) usage_error(c.command + ": the " + what + " argument is empty");
+    if (!c.dir.empty())
+        usage_error("unexpected argument '" + a + "': " + c.command + " takes one " + what + " ('" + c.dir.string() +
+                    "' given first)");
+    c.dir = a;
+}
+
+/// The checks across options, after every option is read.
+void check_combination(cli& c) {
+    auto const& o = c.opt;
     if (c.command == "merge" && c.inputs.empty()) usage_error("merge needs at least one SHARD");
     if (c.command != "demo" && c.command != "merge" && c.dir.empty())
         usage_error(c.command + (c.command == "study" ? " needs STUDY_FILE" : " needs DIR"));
-    if (c.command != "synth" && c.out.empty()) usage_error(c.command + " needs -o OUT");
+    if (c.command != "synth" && c.out.empty()) usage_error(c.command + " needs -o " + (c.command == "merge" ? "FILE" : "OUT"));
     if (!(o.pca.thresholds.low >= 0 && o.pca.thresholds.low <= o.pca.thresholds.high && o.pca.thresholds.high <= 1))
-        usage_error("--low/--high: need 0 <= low <= high <= 1");
-    if (!(o.ks_alpha > 0 && o.ks_alpha < 1)) usage_error("--ks-alpha: need 0 < alpha < 1");
-    if (o.ranks.keys_per_set > 64) usage_error("--rank-keys: need 2 <= M <= 64");
-    if (c.jobs == 0) c.jobs = std::max(1u, std::thread::hardware_concurrency());
+        usage_error("--low/--high: need 0 <= low <= high <= 1 (low " + qkgeom::detail::to_text(o.pca.thresholds.low) +
+                    ", high " + qkgeom::detail::to_text(o.pca.thresholds.high) + ")");
+    if (!(o.ks_alpha > 0 && o.ks_alpha < 1)) usage_error("--ks-alpha: need 0 < alpha < 1, got " + qkgeom::detail::to_text(o.ks_alpha));
+    if (c.command == "synth" && c.heads > 8 * c.layers)
+        usage_error("--heads: " + std::to_string(c.heads) + " is more than the " + std::to_string(8 * c.layers) +
+                    " query heads of the capture (--layers " + std::to_string(c.layers) +
+                    " x 8): give at most that many, or 0 for all");
+    if (c.jobs == 0) c.jobs = std::max(1u, std::min(4096u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace cli_impl
+
+cli parse(int argc, char** argv) {
+    using namespace cli_impl;
+    cli c;
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (args.empty()) usage_error("no command given");
+    if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") print_help();
+    c.command = args[0];
+    unsigned const cmd = command_of(c.command);
+    if (cmd == 0) usage_error("unknown command '" + c.command + "'");
+    c.command_line = "qkgeom";
+    for (auto const& a : args) c.command_line += " " + shell_quoted(a);
+    std::map<std::string, std::string> given;  // value options given: name -> value
+    for (std::size_t i = 1; i < args.size(); ++i) {
+        std::string const& a = args[i];
+        if (a == "--help" || a == "-h") print_help();
+        if (a.size() < 2 || a[0] != '-') {
+            positional(c, a);
+            continue;
+        }
+        auto const& table = options();
+        auto const it = std::find_if(table.begin(), table.end(), [&](option const& o) { return a == o.name || a == o.alias; });
+        if (it == table.end()) usage_error("unknown option '" + a + "'");
+        if ((it->commands & cmd) == 0)
+            usage_error("qkgeom " + c.command + " does not take the option " + a + " (an option of " +
+                        commands_text(it->commands) + ")");
+        if (it->arg == T::nothing) {
+            apply_option(c, it->name, a, "");
+            continue;
+        }
+        if (i + 1 >= args.size()) usage_error(a + " needs a value");
+        std::string const& v = args[++i];
+        if (looks_like_option(v, it->arg == T::path))
+            usage_error(a + " needs a value, got '" + v + "', which looks like an option (a path that starts with '-': " +
+                        "write ./" + v + ")");
+        if (auto const [prev, fresh] = given.emplace(it->name, v); !fresh)
+            usage_error(a + " given twice ('" + prev->second + "' and '" + v + "'): give it once");
+        apply_option(c, it->name, a, v);
+    }
+    check_combination(c);
     return c;
 }
 
@@ -316,19 +454,41 @@ void apply_overrides(cli const& c, qkgeom::capture_facts& facts) {
     qkgeom::io::apply_overrides(facts, c.context, c.window);
 }
 
+int run_command(cli const& c) {
+    int rc = 1;
+    try {
+        if (c.command == "synth") rc = run_synth(c);
+        else if (c.command == "analyze") rc = run_analyze(c);
+        else if (c.command == "merge") rc = run_merge(c);
+        else if (c.command == "study") rc = run_study_command(c);
+        else rc = run_demo(c);
+    } catch (interrupted const& i) {
+        std::cerr << "qkgeom: interrupted by " << signal_name(i.signal)
+                  << ": stopped before writing; nothing was written and an earlier output was left as it was (exit "
+                  << "status " << 128 + i.signal << ")\n";
+        return 128 + i.signal;
+    } catch (std::exception const& e) {
+        std::cerr << "qkgeom: error: " << one_line(e.what()) << "\n";
+        rc = 1;
+    }
+    if (std::string const bad = finish_stdout(); !bad.empty()) {
+        std::cerr << "qkgeom: error: cannot write to standard output: " << bad
+                  << (rc == 0 || rc == 3 ? " (the output was written: only the printed summary was lost)" : "") << "\n";
+        if (rc != 2) rc = 1;
+    }
+    if (int const sig = received_signal(); sig != 0 && rc != 1) {
+        std::cerr << "qkgeom: " << signal_name(sig) << " arrived after the output was written (exit status "
+                  << 128 + sig << ")\n";
+        return 128 + sig;
+    }
+    return rc;
+}
+
 }  // namespace qkgeom_app
 
 int main(int argc, char** argv) {
+    qkgeom_app::install_signal_handling();  // before any thread starts
     qkgeom_app::cli const c = qkgeom_app::parse(argc, argv);
-    try {
-        if (c.command == "synth") return qkgeom_app::run_synth(c);
-        if (c.command == "analyze") return qkgeom_app::run_analyze(c);
-        if (c.command == "merge") return qkgeom_app::run_merge(c);
-        if (c.command == "study") return qkgeom_app::run_study_command(c);
-        return qkgeom_app::run_demo(c);
-    } catch (std::exception const& e) {
-        std::cerr << "qkgeom: error: " << qkgeom_app::one_line(e.what()) << "\n";
-        return 1;
-    }
+    qkgeom_app::set_signal_quiet(c.quiet);
+    return qkgeom_app::run_command(c);
 }
-

@@ -21,15 +21,23 @@ int run_merge(cli const& c) {
         throw run_error("-o " + c.out.string() + ": exists and is not a regular file");
     for (auto const& in : c.inputs)
         if (fs::exists(st) && fs::equivalent(in, c.out, ec))
-            throw run_error("-o " + c.out.string() + ": is also an input shard; write the merge to a new file");
-    // Each shard validated as load_moments; a shard of another head or d is
+            throw run_error("-o " + c.out.string() + ": is also an input shard (" + in.string() +
+                            "); write the merge to a new file");
+    // Each shard validated as load_moments_shard; the same file twice, a
+    // byte-identical copy, a shard of another head, d or bucket scheme is
     // refused naming both files (input_error names the file and field).
-    qkgeom::head_moments const total = qkgeom::merge_moment_files(c.inputs);
-    qkgeom::save_moments(c.out, total);  // written next to FILE and renamed: never a partial FILE
-    std::cout << "merged " << c.inputs.size() << " shard(s) of head layer " << total.id.layer << " q_head "
-              << total.id.q_head << " k_head " << total.id.k_head << " (d = " << total.d << "): " << total.q.count()
-              << " query rows in " << total.q.buckets.size() << " bucket(s), " << total.k.count() << " key rows in "
-              << total.k.buckets.size() << " bucket(s), written to " << c.out.string() << "\n";
+    qkgeom::moments_shard const total = qkgeom::merge_moment_shards(c.inputs);
+    check_interrupted();
+    // written next to FILE and renamed: never a partial FILE; version 2 when
+    // the shards record their bucket scheme
+    qkgeom::save_moments(c.out, total.stats, total.buckets);
+    auto const& m = total.stats;
+    std::cout << "merged " << c.inputs.size() << " shard(s) of head layer " << m.id.layer << " q_head "
+              << m.id.q_head << " k_head " << m.id.k_head << " (d = " << m.d << ", bucket scheme "
+              << qkgeom::bucket_scheme_text(total.buckets)
+              << (total.buckets ? "" : ": format version 1 shards, not checked") << "): " << m.q.count()
+              << " query rows in " << m.q.buckets.size() << " bucket(s), " << m.k.count() << " key rows in "
+              << m.k.buckets.size() << " bucket(s), written to " << c.out.string() << "\n";
     return 0;
 }
 

@@ -55,15 +55,23 @@ struct run_error : std::runtime_error {
 
 /// \brief The folder a run writes (docs/cli.md#the-output-folder).
 ///
-/// The constructor checks the target before any analysis: absent, an empty
-/// directory, or a folder an earlier run marked with `marker`; anything else
-/// (a file, a symlink, a foreign non-empty folder, an uncreatable parent)
-/// throws run_error. The run writes into `staging()`, a fresh folder next to
-/// the target; `commit()` swaps it in, so a folder never mixes two runs. A
-/// run that never commits leaves the target as it was.
+/// The constructor checks the target before any analysis: never equal to,
+/// inside or containing one of `inputs` (compared as canonical paths, so
+/// through symbolic links too, and no link inside an input folder may point
+/// into the target): a run replaces its folder as a whole and must never
+/// delete what it reads; then absent, an empty directory, or a folder an
+/// earlier run marked with `marker`; anything else (a file, a symlink, a
+/// foreign non-empty folder, an uncreatable parent) throws run_error. Staging
+/// and old folders next to the target left by a killed run (they carry the
+/// owner record `.qkgeom-owner` of a process that is gone) are removed, and
+/// an old report whose swap was cut short is put back first. The run writes
+/// into `staging()`, a fresh folder next to the target that carries its owner
+/// record; `commit()` swaps it in, so a folder never mixes two runs. A run
+/// that never commits leaves the target as it was.
 class output_folder {
 public:
-    output_folder(std::filesystem::path const& target, std::string marker, std::string flag);
+    output_folder(std::filesystem::path const& target, std::string marker, std::string flag,
+                  std::vector<std::filesystem::path> const& inputs = {});
     ~output_folder();
     output_folder(output_folder const&) = delete;
     output_folder& operator=(output_folder const&) = delete;
@@ -76,6 +84,35 @@ private:
     std::string marker_;
     bool committed_ = false;
 };
+
+/// \brief Thrown at a safe point once SIGINT or SIGTERM has arrived
+/// (interrupt.cpp). Deliberately not a std::exception: the library's
+/// per-head `catch (std::exception const&)` lets it through, so the run
+/// stops instead of recording a failed head; the output_folder destructor
+/// removes the staging folder while it unwinds. main exits 128 + signal.
+struct interrupted {
+    int signal;
+};
+
+/// Blocks SIGINT and SIGTERM in every thread and starts the thread that
+/// waits for them: the first one is recorded (the run stops at its next
+/// safe point), a second one ends the process at once (exit 128 + signal;
+/// the staging folder is left for the next run into OUT to remove).
+/// SIGPIPE is ignored, so a closed stdout is a write error (EPIPE) that
+/// finish_stdout reports. Call first in main, before any thread starts.
+void install_signal_handling();
+/// Whether the immediate "stopping" line is printed on the first signal.
+void set_signal_quiet(bool quiet);
+/// The signal received so far (SIGINT, SIGTERM), 0 when none.
+int received_signal();
+/// Throws `interrupted` when a signal has arrived: the safe points (each
+/// head's start and end, each demo head, each synth layer, before a swap).
+void check_interrupted();
+/// The name of a signal ("SIGINT", "SIGTERM").
+std::string signal_name(int sig);
+/// Flushes stdout; on a write error (EPIPE, ENOSPC, ...) returns the OS's
+/// reason, else the empty string.
+std::string finish_stdout();
 
 /// The marker file of a report folder (demo, analyze).
 inline constexpr char const* report_marker = ".qkgeom-report";
@@ -97,6 +134,7 @@ public:
     progress(std::size_t total, bool quiet)
         : total_(total), quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0), start_(std::chrono::steady_clock::now()) {}
     void tick(std::string const& what) {
+        check_interrupted();  // a safe point: after each head (each synth layer)
         std::lock_guard lock(m_);
         ++done_;
         if (quiet_) return;
@@ -125,6 +163,9 @@ private:
 
 using qkgeom::parallel_for;  // qkgeom/core/parallel.hpp
 
+/// Runs the command of `c` (main): its exit status; errors as one stderr
+/// line (1), an interruption (128 + signal), a stdout write error (1).
+int run_command(cli const& c);
 int run_synth(cli const& c);
 int run_analyze(cli const& c);
 int run_demo(cli const& c);

@@ -111,10 +111,10 @@ qkgeom::study::benchmark demo_benchmark() {
 /// qkgeom synth DIR: one family of the study in the dataset layout.
 int run_synth(cli const& c) {
     auto const fit = std::find_if(families.begin(), families.end(), [&](family const& f) { return f.name == c.family; });
-    if (fit == families.end()) {
-        std::cerr << "qkgeom: --family: '" << c.family << "' is not one of steady | moderate | steep (see qkgeom --help)\n";
-        std::exit(2);
-    }
+    if (fit == families.end()) throw run_error("--family: '" + c.family + "' is not one of steady | moderate | steep");
+    if (c.heads > c.layers * 8)  // parse refuses it (a manifest never claims more heads than it holds)
+        throw run_error("--heads: " + std::to_string(c.heads) + " is more than the " + std::to_string(c.layers * 8) +
+                        " query heads of the capture");
     auto const cap = demo_capture();
     qkgeom::io::manifest m;
     m.model = fit->name;

@@ -98,7 +98,15 @@ int run_study_command(cli const& given) {
     auto const spec = st::read_study(given.dir);
     cli c = given;  // the study file's "options" win over the command line's (docs/study.md)
     st::apply_study_options(spec, c.opt, c.context, c.window);
-    output_folder folder(c.out, report_marker, "-o");  // checked before any analysis
+    // Everything the study reads: never inside, around or equal to OUT.
+    std::vector<fs::path> inputs{given.dir};
+    for (auto const& r : spec.runs)
+        for (auto const& p : {r.capture, r.analysis})
+            if (!p.empty()) inputs.push_back(p);
+    for (auto const& b : spec.benchmarks)
+        for (auto const& p : {b.overall_file, b.by_length_file})
+            if (!p.empty()) inputs.push_back(p);
+    output_folder folder(c.out, report_marker, "-o", inputs);  // checked before any analysis
     st::study_run_options o;
     o.analysis = c.opt;
     o.jobs = c.jobs;
@@ -110,12 +118,18 @@ int run_study_command(cli const& given) {
     std::error_code ec;
     if (fs::is_directory(folder.target() / "cache", ec)) o.previous_caches.push_back(folder.target() / "cache");
     o.analyzer = [](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& opt) {
+        check_interrupted();  // the safe points: each head's start and end, each run's end
         return analyze(h, opt);
     };
     // f32 / f16 / bf16 captures stay floats, as in `qkgeom analyze` (bit-identical results).
     o.analyzer_f32 = [](qkgeom::head_capture<qkgeom::io::row_matrix_f32> const& h,
-                        qkgeom::analysis_options const& opt) { return analyze(h, opt); };
+                        qkgeom::analysis_options const& opt) {
+        check_interrupted();
+        return analyze(h, opt);
+    };
+    o.on_head_done = [](std::string const&) { check_interrupted(); };
     o.on_run = [&](std::size_t i, st::run_outcome const& r) {
+        check_interrupted();
         if (c.quiet) return;
         std::cerr << "qkgeom: run " << spec.runs[i].name << ": " << st::to_string(r.status)
                   << (r.message.empty() ? "" : " (" + one_line(r.message) + ")") << "\n";

@@ -1,4 +1,4 @@
-// libFuzzer target: qkgeom::read_moments (the moments shard reader,
+// libFuzzer target: qkgeom::read_moments_shard (the moments shard reader,
 // io/moments_io.hpp) on arbitrary bytes. Every failure must be a
 // qkgeom::input_error; anything else (crash, sanitizer report, other
 // exception, an allocation beyond the fuzzer's -rss_limit_mb) is a bug. A
@@ -6,8 +6,8 @@
 // read_moments rejects) and re-serialise to the same bytes.
 //
 // Seed corpus: when the first corpus directory given on the command line is
-// empty, a few valid shards (d = 1, 3, 8; query and key buckets; a merged
-// shard) are written into it before fuzzing starts.
+// empty, a few valid shards (d = 1, 3, 8; query and key buckets; without and
+// with a bucket scheme) are written into it before fuzzing starts.
 #include <qkgeom/io/moments_io.hpp>
 
 #include <Eigen/Core>
@@ -38,7 +38,9 @@ void write_seeds(std::filesystem::path const& dir) {
             hm.add(part == 0 ? qkgeom::kind::query : qkgeom::kind::key, x, t, b);
         }
         std::ofstream os(dir / ("seed" + std::to_string(k++) + ".qkm"), std::ios::binary);
-        qkgeom::write_moments(os, hm);
+        qkgeom::write_moments(os, hm);  // format version 1: no bucket scheme
+        std::ofstream os2(dir / ("seed" + std::to_string(k++) + ".qkm"), std::ios::binary);
+        qkgeom::write_moments(os2, hm, qkgeom::bucket_spec{qkgeom::bucket_scheme::uniform, 8});  // version 2
     }
 }
 
@@ -59,10 +61,12 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
     std::string const bytes(reinterpret_cast<char const*>(data), size);
     try {
         std::istringstream in(bytes);
-        auto const hm = qkgeom::read_moments(in, "fuzz.qkm");
+        auto const shard = qkgeom::read_moments_shard(in, "fuzz.qkm");
         auto const used = static_cast<std::size_t>(in.tellg() == std::istream::pos_type(-1) ? size : static_cast<std::size_t>(in.tellg()));
         std::ostringstream out;
-        qkgeom::write_moments(out, hm);  // must not throw: a shard that reads can be written
+        // must not throw: a shard that reads can be written, with its bucket
+        // scheme (format version 2) or without one (version 1), to the same bytes
+        qkgeom::write_moments(out, shard.stats, shard.buckets);
         if (out.str() != bytes.substr(0, used)) __builtin_trap();
     } catch (qkgeom::input_error const&) {
     }

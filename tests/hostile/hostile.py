@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hostile-input suite for the qkgeom program (issue 14, "Reliability").
+"""Hostile-input suite for the qkgeom program (issues 14 and 31, "Reliability").
 
 Makes small clean captures with the program itself (`qkgeom synth`), analyses
 each once as the baseline, then for every case copies a capture, applies ONE
@@ -707,10 +707,21 @@ def bucket_stats(bucket, t, x):
             "t_max": float(t.max()), "mean_x": mx, "c_xt": dx.T @ dt, "c_xx": dx.T @ dx}
 
 
-def shard_bytes(d, q, k, layer=0, q_head=0, k_head=0, magic=SHARD_MAGIC, version=1, flags=0, n_q=None):
-    """One shard: q and k are lists of bucket records (bucket_stats dicts)."""
+SCHEME_CODES = {"uniform": 0, "log": 1, "all": 2}
+
+
+def shard_bytes(d, q, k, layer=0, q_head=0, k_head=0, magic=SHARD_MAGIC, version=None, flags=0, n_q=None,
+                scheme=None):
+    """One shard: q and k are lists of bucket records (bucket_stats dicts).
+    scheme = (name or code, width, rate): format version 2 with that bucket
+    scheme block; None: version 1 (no scheme)."""
+    if version is None:
+        version = 1 if scheme is None else 2
     b = bytearray(magic)
     b += struct.pack("<IIqqqQ", version, flags, layer, q_head, k_head, d)
+    if scheme is not None:
+        code = SCHEME_CODES.get(scheme[0], scheme[0])
+        b += struct.pack("<IIqd", code, 0, scheme[1], scheme[2])
     for i, recs in enumerate((q, k)):
         b += struct.pack("<Q", (n_q if (i == 0 and n_q is not None) else len(recs)))
         for r in recs:
@@ -722,13 +733,21 @@ def shard_bytes(d, q, k, layer=0, q_head=0, k_head=0, magic=SHARD_MAGIC, version
     return bytes(b)
 
 
+def shard_scheme(raw):
+    """The (name, width, rate) bucket scheme of a version 2 shard, None for version 1."""
+    if struct.unpack_from("<I", raw, 8)[0] == 1:
+        return None
+    code, _, width, rate = struct.unpack_from("<IIqd", raw, 48)
+    return ({v: k for k, v in SCHEME_CODES.items()}.get(code, code), width, rate)
+
+
 def parse_shard(raw):
-    """(d, {'q': {bucket: (n, mean_t)}, 'k': ...}) of a shard, checksum verified."""
+    """(d, {'q': {bucket: (n, mean_t)}, 'k': ...}) of a shard (version 1 or 2), checksum verified."""
     if raw[:8] != SHARD_MAGIC:
         raise Fail("merged shard: bad magic")
     d = struct.unpack_from("<Q", raw, 40)[0]
     rec = 8 * (6 + 2 * d + d * (d + 1) // 2)
-    off, res = 48, {}
+    off, res = (48 if shard_scheme(raw) is None else 72), {}
     for kind in ("q", "k"):
         nb = struct.unpack_from("<Q", raw, off)[0]
         off += 8
@@ -2524,6 +2543,602 @@ def _(ctx):
             raise Fail("round %d: pictures and index.html from different runs" % rnd)
 
 
+# ==========================================================================
+# issue 31 ("Reliability"): inputs inside OUT, interruptions, merge checks,
+# the command line. Classes `inputs`, `signals`, `merge`, `options`.
+# ==========================================================================
+def _case_siblings(ctx, keep=("cap", "out")):
+    """What lies in the case folder besides `keep` (staging / old folders left behind)."""
+    return sorted(set(os.listdir(ctx.case_dir)) - set(keep))
+
+
+def _report_folder(ctx, name="rep"):
+    """A real report folder (a copy of the clean run: it carries .qkgeom-report)."""
+    base = ctx.base("npy", "f32")
+    rep = os.path.join(ctx.case_dir, name)
+    shutil.copytree(base.out, rep, symlinks=True)
+    return base, rep
+
+
+def _refused_keeping(ctx, args, names, kws, watch):
+    """Exit 1 with one line naming `names` + `kws`; every folder in `watch` unchanged."""
+    before = {p: snapshot(p) for p in watch}
+    r = ctx.run(*args)
+    expect_error(r, names, kws)
+    for p in watch:
+        if snapshot(p) != before[p]:
+            raise Fail("%s changed (files %s)" % (os.path.basename(p),
+                                                   sorted(set(snapshot(p)) ^ set(before[p]))[:5] or "modified"))
+    return r
+
+
+# ---- inputs: a run never deletes (or writes into) what it reads -----------------------------
+INSIDE = ("inside", "contains", "is the input", "symbolic link")
+
+
+@case("inputs", "capture_copied_into_report_then_analysed_into_it")
+def _(ctx):
+    base, rep = _report_folder(ctx)
+    cap = os.path.join(rep, "cap")
+    shutil.copytree(base.cap, cap)
+    _refused_keeping(ctx, ["analyze", cap, "-o", rep, "--quiet"], ["rep", "cap"], [("contains", "input")], [rep])
+    if not os.path.isfile(os.path.join(cap, "manifest.json")):
+        raise Fail("the capture inside OUT is gone")
+
+
+@case("inputs", "capture_inside_out_through_a_symlink")
+def _(ctx):
+    base, rep = _report_folder(ctx)
+    shutil.copytree(base.cap, os.path.join(rep, "cap"))
+    link = os.path.join(ctx.case_dir, "link")
+    os.symlink(os.path.join(rep, "cap"), link)
+    _refused_keeping(ctx, ["analyze", link, "-o", rep], ["link", "rep"], [("contains", "input")], [rep])
+
+
+@case("inputs", "out_through_a_symlinked_parent_is_the_capture")
+def _(ctx):
+    base, rep = _report_folder(ctx)
+    shutil.copytree(base.cap, os.path.join(rep, "cap"))
+    os.symlink(rep, os.path.join(ctx.case_dir, "alias"))
+    # OUT spelled through the link: alias == rep, so the capture rep/cap is inside it
+    _refused_keeping(ctx, ["analyze", os.path.join(rep, "cap"), "-o", os.path.join(ctx.case_dir, "alias", "")],
+                     ["cap"], [INSIDE], [rep])
+
+
+@case("inputs", "capture_with_report_marker_analysed_into_itself")
+def _(ctx):
+    base, cap, _ = setup_copy(ctx)
+    with open(os.path.join(cap, ".qkgeom-report"), "w") as f:
+        f.write("planted\n")
+    _refused_keeping(ctx, ["analyze", cap, "-o", cap, "--quiet"], ["cap"], [("is the input", "same")], [cap])
+
+
+@case("inputs", "out_inside_the_capture")
+def _(ctx):
+    base, cap, _ = setup_copy(ctx)
+    _refused_keeping(ctx, ["analyze", cap, "-o", os.path.join(cap, "report")], ["cap"], [("inside", "input")], [cap])
+
+
+@case("inputs", "out_spelled_with_dots_and_trailing_slash")
+def _(ctx):
+    base, rep = _report_folder(ctx)
+    shutil.copytree(base.cap, os.path.join(rep, "cap"))
+    out = os.path.join(ctx.case_dir, "rep", "..", "rep", "")
+    _refused_keeping(ctx, ["analyze", os.path.join(rep, ".", "cap"), "-o", out], ["cap"], [INSIDE], [rep])
+
+
+@case("inputs", "entry_symlink_into_out")
+def _(ctx):
+    # The capture lives outside OUT, but one entry member is a link to a file
+    # inside OUT: the swap would delete what the run reads.
+    base, cap, _ = setup_copy(ctx)
+    _, rep = _report_folder(ctx)
+    member = entry_path(cap, base.q(0))
+    kept = os.path.join(rep, "vectors_kept.npy")
+    shutil.move(member, kept)
+    os.symlink(kept, member)
+    _refused_keeping(ctx, ["analyze", cap, "-o", rep], ["rep", "vectors"], [("symbolic link", "link")], [rep, cap])
+
+
+def _study(ctx, path, runs, benchmarks=None):
+    spec = {"runs": runs}
+    if benchmarks:
+        spec["benchmarks"] = benchmarks
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    return path
+
+
+@case("inputs", "study_file_inside_out")
+def _(ctx):
+    _, rep = _report_folder(ctx)
+    st = _study(ctx, os.path.join(rep, "study.json"), [{"name": "a", "metrics": {"ap_drop": 0.1}}])
+    _refused_keeping(ctx, ["study", st, "-o", rep, "--quiet"], ["study.json", "rep"], [("contains", "input")], [rep])
+
+
+@case("inputs", "study_capture_run_inside_out")
+def _(ctx):
+    base, rep = _report_folder(ctx)
+    shutil.copytree(base.cap, os.path.join(rep, "cap"))
+    st = _study(ctx, os.path.join(ctx.case_dir, "study.json"), [{"name": "a", "capture": "rep/cap"}])
+    _refused_keeping(ctx, ["study", st, "-o", rep, "--quiet"], ["rep", "cap"], [("contains", "input")], [rep])
+
+
+@case("inputs", "study_analysis_run_inside_out")
+def _(ctx):
+    base, rep = _report_folder(ctx)
+    shutil.copytree(base.out, os.path.join(rep, "ana"))
+    st = _study(ctx, os.path.join(ctx.case_dir, "study.json"), [{"name": "a", "analysis": "rep/ana"}])
+    _refused_keeping(ctx, ["study", st, "-o", rep, "--quiet"], ["rep", "ana"], [("contains", "input")], [rep])
+
+
+@case("inputs", "study_benchmark_file_inside_out")
+def _(ctx):
+    _, rep = _report_folder(ctx)
+    with open(os.path.join(rep, "lbp.csv"), "w") as f:
+        f.write("model,score\na,1\n")
+    st = _study(ctx, os.path.join(ctx.case_dir, "study.json"), [{"name": "a", "metrics": {"ap_drop": 0.1}}],
+                [{"name": "LBP", "overall": "rep/lbp.csv"}])
+    _refused_keeping(ctx, ["study", st, "-o", rep, "--quiet"], ["lbp.csv"], [("contains", "input")], [rep])
+
+
+@case("inputs", "outside_inputs_still_accepted")
+def _(ctx):
+    # The checks refuse only what overlaps: a capture beside OUT is analysed
+    # (and a report folder beside the capture replaced) as before.
+    base, cap, out = setup_copy(ctx)
+    _good_run(ctx, cap, out)
+    expect_ok(ctx.analyze(cap, out), out, base)
+
+
+# ---- signals: interrupted runs, stale folders, failed swaps, stdout -------------------------------
+def _big(ctx):
+    """A capture whose analysis takes ~1-2 s at -j 1 (4 layers x 8 heads, f16,
+    ~8.5 MB) and its clean report; made once per binary (as the bases)."""
+    root = os.path.join(ctx.bases_dir, "big_f16")
+    cap, out, stamp = os.path.join(root, "capture"), os.path.join(root, "clean"), os.path.join(root, "ok")
+    if not (os.path.exists(stamp) and open(stamp).read() == ctx.stamp()):
+        shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(root)
+        save, ctx.case_dir = ctx.case_dir, root
+        try:
+            r = ctx.run("synth", cap, "--layers", 4, "--dtype", "f16", "--quiet", check_bounds=False)
+            if r.rc != 0:
+                raise Fail("setup: qkgeom synth --layers 4 --dtype f16: " + r.brief())
+            if ctx.sanitized:
+                thin_capture(cap)
+            r = ctx.analyze(cap, out, check_bounds=False)
+            if r.rc != 0:
+                raise Fail("setup: clean analyze of the big capture: " + r.brief())
+        finally:
+            ctx.case_dir = save
+        with open(stamp, "w") as f:
+            f.write(ctx.stamp())
+    return cap, out
+
+
+def _csvs(out):
+    return {f: open(os.path.join(out, f), "rb").read() for f in sorted(os.listdir(out)) if f.endswith(".csv")}
+
+
+def _old_report(ctx, clean):
+    """OUT: a copy of the clean report, its summary.txt marked as the old one."""
+    out = os.path.join(ctx.case_dir, "out")
+    shutil.copytree(clean, out)
+    with open(os.path.join(out, "summary.txt"), "a") as f:
+        f.write("# the old report\n")
+    return out, snapshot(out)
+
+
+def _popen(ctx, args, env=None, stdout=None):
+    err = open(os.path.join(ctx.tmp, "stderr"), "wb")
+    p = subprocess.Popen([ctx.qkgeom] + [str(a) for a in args], stdout=stdout or subprocess.DEVNULL, stderr=err,
+                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    return p, err
+
+
+def _wait(ctx, p, err):
+    try:
+        rc = p.wait(timeout=ctx.hard_timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise Fail("hang: killed after %.0f s" % ctx.hard_timeout)
+    err.close()
+    return rc, open(err.name, encoding="utf-8", errors="replace").read()
+
+
+def _rerun_is_clean(ctx, cap, clean, out, keep=("out",)):
+    """The next run into OUT: exit 0, no folder left next to OUT, the CSVs of a clean run."""
+    r = ctx.analyze(cap, out)
+    if r.rc != 0:
+        raise Fail("the rerun: " + r.brief())
+    left = _case_siblings(ctx, keep)
+    if left:
+        raise Fail("left next to OUT after the rerun: %s" % left)
+    if _csvs(out) != _csvs(clean):
+        raise Fail("the rerun's CSVs differ from a clean run's")
+    if "# the old report" in open(os.path.join(out, "summary.txt")).read():
+        raise Fail("the rerun did not replace the old report")
+    return r
+
+
+def _interrupt_case(sigs, delay):
+    def fn(ctx):
+        cap, clean = _big(ctx)
+        out, old = _old_report(ctx, clean)
+        # QKGEOM_TEST_FAULT=slow: 50 ms per head, so the signal lands mid-run on any machine
+        p, err = _popen(ctx, ["analyze", cap, "-o", out, "-j", 1, "--quiet"],
+                        env=dict(os.environ, QKGEOM_TEST_FAULT="slow"))
+        time.sleep(delay)
+        for i, s in enumerate(sigs):
+            if i:
+                time.sleep(0.05)
+            p.send_signal(s)
+        rc, msg = _wait(ctx, p, err)
+        want = -signal.SIGKILL if sigs[0] == signal.SIGKILL else 128 + sigs[0]
+        if rc == 0:
+            raise Fail("the run ended (exit 0) before the signal at %.1f s: make the capture bigger" % delay)
+        if rc != want:
+            raise Fail("expected exit %d, got %d: %r" % (want, rc, msg[-300:]))
+        if snapshot(out) != old:
+            raise Fail("the old OUT changed after %s" % "+".join(signal.Signals(s).name for s in sigs))
+        if want < 0 and not any(n.startswith(".out.staging-") for n in _case_siblings(ctx, ("out",))):
+            raise Fail("no staging folder left by the killed run (killed before it made one?): nothing to clean up")
+        if want > 0:
+            miss = missing_keywords(msg, [signal.Signals(sigs[0]).name, "interrupt", Num(want)])
+            if miss:
+                raise Fail("the message lacks %s: %r" % (miss, msg[-300:]))
+            raw_control(msg.rstrip("\n"), "stderr")
+            if len(sigs) == 1 and _case_siblings(ctx, ("out",)):
+                raise Fail("left next to OUT: %s" % _case_siblings(ctx, ("out",)))
+        r = _rerun_is_clean(ctx, cap, clean, out)
+        if want < 0 and "removed" not in r.err:
+            raise Fail("the rerun does not say it removed the killed run's folder: %r" % r.err[-300:])
+    return fn
+
+
+case("signals", "sigint_after_0.1s_old_out_intact")(_interrupt_case([signal.SIGINT], 0.1))
+case("signals", "sigint_after_0.3s_old_out_intact")(_interrupt_case([signal.SIGINT], 0.3))
+case("signals", "sigterm_after_0.3s_exit_143")(_interrupt_case([signal.SIGTERM], 0.3))
+case("signals", "sigkill_after_0.1s_next_run_cleans_up")(_interrupt_case([signal.SIGKILL], 0.1))
+case("signals", "sigkill_after_0.3s_next_run_cleans_up")(_interrupt_case([signal.SIGKILL], 0.3))
+case("signals", "second_sigint_stops_at_once")(_interrupt_case([signal.SIGINT, signal.SIGINT], 0.3))
+
+
+def _owner_record(pid, start):
+    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    return "qkgeom staging folder\npid %d\nstart %s\nboot %s\npidns %s\n" % (
+        pid, start, boot, os.readlink("/proc/self/ns/pid"))
+
+
+def _start_time(pid):
+    stat = open("/proc/%d/stat" % pid).read()
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def _stale_case(kind, owner):
+    """A folder named like a staging / old folder of OUT: removed by the next
+    run only when it carries the owner record of a process that is gone."""
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx)
+        _good_run(ctx, cap, out)
+        pid, start = os.getpid(), _start_time(os.getpid())
+        if owner == "dead":
+            p = subprocess.Popen(["sleep", "30"])
+            pid, start = p.pid, _start_time(p.pid)
+            p.kill()
+            p.wait()
+        name = ".out.%s-%d-0" % (kind, pid)
+        stale = os.path.join(ctx.case_dir, name)
+        os.mkdir(stale)
+        with open(os.path.join(stale, "notes.txt"), "w") as f:
+            f.write("someone's data\n")
+        if owner in ("dead", "alive"):
+            with open(os.path.join(stale, ".qkgeom-owner"), "w") as f:
+                f.write(_owner_record(pid, start))
+        before = snapshot(stale)
+        r = ctx.analyze(cap, out)
+        expect_ok(r, out, base)
+        if owner == "dead":
+            if os.path.lexists(stale):
+                raise Fail("%s of a process that is gone was not removed" % name)
+        elif snapshot(stale) != before:
+            raise Fail("%s (%s) was touched" % (name, owner))
+    return fn
+
+
+case("signals", "stale_staging_of_a_dead_process_is_removed")(_stale_case("staging", "dead"))
+case("signals", "stale_old_of_a_dead_process_is_removed")(_stale_case("old", "dead"))
+case("signals", "staging_of_a_live_process_is_kept")(_stale_case("staging", "alive"))
+case("signals", "lookalike_without_owner_record_is_kept")(_stale_case("staging", "none"))
+
+
+def _fault_env(fault):
+    env = dict(os.environ)
+    env["QKGEOM_TEST_FAULT"] = fault
+    return env
+
+
+@case("signals", "failed_swap_puts_the_old_report_back")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    old = _good_run(ctx, cap, out)
+    p, err = _popen(ctx, ["analyze", cap, "-o", out, "-j", 1, "--quiet", "--components", 5], env=_fault_env("swap"))
+    rc, msg = _wait(ctx, p, err)
+    if rc != 1:
+        raise Fail("expected exit 1, got %d: %r" % (rc, msg[-300:]))
+    miss = missing_keywords(msg, ["out", "back"])
+    if miss:
+        raise Fail("the message lacks %s: %r" % (miss, msg[-300:]))
+    if snapshot(out) != old:
+        raise Fail("the old report changed after a failed swap")
+    if _case_siblings(ctx):
+        raise Fail("left next to OUT: %s" % _case_siblings(ctx))
+
+
+@case("signals", "failed_swap_names_where_the_old_report_is")
+def _(ctx):
+    base, cap, out = setup_copy(ctx)
+    old = _good_run(ctx, cap, out)
+    p, err = _popen(ctx, ["analyze", cap, "-o", out, "-j", 1, "--quiet"], env=_fault_env("swap-stuck"))
+    rc, msg = _wait(ctx, p, err)
+    if rc != 1:
+        raise Fail("expected exit 1, got %d: %r" % (rc, msg[-300:]))
+    m = re.search(r"(\S*\.out\.old-\d+-\d+)", msg)
+    if not m or not os.path.isdir(m.group(1).rstrip(".,;)")):
+        raise Fail("the message does not name the folder holding the old report: %r" % msg[-400:])
+    held = m.group(1).rstrip(".,;)")
+    kept = {k: v for k, v in snapshot(held).items() if k != ".qkgeom-owner"}
+    if kept != old:
+        raise Fail("%s does not hold the old report" % held)
+    r = ctx.analyze(cap, out)  # the next run puts it back, then replaces it
+    expect_ok(r, out, base)
+    if _case_siblings(ctx):
+        raise Fail("left next to OUT after the next run: %s" % _case_siblings(ctx))
+
+
+def _stdout_case(make_stdout, kws):
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx)
+        stdout, cleanup = make_stdout()
+        try:
+            p, err = _popen(ctx, ["analyze", cap, "-o", out, "-j", 1, "--quiet"], stdout=stdout)
+        finally:
+            cleanup()
+        rc, msg = _wait(ctx, p, err)
+        if rc != 1:
+            raise Fail("expected exit 1, got %d: %r" % (rc, msg[-300:]))
+        miss = missing_keywords(msg, ["standard output"] + kws)
+        if miss:
+            raise Fail("the message lacks %s: %r" % (miss, msg[-300:]))
+        compare_heads(out, base, base.heads, "every")  # the reports were written before stdout failed
+    return fn
+
+
+def _closed_pipe():
+    r, w = os.pipe()
+    os.close(r)
+    return w, lambda: os.close(w)
+
+
+def _dev_full():
+    f = open("/dev/full", "wb")
+    return f, f.close
+
+
+case("signals", "stdout_closed_pipe_is_an_error")(_stdout_case(_closed_pipe, [("broken pipe", "epipe")]))
+case("signals", "stdout_full_device_is_an_error")(_stdout_case(_dev_full, [("no space", "enospc")]))
+
+
+# ---- merge: what it cannot check, it refuses ---------------------------------------------------
+def _merge_refused(ctx, paths, names, kws):
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    before = {p: open(p, "rb").read() for p in set(paths) if os.path.isfile(p)}
+    r = ctx.run("merge", *paths, "-o", out)
+    expect_error(r, names, kws)
+    if os.path.lexists(out):
+        raise Fail("merge failed but created its output")
+    for p, data in before.items():
+        if open(p, "rb").read() != data:
+            raise Fail("input shard %s changed" % os.path.basename(p))
+
+
+def _v2(seed, scheme=("uniform", 256, 1.0), buckets=(0, 1, 2), d=4, width=256):
+    return shard_bytes(d, random_shard_records(seed, d, buckets, width=width),
+                       random_shard_records(seed + 100, d, buckets, width=width), scheme=scheme)
+
+
+@case("merge", "same_file_twice")
+def _(ctx):
+    a = _shard_file(ctx, "a.qkm", _good(1))
+    b = _shard_file(ctx, "b.qkm", _good(2, (3, 4)))
+    _merge_refused(ctx, [a, b, a], ["a.qkm"], [("same file", "twice")])
+
+
+@case("merge", "same_file_through_a_symlink")
+def _(ctx):
+    a = _shard_file(ctx, "a.qkm", _good(1))
+    os.symlink("a.qkm", os.path.join(ctx.case_dir, "alias.qkm"))
+    _merge_refused(ctx, [a, os.path.join(ctx.case_dir, "alias.qkm")], ["a.qkm", "alias.qkm"], [("same file",)])
+
+
+@case("merge", "same_file_through_a_hard_link")
+def _(ctx):
+    a = _shard_file(ctx, "a.qkm", _good(1))
+    os.link(a, os.path.join(ctx.case_dir, "hard.qkm"))
+    _merge_refused(ctx, [a, os.path.join(ctx.case_dir, "hard.qkm")], ["a.qkm", "hard.qkm"], [("same file",)])
+
+
+@case("merge", "same_file_spelled_differently")
+def _(ctx):
+    a = _shard_file(ctx, "a.qkm", _good(1))
+    other = os.path.join(ctx.case_dir, ".", "..", os.path.basename(ctx.case_dir), "a.qkm")
+    _merge_refused(ctx, [a, other], ["a.qkm"], [("same file",)])
+
+
+@case("merge", "byte_identical_copy")
+def _(ctx):
+    a = _shard_file(ctx, "a.qkm", _good(1))
+    c = _shard_file(ctx, "copy.qkm", _good(1))
+    _merge_refused(ctx, [a, c], ["a.qkm", "copy.qkm"], [("identical",)])
+
+
+@case("merge", "200_copies")
+def _(ctx):
+    data = _good(1)
+    paths = [_shard_file(ctx, "s%03d.qkm" % i, data) for i in range(200)]
+    _merge_refused(ctx, paths, ["s000.qkm", "s001.qkm"], [("identical",)])
+
+
+@case("merge", "different_bucket_widths")
+def _(ctx):
+    a = _shard_file(ctx, "a.qkm", _v2(1, ("uniform", 256, 1.0)))
+    b = _shard_file(ctx, "b.qkm", _v2(2, ("uniform", 128, 1.0), width=128))
+    _merge_refused(ctx, [a, b], ["a.qkm", "b.qkm"], ["bucket_scheme", "width 128", "width 256"])
+
+
+@case("merge", "different_bucket_schemes")
+def _(ctx):
+    a = _shard_file(ctx, "a.qkm", _v2(1, ("uniform", 256, 1.0)))
+    # log scheme with B_min 256: bucket ids from 8 (positions 255..510 are bucket 8)
+    recs = [bucket_stats(8, [255, 300, 510], np.ones((3, 4)) * [1, 2, 3, 4] + np.arange(3)[:, None])]
+    b = _shard_file(ctx, "b.qkm", shard_bytes(4, recs, recs, scheme=("log", 256, 1.0)))
+    _merge_refused(ctx, [a, b], ["a.qkm", "b.qkm"], ["bucket_scheme", "uniform", "log"])
+
+
+@case("merge", "old_shard_with_a_new_one")
+def _(ctx):
+    a = _shard_file(ctx, "a.qkm", _v2(1))
+    b = _shard_file(ctx, "old.qkm", _good(2, (3, 4)))
+    _merge_refused(ctx, [a, b], ["a.qkm", "old.qkm"], ["bucket_scheme", ("version 1", "none")])
+
+
+@case("merge", "scheme_recorded_and_kept")
+def _(ctx):
+    shards = [("a.qkm", _v2(1, buckets=(0, 1))), ("b.qkm", _v2(2, buckets=(1, 2, 5)))]
+    paths = [_shard_file(ctx, n, d) for n, d in shards]
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    r = ctx.run("merge", *paths, "-o", out)
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    raw = open(out, "rb").read()
+    if shard_scheme(raw) != ("uniform", 256, 1.0):
+        raise Fail("the merged shard records the scheme %r, expected uniform 256 1" % (shard_scheme(raw),))
+    _, got = parse_shard(raw)
+    n = sum(parse_shard(d)[1]["q"][b][0] for _, d in shards for b in parse_shard(d)[1]["q"])
+    if sum(v[0] for v in got["q"].values()) != n:
+        raise Fail("merged query rows %d, expected %d" % (sum(v[0] for v in got["q"].values()), n))
+    if "uniform width 256" not in r.out:
+        raise Fail("merge does not print the bucket scheme: %r" % r.out[:300])
+
+
+@case("merge", "old_shards_still_merge")
+def _(ctx):
+    paths = [_shard_file(ctx, "a.qkm", _good(1)), _shard_file(ctx, "b.qkm", _good(2, (3, 4)))]
+    out = os.path.join(ctx.case_dir, "merged.qkm")
+    r = ctx.run("merge", *paths, "-o", out)
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    raw = open(out, "rb").read()
+    if shard_scheme(raw) is not None:
+        raise Fail("version 1 shards merged into a shard claiming a scheme")
+    parse_shard(raw)
+    if "not checked" not in r.out:
+        raise Fail("merge does not say the scheme of version 1 shards is not checked: %r" % r.out[:300])
+
+
+@case("merge", "bucket_id_outside_its_scheme")
+def _(ctx):
+    # positions 0..255 stored under bucket 3 of uniform width 256 (checksum valid)
+    recs = random_shard_records(1, 4, [0, 1])
+    recs[1]["bucket"] = 3
+    b = _shard_file(ctx, "b.qkm", shard_bytes(4, recs, [], scheme=("uniform", 256, 1.0)))
+    _merge_refused(ctx, [_shard_file(ctx, "a.qkm", _v2(1)), b], ["b.qkm"], ["q.buckets[1].bucket", "uniform"])
+
+
+@case("merge", "unknown_scheme_code")
+def _(ctx):
+    b = _shard_file(ctx, "b.qkm", _v2(1, (7, 256, 1.0)))
+    _merge_refused(ctx, [b], ["b.qkm"], ["bucket_scheme", Num(7)])
+
+
+@case("merge", "scheme_width_zero")
+def _(ctx):
+    b = _shard_file(ctx, "b.qkm", _v2(1, ("uniform", 0, 1.0)))
+    _merge_refused(ctx, [b], ["b.qkm"], ["bucket_width", Num(0)])
+
+
+# ---- options: the command line never reinterprets or ignores -------------------------------------
+def _usage_case(args_fn, kws, created=()):
+    """Exit 2, one stderr line naming the option and value; the capture
+    unchanged and nothing created in the case folder."""
+    def fn(ctx):
+        base, cap, out = setup_copy(ctx)
+        before = snapshot(ctx.case_dir)
+        r = ctx.run(*args_fn(cap, out))
+        expect_usage(r, kws)
+        lines = [ln for ln in r.err.split("\n") if ln.strip()]
+        if len(lines) != 1:
+            raise Fail("expected one stderr line, got %r" % r.err[:400])
+        if snapshot(ctx.case_dir) != before:
+            raise Fail("a refused command line changed the case folder: %s" % sorted(
+                set(snapshot(ctx.case_dir)) ^ set(before))[:5])
+    return fn
+
+
+def _an(*extra):
+    return lambda cap, out: ["analyze", cap, "-o", out, "--quiet"] + list(extra)
+
+
+case("options", "jobs_2^32_plus_1")(_usage_case(_an("-j", 4294967297), ["-j", "4294967297", "range"]))
+case("options", "jobs_zero")(_usage_case(_an("-j", 0), ["-j", "'0'", "1..4096"]))
+case("options", "jobs_negative")(_usage_case(_an("--jobs", -3), ["--jobs", "-3"]))
+case("options", "jobs_with_suffix")(_usage_case(_an("-j", "4x"), ["-j", "4x"]))
+case("options", "jobs_with_leading_space")(_usage_case(_an("-j", " 4"), ["-j", "' 4'"]))
+case("options", "seed_above_2^63")(_usage_case(_an("--seed", 2 ** 63), ["--seed", str(2 ** 63)]))
+case("options", "components_zero")(_usage_case(_an("--components", 0), ["--components", "'0'"]))
+case("options", "context_above_2^62")(_usage_case(_an("--context", 2 ** 62 + 1), ["--context", str(2 ** 62 + 1)]))
+case("options", "ks_alpha_nan")(_usage_case(_an("--ks-alpha", "nan"), ["--ks-alpha", "nan"]))
+case("options", "empirical_budget_below_4")(_usage_case(_an("--empirical-budget", 3), ["--empirical-budget", "'3'", "4.."]))
+case("options", "empirical_max_exact_negative")(_usage_case(
+    _an("--empirical-max-exact", -1), ["--empirical-max-exact", "-1"]))
+case("options", "empirical_check_unknown")(_usage_case(_an("--empirical-check", "all"), ["--empirical-check", "all", "exact"]))
+case("options", "family_on_analyze")(_usage_case(_an("--family", "steady"), ["--family", "analyze", "synth"]))
+case("options", "layers_on_analyze")(_usage_case(_an("--layers", 2), ["--layers", "analyze"]))
+case("options", "heads_on_analyze")(_usage_case(_an("--heads", 2), ["--heads", "analyze"]))
+case("options", "strict_on_study")(_usage_case(
+    lambda cap, out: ["study", os.path.join(cap, "manifest.json"), "-o", out, "--strict"], ["--strict", "study"]))
+case("options", "jobs_on_synth")(_usage_case(
+    lambda cap, out: ["synth", out, "-j", 2], ["-j", "synth"]))
+case("options", "out_given_twice")(_usage_case(
+    lambda cap, out: ["analyze", cap, "-o", out, "-o", out + "2"], ["-o", "twice", "out2"]))
+case("options", "jobs_given_twice_by_two_names")(_usage_case(_an("-j", 2, "--jobs", 3), ["--jobs", "twice"]))
+case("options", "out_value_is_an_option")(_usage_case(
+    lambda cap, out: ["analyze", cap, "-o", "--quiet"], ["-o", "--quiet", "option"]))
+case("options", "seed_value_is_an_option")(_usage_case(_an("--seed", "--no-split"), ["--seed", "--no-split"]))
+case("options", "two_capture_folders")(_usage_case(
+    lambda cap, out: ["analyze", cap, cap + "2", "-o", out], ["cap2", "one dir"]))
+case("options", "synth_heads_beyond_the_capture")(_usage_case(
+    lambda cap, out: ["synth", out, "--heads", 1000, "--quiet"], ["--heads", "1000", Num(32)]))
+case("options", "synth_heads_beyond_one_layer")(_usage_case(
+    lambda cap, out: ["synth", out, "--layers", 1, "--heads", 9, "--quiet"], ["--heads", Num(9), Num(8)]))
+
+
+@case("options", "synth_heads_all_of_one_layer_is_honoured")
+def _(ctx):
+    out = os.path.join(ctx.case_dir, "cap")
+    r = ctx.run("synth", out, "--layers", 1, "--heads", 8, "--quiet")
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    with open(os.path.join(out, "manifest.json")) as f:
+        m = json.load(f)
+    count = (m.get("capture") or {}).get("head_count")
+    entries = sorted(n for n in os.listdir(out) if re.fullmatch(r"l\d+h\d+q(\.\w+)?", n))
+    if count not in (None, 8) or len(entries) != 8:
+        raise Fail("manifest head_count %r over %d query entries" % (count, len(entries)))
+
+
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
@@ -2566,7 +3181,8 @@ def main():
     ap.add_argument("--qkgeom", required=False)
     ap.add_argument("--work", required=False)
     ap.add_argument("--class", dest="cls", action="append",
-                    help="class to run: 1..8, manifest, formats (repeatable; default all)")
+                    help="class to run: 1..8, manifest, formats, inputs, signals, merge, options "
+                    "(repeatable; default all)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("-k", dest="substr", action="append", help="run only cases whose name contains this")
     ap.add_argument("--bases", help="folder of the clean captures and their baselines, shared between runs "
@@ -2603,6 +3219,7 @@ def main():
         try:
             for fmt, dtype in BASES:
                 ctx.base(fmt, dtype)
+            _big(ctx)  # the interruption cases' capture
         except Fail as e:
             print("FAIL setup: %s" % e)
             return 1
