@@ -128,7 +128,7 @@ hm.add("k", Kr, kp, q.bucket_of(spec, kp))
 from_rows = q.analyze_head(Qr, qp, Kr, kp, buckets=spec, k_example_ids=ke, head=q.HeadId(0, 1, 0))
 from_moments = q.analyze_moments(hm, Kr, kp, k_example_ids=ke, buckets=spec)
 rows_only = {"pos_skew", "pos_excess_kurtosis", "pos_ks_p", "sem_median_abs_skew", "sem_median_abs_kurtosis",
-             "sem_median_ks_p", "sem_frac_ks_reject", "gaussian_gap"}
+             "sem_median_ks_p", "sem_frac_ks_reject", "gaussian_gap", "gaussian_gap_se"}
 for c in q.head_metrics_columns():
     a, b = from_rows.metrics[c], from_moments.metrics[c]
     if c in rows_only:

@@ -28,6 +28,10 @@
 #include <utility>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_csv_test {
+
 namespace {
 
 namespace syn = qkgeom::synthetic;
@@ -124,7 +128,7 @@ strings const head_metrics_cols{
     "ap_drop_bias",   "ap_drop_content", "ap_drop_neither",  "ap_drop_no_drift",  "ap_drop_frozen_content",
     "top1_flip",      "top1_flip_first_20pct", "top1_flip_last_20pct", "top1_flip_drop", "rank_kendall",
     "rank_kendall_first_20pct", "rank_kendall_last_20pct", "rank_kendall_drop", "rope_coherence",
-    "rope_coherence_raw", "taxonomy",    "flags",            "rope_status"};
+    "rope_coherence_raw", "gaussian_gap_se", "taxonomy",    "flags",            "rope_status"};
 
 strings const summary_tail{
     "n_heads",
@@ -139,7 +143,7 @@ strings const summary_tail{
     "mean_ap_drop_bias", "mean_ap_drop_content", "mean_ap_drop_neither", "mean_ap_drop_no_drift",
     "mean_ap_drop_frozen_content", "mean_top1_flip", "mean_top1_flip_first_20pct", "mean_top1_flip_last_20pct",
     "mean_top1_flip_drop", "mean_rank_kendall", "mean_rank_kendall_first_20pct", "mean_rank_kendall_last_20pct",
-    "mean_rank_kendall_drop", "mean_rope_coherence", "mean_rope_coherence_raw",
+    "mean_rank_kendall_drop", "mean_rope_coherence", "mean_rope_coherence_raw", "mean_gaussian_gap_se",
     "ap_quintile_0", "ap_quintile_1", "ap_quintile_2", "ap_quintile_3", "ap_quintile_4",
     "ap_decile_0", "ap_decile_1", "ap_decile_2", "ap_decile_3", "ap_decile_4",
     "ap_decile_5", "ap_decile_6", "ap_decile_7", "ap_decile_8", "ap_decile_9",
@@ -455,3 +459,5 @@ TEST_CASE("csv: write_reports writes every file, unwritable paths throw naming t
     CHECK_THAT(error_of([&] { rep::write_head_profile(bad_file, span()); }),
                Catch::Matchers::Contains(bad_file.string()));
 }
+
+}  // namespace qkgeom_tests_csv_test

@@ -33,6 +33,10 @@
 #include <tuple>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_dataset_writer_test {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -573,7 +577,10 @@ TEST_CASE("policy names: tables, round trips and messages", "[dataset_writer][po
         [](auto& o) { o.rope.inconsistent_below = 0.4; },
         [](auto& o) { o.rope.min_bucket_rows = 3; },
         [](auto& o) { o.rope.max_mirror_ratio = 0.25; },
-        [](auto& o) { o.plasticity.seed = 1; }};
+        [](auto& o) { o.plasticity.seed = 1; },
+        [](auto& o) { o.plasticity.empirical_check = qkgeom::empirical_policy::exact; },
+        [](auto& o) { o.plasticity.empirical_budget = 8192; },
+        [](auto& o) { o.plasticity.empirical_max_exact = 1024; }};
     std::set<std::string> texts{t0};
     for (auto const& change : changes) {
         auto o = base;
@@ -630,3 +637,5 @@ TEST_CASE("analyze_dataset: heads read in their stored precision give bit-identi
         for (std::size_t i = 0; i < 4; ++i) CHECK(la.failures[i].message == lb.failures[i].message);
     }
 }
+
+}  // namespace qkgeom_tests_dataset_writer_test

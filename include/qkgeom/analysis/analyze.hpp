@@ -320,11 +320,12 @@ struct head_metric {
 };
 
 /// \brief The registry of the numeric head metrics, in column order (method §7,
-/// then §10 from `ap_drop_bias` on): every list of head metrics — the columns of
+/// then §10 from `ap_drop_bias` on, then `gaussian_gap_se`, the standard error
+/// of the sampled empirical check, method §9.14): every list of head metrics — the columns of
 /// head_metrics.csv and model_report.csv, `head_metric_names`,
 /// `head_metric_values`, the Python tables, the study metrics — comes from it.
 /// tests/runtime/metric_registry_test.cpp checks docs/outputs.md against it.
-inline constexpr std::array<head_metric, 54> head_metrics{{
+inline constexpr std::array<head_metric, 55> head_metrics{{
     {"n_q_tokens", metric_kind::count, "query rows of the head",
      [](head_analysis const& h) { return double(h.n_q_tokens); }},
     {"n_k_tokens", metric_kind::count, "key rows of the head",
@@ -434,6 +435,8 @@ inline constexpr std::array<head_metric, 54> head_metrics{{
      [](head_analysis const& h) { return h.rope.coherence; }},
     {"rope_coherence_raw", metric_kind::fraction, "the same for the rows as given (not unrotated)",
      [](head_analysis const& h) { return h.rope.coherence_raw; }},
+    {"gaussian_gap_se", metric_kind::real, "standard error of the sampled gaussian_gap (0: counted exactly)",
+     [](head_analysis const& h) { return h.plasticity.gaussian_gap_se; }},
 }};
 
 namespace detail {
@@ -449,11 +452,11 @@ consteval std::array<std::string_view, head_metrics.size()> head_metric_names_of
 
 /// \brief Names of the numeric head metrics, in column order (method §7): the
 /// names of `head_metrics`.
-inline constexpr std::array<std::string_view, 54> head_metric_names = detail::head_metric_names_of_registry();
+inline constexpr std::array<std::string_view, 55> head_metric_names = detail::head_metric_names_of_registry();
 
 /// \brief The numeric head metrics of one head, in `head_metrics` order.
 /// \param[in] h the head's analysis.
-/// \returns the 54 values; NaN where the analysis left a field NaN.
+/// \returns the 55 values; NaN where the analysis left a field NaN.
 inline std::array<double, head_metric_names.size()> head_metric_values(head_analysis const& h) {
     std::array<double, head_metric_names.size()> out{};
     for (std::size_t i = 0; i < head_metrics.size(); ++i) out[i] = head_metrics[i].value(h);

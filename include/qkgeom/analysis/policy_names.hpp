@@ -69,6 +69,11 @@ struct policy_table<enumeration_policy> {
          {"exact", enumeration_policy::exact},
          {"sampled", enumeration_policy::sampled}}};
 };
+template <>
+struct policy_table<empirical_policy> {
+    static constexpr std::array<std::pair<std::string_view, empirical_policy>, 2> choices{
+        {{"exact", empirical_policy::exact}, {"sampled", empirical_policy::sampled}}};
+};
 
 /// \brief A policy enumeration with a name table (policy_table<E>).
 template <class E>
@@ -165,6 +170,9 @@ template <named_policy E>
            " enumeration=" + name(o.plasticity.enumeration) +
            " max_exact_pairs=" + std::to_string(o.plasticity.max_exact_pairs) +
            " samples=" + std::to_string(o.plasticity.samples_per_cell) + " seed=" + std::to_string(o.plasticity.seed) +
+           " empirical=" + name(o.plasticity.empirical_check) +
+           " empirical_budget=" + std::to_string(o.plasticity.empirical_budget) +
+           " empirical_max_exact=" + std::to_string(o.plasticity.empirical_max_exact) +
            " split=" + (o.plasticity.split_profile ? "on" : "off") + " ranks=" + (o.ranks_on ? "on" : "off") +
            " rank_keys=" + std::to_string(o.ranks.keys_per_set) + " rank_sets=" + std::to_string(o.ranks.sets_per_bucket) +
            " rank_points=" + std::to_string(o.ranks.lattice_points) +

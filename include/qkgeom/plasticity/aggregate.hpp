@@ -15,6 +15,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -26,10 +27,23 @@ namespace qkgeom {
 
 namespace detail {
 
+/// What the closed-form pass of one cell does for the empirical check (method
+/// §9.14): count every recorded pair (`count`: `empirical_policy::exact`, or a
+/// cell within `empirical_budget`), keep the recorded pairs for the draws after
+/// the pass (`keep`: sampled enumeration), or nothing (`none`: exact
+/// enumeration, whose draws come from the cell's admissible pairs).
+enum class emp_pass { count, keep, none };
+
 /// Accumulates one cell.
 struct cell_acc {
-    double sum = 0, sumsq = 0, emp_sum = 0;
+    double sum = 0, sumsq = 0;
+    /// The empirical check: Σ 4p̂(1−p̂)n/(n−1) over the counted pairs, or
+    /// (`emp_sampled`) Σ of the draws' 2·[the two queries disagree].
+    double emp_sum = 0;
     std::int64_t n = 0, emp_n = 0;
+    emp_pass emp = emp_pass::count;
+    bool emp_sampled = false;
+    std::vector<std::array<index_t, 2>> kept;  ///< `keep`: the recorded pairs, in order
     split_acc split;  ///< the split pass (docs/beyond-split.md), when the bucket's split model is on
 };
 
@@ -121,16 +135,24 @@ plasticity_cell finish_cell(cell_acc const& acc, std::int64_t b, std::int64_t c,
             double const var = std::max(0.0, (acc.sumsq - acc.sum * acc.sum / double(acc.n)) / double(acc.n - 1));
             cell.std_error = std::sqrt(var / double(acc.n));
         }
-        if (acc.emp_n > 0) cell.empirical = acc.emp_sum / double(acc.emp_n);
+        if (acc.emp_n > 0) {
+            cell.empirical = acc.emp_sum / double(acc.emp_n);
+            cell.empirical_se = acc.emp_sampled ? nan : 0.0;
+            // draws y ∈ {0, 2} with mean ȳ: s² = n ȳ(2 − ȳ)/(n − 1), se = s/√n
+            if (acc.emp_sampled && acc.emp_n > 1)
+                cell.empirical_se = std::sqrt(std::max(0.0, cell.empirical * (2.0 - cell.empirical)) /
+                                              double(acc.emp_n - 1));
+        }
     }
     return cell;
 }
 
 /// `same_bucket`: AP_b = the unweighted mean of the bucket's non-empty cells
-/// (method §9.10–9.11); the empirical AP_b only when every non-empty cell has one.
+/// (method §9.10–9.11); the empirical AP_b only when every non-empty cell has
+/// one, with the standard error √(Σ_c se_c²)/n_c of a mean of independent cells.
 template <class = void>  // instantiated on use
 void same_bucket_profile(std::span<plasticity_cell const> cells, plasticity_bucket& pb) {
-    double sum = 0, emp_sum = 0, se2 = 0;
+    double sum = 0, emp_sum = 0, se2 = 0, emp_se2 = 0;
     std::int64_t n_emp = 0;
     for (auto const& cell : cells) {
         if (cell.n_pairs == 0) continue;  // method §9.10: empty cells excluded
@@ -140,13 +162,17 @@ void same_bucket_profile(std::span<plasticity_cell const> cells, plasticity_buck
         se2 += cell.std_error * cell.std_error;
         if (std::isfinite(cell.empirical)) {
             emp_sum += cell.empirical;
+            emp_se2 += cell.empirical_se * cell.empirical_se;
             ++n_emp;
         }
     }
     if (pb.n_cells > 0) {
         pb.ap = sum / double(pb.n_cells);
         pb.std_error = std::sqrt(se2) / double(pb.n_cells);
-        if (n_emp == pb.n_cells) pb.ap_empirical = emp_sum / double(n_emp);
+        if (n_emp == pb.n_cells) {
+            pb.ap_empirical = emp_sum / double(n_emp);
+            pb.ap_empirical_se = std::sqrt(emp_se2) / double(n_emp);
+        }
     }
 }
 
@@ -159,6 +185,7 @@ void prefix_profile(plasticity_cell const& cell, plasticity_bucket& pb) {
     pb.ap = cell.plasticity;
     pb.std_error = cell.std_error;
     pb.ap_empirical = cell.empirical;
+    pb.ap_empirical_se = cell.empirical_se;
 }
 
 /// The w_b-weighted profile over k quantiles of the buckets with a finite AP_b.
@@ -206,14 +233,20 @@ void aggregate(plasticity_result& res, ap_weighting weighting) {
     res.ap_first_20pct = res.ap_quintile[0];
     res.ap_last_20pct = res.ap_quintile[4];
     res.ap_drop = res.ap_first_20pct - res.ap_last_20pct;
-    double gap = 0;
+    // gaussian_gap and its standard error (the delta method with each |·|'s
+    // sign fixed: the buckets' empirical values are independent, AP_b exact)
+    double gap = 0, gap_se2 = 0;
     std::int64_t ng = 0;
     for (auto const& pb : res.profile)
         if (std::isfinite(pb.ap) && std::isfinite(pb.ap_empirical)) {
             gap += std::abs(pb.ap - pb.ap_empirical);
+            gap_se2 += pb.ap_empirical_se * pb.ap_empirical_se;
             ++ng;
         }
-    if (ng > 0) res.gaussian_gap = gap / double(ng);
+    if (ng > 0) {
+        res.gaussian_gap = gap / double(ng);
+        res.gaussian_gap_se = std::sqrt(gap_se2) / double(ng);
+    }
 }
 
 /// The AP_drop of a profile whose AP_b are `ap` (one per `profile` entry),

@@ -216,6 +216,10 @@ public:
         double const tj = static_cast<double>(k_.position[static_cast<std::size_t>(j)]);
         bin(std::abs(ti - tj), e.tau - 0.5 * (ti + tj), pp);
         if (!e.emp.active()) return;
+        if (acc.emp != emp_pass::count) {  // the sampled check draws after the pass
+            if (acc.emp == emp_pass::keep) acc.kept.push_back({i, j});
+            return;
+        }
         // method §9.14: the fraction of the bucket's queries whose score for key i
         // is strictly larger than for key j (original basis).
         std::int64_t const wins = emp_.wins(e.emp, i, j);
@@ -225,6 +229,24 @@ public:
     }
 
     void skip() { ++skipped_; }
+
+    /// The pairs skipped so far (v ≤ 0, method §9.9), all cells of the head.
+    [[nodiscard]] std::int64_t skipped() const noexcept { return skipped_; }
+
+    /// Whether the closed form evaluates pair (i, j) for bucket `e`: the
+    /// direct path's test v > 0 (`pp_direct`, the same v bit for bit, without
+    /// the split pass). The sampled empirical check redraws a pair it skips.
+    bool evaluates(bucket_eval const& e, index_t i, index_t j) {
+        double m = 0, v = 0;
+        if (e.V.size() != 0) {
+            delta_ = (k_.rot.row(i) - k_.rot.row(j)).transpose();
+            vdelta_.noalias() = e.V * delta_;
+            v = delta_.dot(vdelta_);
+        } else {
+            sse2::diag_pair_moments(k_.rot.row(i).data(), k_.rot.row(j).data(), e.w.data(), e.var.data(), k_.d, m, v);
+        }
+        return v > 0;
+    }
 
     /// The split's content sums of pair (i, j) directly (O(d); full: O(d²)):
     /// c = (m_con, v_con, m_con,frozen, v_con,frozen), docs/beyond-split.md.

@@ -11,6 +11,11 @@
 // key that takes part in a pair and compares pairs of scores; the
 // pair-difference form scores one column kᵢ − kⱼ per pair and decides the sign
 // in registers (docs/plasticity.md, "How the counts are computed").
+//
+// Under `empirical_policy::sampled` a cell with more than `empirical_budget`
+// (query, pair) evaluations is not counted: it draws (pair, two queries)
+// after its closed-form pass (`disagreement`, evaluate.hpp), an unbiased
+// estimate of the same mean with a standard error.
 // IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
@@ -111,6 +116,39 @@ std::int32_t masked_wins(query_rows const& q, index_t base, std::uint32_t m, Row
     return w;
 }
 
+/// The seed of the sampled check's draws in cell (b, c) of the head whose
+/// stream is `head_seed` (`head_stream_seed`): a stream of its own, so the
+/// draws depend on (seed, head id, b, c) only and never on the closed form's
+/// pair sampling (method §6):
+///     mt19937_64(splitmix64(splitmix64(splitmix64(head_seed ^ "empcheck") ^ b) ^ c))
+constexpr std::uint64_t empirical_stream(std::uint64_t head_seed, std::int64_t b, std::int64_t c) noexcept {
+    return hash_step(hash_step(splitmix64(head_seed ^ 0x656D70636865636BULL), static_cast<std::uint64_t>(b)),
+                     static_cast<std::uint64_t>(c));
+}
+
+/// A uniform integer in [0, n), n ≥ 1, exactly (words below 2⁶⁴ mod n are
+/// rejected) and the same on every platform (unlike
+/// std::uniform_int_distribution).
+template <class Gen>
+std::uint64_t uniform_below(Gen& gen, std::uint64_t n) {
+    std::uint64_t const reject = (0 - n) % n;  // 2⁶⁴ mod n
+    for (;;)
+        if (std::uint64_t const x = gen(); x >= reject) return x % n;
+}
+
+/// One draw of the sampled check (method §9.14): 2 when exactly one of the
+/// queries r ≠ s has q·k_i > q·k_j (the double-precision comparison that the
+/// counts equal), else 0. Over the n(n − 1) ordered (r, s) its mean is
+/// 2·2W(n − W)/(n(n − 1)) = 4p̂(1 − p̂)·n/(n − 1), W the pair's wins: the
+/// pair's unbiased PP̂ exactly.
+template <class Row>
+int disagreement(query_rows const& q, index_t r, index_t s, Row const& ki, Row const& kj) {
+    auto const qr = q.row(r), qs = q.row(s);
+    bool const wr = qr.dot(ki) > qr.dot(kj);
+    bool const ws = qs.dot(ki) > qs.dot(kj);
+    return wr != ws ? 2 : 0;
+}
+
 /// The empirical side of one query bucket: its queries and, per form, the
 /// single-precision scores (key form) or the counted wins per pair
 /// (pair-difference form).
@@ -190,10 +228,18 @@ public:
         k_norm_all_ = ks.orig.rowwise().norm();
     }
 
+    /// The query rows of bucket `b` (0 when it has none).
+    [[nodiscard]] index_t query_count(std::int64_t b) const {
+        auto const qit = qs_.by_bucket.find(b);
+        return qit == qs_.by_bucket.end() ? 0 : qit->second.rows();
+    }
+
     /// Sets `e` up for query bucket `b` with admissible key buckets `cells`
-    /// (nothing when the bucket has fewer than 2 query rows). `prefix`: under
-    /// pair_policy::prefix the bucket's groups (pair_plan::prefix_groups, as
-    /// the evaluator walks them), else null.
+    /// (nothing when the bucket has fewer than 2 query rows): the cells whose
+    /// pairs are counted (those of a sampled check draw after the pass and
+    /// need the queries only). `prefix`: under pair_policy::prefix the
+    /// bucket's groups (pair_plan::prefix_groups, as the evaluator walks
+    /// them), else null.
     void prepare(std::int64_t b, std::vector<std::int64_t> const& cells, std::vector<key_group> const* prefix,
                  bool sampled, empirical_bucket& e) {
         auto const qit = qs_.by_bucket.find(b);
@@ -204,6 +250,7 @@ public:
         e.nq = q.rows();
         e.level = level_;
         cursor_ = 0;
+        if (cells.empty()) return;  // no counted cell
         if (use_pair_form(cells, sampled)) prepare_pairs(q, cells, e);
         else if (auto groups = panel_groups(cells, prefix, sampled); !groups.empty())
             prepare_panels(q, cells, groups, e);

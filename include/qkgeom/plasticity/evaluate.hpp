@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <span>
 #include <utility>
 #include <vector>
@@ -143,19 +144,83 @@ std::vector<std::vector<index_t> const*> sampling_groups(std::vector<key_group> 
     return gs;
 }
 
+/// The sampled empirical check of one cell after its closed-form pass
+/// (method §9.14, `empirical_policy::sampled`, docs/plasticity.md): ⌊budget/2⌋
+/// draws, each a pair uniform over the cell's evaluated pairs (sampled
+/// enumeration: its recorded draws `acc.kept`; exact: the admissible pairs of
+/// `groups`, one drawn again while the closed form skips it, at most 16
+/// tries per draw, only when the cell skipped a pair) and two distinct queries
+/// r ≠ s uniform over the bucket's n_b; the value 2·[r and s disagree]
+/// (`disagreement`) has the pair's PP̂ as its mean, so the mean of the draws
+/// is unbiased for the counted `empirical`. Draws depend on (seed, head, b, c).
+template <class Evaluator>
+void draw_empirical(Evaluator& ev, key_store const& ks, bucket_eval const& e, std::vector<key_group> const& groups,
+                    cell_acc& acc, plasticity_options const& opt, std::int64_t b, std::int64_t c, bool had_skips) {
+    std::mt19937_64 gen(empirical_stream(opt.seed, b, c));
+    std::vector<std::int64_t> cum;  // exact enumeration: cumulative pair counts of the groups
+    std::int64_t total = 0;
+    if (acc.emp != emp_pass::keep)
+        for (auto const& g : groups) cum.push_back(total += pairs_of(g.keys.size()));
+    auto const nq = static_cast<std::uint64_t>(e.emp.nq);
+    auto pick = [&](index_t& i, index_t& j) {
+        if (acc.emp == emp_pass::keep) {
+            auto const& p = acc.kept[uniform_below(gen, acc.kept.size())];
+            i = p[0], j = p[1];
+            return true;
+        }
+        auto const u = static_cast<std::int64_t>(uniform_below(gen, static_cast<std::uint64_t>(total)));
+        auto const& g = groups[static_cast<std::size_t>(std::upper_bound(cum.begin(), cum.end(), u) - cum.begin())].keys;
+        auto const a = uniform_below(gen, g.size());
+        auto bb = uniform_below(gen, g.size() - 1);
+        bb += bb >= a ? 1 : 0;
+        i = g[std::min(a, bb)], j = g[std::max(a, bb)];  // the order the exact pass records
+        return !had_skips || ev.evaluates(e, i, j);
+    };
+    acc.emp_sampled = true;
+    for (std::int64_t k = 0; k < opt.empirical_budget / 2; ++k) {
+        index_t i = 0, j = 0;
+        bool ok = false;
+        for (int t = 0; t < 16 && !ok; ++t) ok = pick(i, j);
+        if (!ok) continue;
+        auto const r = uniform_below(gen, nq);
+        auto s = uniform_below(gen, nq - 1);
+        s += s >= r ? 1 : 0;
+        acc.emp_sum += disagreement(*e.emp.queries, static_cast<index_t>(r), static_cast<index_t>(s), ks.orig.row(i),
+                                    ks.orig.row(j));
+        ++acc.emp_n;
+    }
+}
+
 /// One cell: every pair (exact) or the drawn pairs (sampled) of `groups`.
+/// `emp_draws`: its empirical check is sampled (drawn after the pass), else
+/// counted pair by pair.
 template <class Evaluator>
 plasticity_cell evaluate_cell(Evaluator& ev, key_store const& ks, bucket_eval const& e,
                               std::vector<key_group> const& groups, bool sampled, plasticity_options const& opt,
-                              std::int64_t b, std::int64_t c, split_acc* split = nullptr) {
+                              std::int64_t b, std::int64_t c, split_acc* split = nullptr, bool emp_draws = false) {
     cell_acc acc;
+    bool const draws = emp_draws && e.emp.active();
+    if (draws) acc.emp = sampled ? emp_pass::keep : emp_pass::none;
+    std::int64_t const skipped = ev.skipped();
     if (sampled) {
         evaluate_cell_sampled(ev, e, sampling_groups(groups), acc, opt, b, c);
     } else {
         for (auto const& g : groups) evaluate_group_exact(ev, ks, e, g.keys, acc, opt);
     }
+    if (draws && acc.n > 0) draw_empirical(ev, ks, e, groups, acc, opt, b, c, ev.skipped() != skipped);
     if (split != nullptr) *split = acc.split;
     return finish_cell(acc, b, c, sampled);
+}
+
+/// Whether the empirical check of a cell is sampled (method §9.14): under
+/// `empirical_policy::sampled` when its n_b · `pairs` (query, pair)
+/// evaluations exceed max(`empirical_max_exact`, `empirical_budget`);
+/// `pairs` the cell's admissible pairs (sampled enumeration: its draws),
+/// n_b = `nq` ≥ 2 its bucket's query rows.
+template <class = void>  // instantiated on use
+bool empirical_drawn(plasticity_options const& opt, std::int64_t nq, std::int64_t pairs) {
+    std::int64_t const counted = std::max(opt.empirical_max_exact, opt.empirical_budget);
+    return opt.empirical_check == empirical_policy::sampled && nq >= 2 && pairs > counted / nq;
 }
 
 /// One query bucket: its cells appended to `res.cells`, its profile entry to
@@ -182,19 +247,35 @@ void evaluate_query_bucket(Evaluator& ev, detail::dep_t<empirical_check, Evaluat
     e.split = split_model_of(s, ref);
     bool const prefix = opt.pairs == pair_policy::prefix;
     std::vector<key_group> const groups = prefix ? plan.prefix_groups(qp.cells) : std::vector<key_group>{};
-    emp.prepare(s.bucket, qp.cells, prefix ? &groups : nullptr, res.sampled, e.emp);
+    // method §9.14: which cells the empirical check counts (prepared here) and which draw after their pass
+    std::int64_t const nq = emp.query_count(s.bucket);
+    auto const planned = [&](std::int64_t pairs) { return res.sampled && pairs > 0 ? opt.samples_per_cell : pairs; };
+    std::vector<char> drawn(prefix ? 1 : qp.cells.size());
+    std::vector<std::int64_t> counted;
+    if (prefix) {
+        std::int64_t pairs = 0;
+        for (auto const& g : groups) pairs += pairs_of(g.keys.size());
+        drawn[0] = empirical_drawn(opt, nq, planned(pairs));
+        if (!drawn[0]) counted = qp.cells;
+    } else {
+        for (std::size_t i = 0; i < qp.cells.size(); ++i) {
+            drawn[i] = empirical_drawn(opt, nq, planned(plan.total_size({qp.cells[i]}).pairs));
+            if (!drawn[i]) counted.push_back(qp.cells[i]);
+        }
+    }
+    emp.prepare(s.bucket, counted, prefix ? &groups : nullptr, res.sampled, e.emp);
     std::vector<split_acc> sc;
     if (!prefix) {  // same_bucket
         auto const first = res.cells.size();
         sc.resize(qp.cells.size());
         for (std::size_t i = 0; i < qp.cells.size(); ++i)
-            res.cells.push_back(
-                evaluate_cell(ev, ks, e, plan.groups_of(qp.cells[i]), res.sampled, opt, s.bucket, qp.cells[i], &sc[i]));
+            res.cells.push_back(evaluate_cell(ev, ks, e, plan.groups_of(qp.cells[i]), res.sampled, opt, s.bucket,
+                                              qp.cells[i], &sc[i], drawn[i] != 0));
         same_bucket_profile(std::span<plasticity_cell const>(res.cells).subspan(first), pb);
     } else {  // prefix: per example, its keys in all admissible buckets
         sc.resize(1);
         res.cells.push_back(
-            evaluate_cell(ev, ks, e, groups, res.sampled, opt, s.bucket, -1, sc.data()));
+            evaluate_cell(ev, ks, e, groups, res.sampled, opt, s.bucket, -1, sc.data(), drawn[0] != 0));
         prefix_profile(res.cells.back(), pb);
     }
     res.n_pairs += pb.n_pairs;

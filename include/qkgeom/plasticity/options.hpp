@@ -50,6 +50,17 @@ enum class empirical_columns {
     pairs,      ///< one column kᵢ − kⱼ per pair wherever that form applies (see docs)
 };
 
+/// \brief How the empirical cross-check (method §9.14) evaluates a cell: every
+/// (query, pair) evaluation, or `empirical_budget` of them drawn at random once
+/// the cell has more than max(`empirical_max_exact`, `empirical_budget`)
+/// (docs/plasticity.md, "Sampled or exact: `empirical_check`"). The closed form, AP and every other number
+/// are the same either way; only the empirical values and `gaussian_gap` are
+/// estimated.
+enum class empirical_policy {
+    sampled,  ///< default: a small cell is counted exactly, a large one estimated from `empirical_budget` evaluations
+    exact,    ///< every (query, pair) evaluation of every cell
+};
+
 /// \brief Bin edges of the 2D heatmap (method §6, §9.13): half-open bins
 /// [e_j, e_{j+1}), the last one closed. Empty = the model-wide grid of
 /// `model_heatmap_grid`.
@@ -75,6 +86,16 @@ struct plasticity_options {
     index_t dense_min_keys = 48;  ///< groups with at least this many keys use the Gram (GEMM) path
     index_t tile_keys = 256;      ///< Gram tile edge: memory stays O(tile² + group·d)
     empirical_columns empirical = empirical_columns::automatic;  ///< the check's product form (same counts)
+    /// The empirical check: `sampled` (default) or `exact` (method §9.14).
+    empirical_policy empirical_check = empirical_policy::sampled;
+    /// `empirical_check` sampled: the (query, pair) evaluations of a sampled
+    /// cell, ⌊budget/2⌋ draws (≥ 4). Draws depend on (seed, head id, b, c) only.
+    std::int64_t empirical_budget = 4096;
+    /// `empirical_check` sampled: a cell of n_b · (its pairs) ≤
+    /// max(this, `empirical_budget`) evaluations is counted exactly, since
+    /// counting it costs no more than its draws (≥ 0; 0: every cell above the
+    /// budget is sampled).
+    std::int64_t empirical_max_exact = 262'144;
     /// The split of the profile (`plasticity_result::split`, docs/beyond-split.md):
     /// false leaves it NaN with status `disabled` (and saves its time).
     bool split_profile = true;
@@ -89,6 +110,7 @@ struct plasticity_cell {
     std::int64_t n_pairs = 0;         ///< evaluated pairs (v > 0)
     double std_error = 0.0;           ///< sampled: sd(PP)/√n (method §9.16); exact: 0
     double empirical = detail::nan;   ///< mean unbiased 4p̂(1−p̂)n/(n−1) over the same pairs (needs queries)
+    double empirical_se = detail::nan;  ///< standard error of `empirical`: 0 counted exactly, NaN without it
 };
 
 /// \brief One query bucket of the plasticity profile.
@@ -98,6 +120,7 @@ struct plasticity_bucket {
     double tau = detail::nan;          ///< τ_b, exact mean query position
     double ap = detail::nan;           ///< AP_b (NaN: no non-empty cell; excluded everywhere)
     double ap_empirical = detail::nan; ///< the same aggregate of the empirical values
+    double ap_empirical_se = detail::nan;  ///< standard error of `ap_empirical` (0: every cell counted exactly)
     double std_error = 0.0;            ///< sampled: standard error of AP_b
     std::int64_t n_pairs = 0;
     std::int64_t n_cells = 0;          ///< non-empty cells
@@ -125,6 +148,7 @@ struct plasticity_result {
     std::array<double, 5> ap_quintile{detail::nan, detail::nan, detail::nan, detail::nan, detail::nan};
     std::array<double, 10> ap_decile{};
     double gaussian_gap = detail::nan;  ///< mean |AP_b − AP_b,empirical| (needs queries)
+    double gaussian_gap_se = detail::nan;  ///< its standard error (0: every cell counted exactly)
     plasticity_heatmap heatmap;
     std::int64_t n_pairs = 0;                ///< evaluated (query bucket, pair) evaluations
     std::int64_t n_pairs_skipped = 0;        ///< pairs with v ≤ 0 (identical keys), not averaged (method §9.9)

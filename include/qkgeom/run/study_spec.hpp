@@ -186,7 +186,8 @@ inline void apply_options(spec_reader const& rd, json::value const& v, analysis_
                           std::int64_t& window) {
     rd.keys(v, "options",
             {"components", "sign", "low", "high", "separation", "semantic", "diagnostics", "ks_alpha", "pairs",
-             "weighting", "enumeration", "max_exact_pairs", "samples", "seed", "window", "context", "split", "ranks",
+             "weighting", "enumeration", "max_exact_pairs", "samples", "seed", "empirical_check", "empirical_budget",
+             "empirical_max_exact", "window", "context", "split", "ranks",
              "rank_keys", "rank_sets", "rank_draw", "rope_bands"});
     auto const f = [](char const* k) { return std::string("options.") + k; };
     auto const boolean = [&](json::value const& x, char const* k) {
@@ -209,6 +210,10 @@ inline void apply_options(spec_reader const& rd, json::value const& v, analysis_
         else if (k == "max_exact_pairs") p.max_exact_pairs = rd.integer(x, f("max_exact_pairs"), 0, INT64_MAX);
         else if (k == "samples") p.samples_per_cell = rd.integer(x, f("samples"), 1, INT64_MAX);
         else if (k == "seed") p.seed = static_cast<std::uint64_t>(rd.integer(x, f("seed"), 0, INT64_MAX));
+        else if (k == "empirical_check") p.empirical_check = policy_option<empirical_policy>(rd, x, f("empirical_check"));
+        else if (k == "empirical_budget") p.empirical_budget = rd.integer(x, f("empirical_budget"), 4, 1000000000);
+        else if (k == "empirical_max_exact")
+            p.empirical_max_exact = rd.integer(x, f("empirical_max_exact"), 0, INT64_MAX);
         else if (k == "split") p.split_profile = boolean(x, "split");
         else if (k == "ranks") o.ranks_on = boolean(x, "ranks");
         else if (k == "rank_keys") o.ranks.keys_per_set = rd.integer(x, f("rank_keys"), 2, 64);

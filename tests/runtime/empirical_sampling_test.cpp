@@ -1,0 +1,404 @@
+// The sampled empirical cross-check (method §9.14, `empirical_policy::sampled`,
+// docs/plasticity.md "Sampled or exact: `empirical_check`"): a cell with more
+// than max(`empirical_max_exact`, `empirical_budget`) (query, pair)
+// evaluations makes `empirical_budget` of them, drawn as (pair, two queries),
+// instead of counting every query for every pair. The heads here are small
+// (cells of ≈ 6000 evaluations, counted under the default 262,144), so the
+// tests set `empirical_max_exact = 0` to sample them. The tests: with a budget
+// that covers every evaluation it is the counted check bit for bit; the closed
+// form and every number but the empirical ones never change; the draws are
+// unbiased and their 95 % intervals (cell, bucket and gaussian_gap) cover the
+// counted values at the nominal rate over 200 seeds on a planted bimodal head;
+// the draws depend on the seed only (not on the speed options); bad options
+// are a clear error.
+#include <qkgeom/capture/synthetic.hpp>
+#include <qkgeom/plasticity.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_empirical_sampling_test {
+
+namespace {
+
+namespace syn = qkgeom::synthetic;
+using qkgeom::empirical_policy;
+using qkgeom::index_t;
+using qkgeom::pair_policy;
+using qkgeom::plasticity_options;
+using qkgeom::plasticity_result;
+
+/// A synthetic head of one query and one kv head (as plasticity_test.cpp's):
+/// d = 12, the drift on axis 4, 16 examples × 2048 tokens, uniform buckets of
+/// 128 at rate 4: 16 query buckets of ≈ 64 queries, cells of ≈ 96 pairs.
+syn::head_capture make_head() {
+    syn::layer_spec L;
+    L.d = 12;
+    L.rotary_dims = 4;
+    L.mix = false;
+    L.n_q_heads = 1;
+    L.n_kv_heads = 1;
+    auto qh = syn::default_q_head();
+    qh.query.slope = 2e-3;
+    qh.query.intercept = 2.0;
+    qh.query.bucket_mean_scale = 0.5;
+    auto kh = syn::default_kv_head();
+    kh.key.slope = 2e-3;
+    kh.key.bucket_mean_scale = 0.5;
+    L.q_heads = {qh};
+    L.kv_heads = {kh};
+    syn::capture_spec cap;
+    cap.n_examples = 16;
+    cap.context_length = 2048;
+    cap.buckets = {qkgeom::bucket_scheme::uniform, 128, 4.0};
+    cap.seed = 1;
+    return syn::generate_head(L, cap, 0);
+}
+
+/// The head with its semantic query coordinates replaced by a ±1.5 two-point
+/// mixture (one sign per query): q·δ is two-valued, so the real preferences
+/// are far from the Gaussian model's and |AP_b − AP_b,empirical| ≈ 0.1 in
+/// every bucket (plasticity_test.cpp, "gaussian_gap is … large on a bimodal one").
+syn::head_capture bimodal(syn::head_capture h) {
+    syn::normal_stream rng(77);
+    for (index_t i = 0; i < h.queries.vectors.rows(); ++i) {
+        double const sign = rng() > 0 ? 1.0 : -1.0;
+        for (index_t j = 0; j < h.queries.vectors.cols(); ++j)
+            if (j != 4) h.queries.vectors(i, j) = 1.5 * sign * ((j % 3 == 0) ? -1.0 : 1.0);
+    }
+    return h;
+}
+
+qkgeom::householder_result model_of(syn::head_capture const& h) {
+    return qkgeom::householder(h.queries.vectors, h.queries.position, h.queries.bucket);
+}
+
+bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+/// Everything but the empirical values is the same, bit for bit.
+void check_closed_form_unchanged(plasticity_result const& a, plasticity_result const& b) {
+    REQUIRE(a.cells.size() == b.cells.size());
+    for (std::size_t i = 0; i < a.cells.size(); ++i) {
+        INFO("cell " << i);
+        CHECK(a.cells[i].q_bucket == b.cells[i].q_bucket);
+        CHECK(a.cells[i].k_bucket == b.cells[i].k_bucket);
+        CHECK(a.cells[i].n_pairs == b.cells[i].n_pairs);
+        CHECK(same_bits(a.cells[i].plasticity, b.cells[i].plasticity));
+        CHECK(same_bits(a.cells[i].std_error, b.cells[i].std_error));
+    }
+    REQUIRE(a.profile.size() == b.profile.size());
+    for (std::size_t i = 0; i < a.profile.size(); ++i) {
+        CHECK(same_bits(a.profile[i].ap, b.profile[i].ap));
+        CHECK(same_bits(a.profile[i].std_error, b.profile[i].std_error));
+        CHECK(a.profile[i].n_pairs == b.profile[i].n_pairs);
+    }
+    for (double plasticity_result::*f : {&plasticity_result::ap_overall, &plasticity_result::ap_first_20pct,
+                                         &plasticity_result::ap_last_20pct, &plasticity_result::ap_drop})
+        CHECK(same_bits(a.*f, b.*f));
+    for (std::size_t q = 0; q < 5; ++q) CHECK(same_bits(a.ap_quintile[q], b.ap_quintile[q]));
+    for (std::size_t q = 0; q < 10; ++q) CHECK(same_bits(a.ap_decile[q], b.ap_decile[q]));
+    CHECK(a.heatmap.sum == b.heatmap.sum);
+    CHECK(a.heatmap.count == b.heatmap.count);
+    CHECK(a.heatmap.n_outside == b.heatmap.n_outside);
+    CHECK(a.n_pairs == b.n_pairs);
+    CHECK(a.n_pairs_skipped == b.n_pairs_skipped);
+    CHECK(a.sampled == b.sampled);
+    for (double qkgeom::profile_split::*f :
+         {&qkgeom::profile_split::ap_drop_bias, &qkgeom::profile_split::ap_drop_content,
+          &qkgeom::profile_split::ap_drop_neither, &qkgeom::profile_split::ap_drop_no_drift,
+          &qkgeom::profile_split::ap_drop_frozen_content})
+        CHECK(same_bits(a.split.*f, b.split.*f));
+}
+
+/// The largest n_b · (planned pairs) of a cell: the budget that covers every
+/// evaluation (no identical keys here, so the planned pairs are the evaluated
+/// ones; sampled enumeration plans `samples_per_cell` per cell).
+std::int64_t covering_budget(plasticity_result const& r, plasticity_options const& o) {
+    std::int64_t most = 0;
+    for (auto const& c : r.cells) {
+        if (c.n_pairs == 0) continue;
+        auto const pb = std::find_if(r.profile.begin(), r.profile.end(),
+                                     [&](auto const& b) { return b.q_bucket == c.q_bucket; });
+        REQUIRE(pb != r.profile.end());
+        most = std::max(most, pb->n_queries * (r.sampled ? o.samples_per_cell : c.n_pairs));
+    }
+    return most;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// A budget that covers every (query, pair) evaluation of every cell gives the
+// counted check bit for bit (every cell is counted, standard errors 0); one
+// evaluation less draws in the largest cell(s). So does `empirical_max_exact`
+// (the default counts this head). Either way the closed form, AP, the heatmap
+// and the split are those of `empirical_policy::exact`, bit for bit:
+// same_bucket and prefix, exact and sampled enumeration, the direct and the
+// Gram path (dense_min_keys 3).
+// ---------------------------------------------------------------------------
+TEST_CASE("sampled empirical check: a covering budget is the counted check, the closed form never changes",
+          "[plasticity][empirical][empirical_sampling]") {
+    auto const h = make_head();
+    auto const model = model_of(h);
+    for (auto const pairs : {pair_policy::same_bucket, pair_policy::prefix})
+        for (bool const sampled_enumeration : {false, true})
+            for (index_t const dense : {index_t{48}, index_t{3}}) {
+                INFO("prefix " << (pairs == pair_policy::prefix) << ", sampled enumeration " << sampled_enumeration
+                               << ", dense_min_keys " << dense);
+                plasticity_options o;
+                o.pairs = pairs;
+                o.dense_min_keys = dense;
+                o.seed = 5;
+                if (sampled_enumeration) {
+                    o.enumeration = qkgeom::enumeration_policy::sampled;
+                    o.samples_per_cell = 300;
+                }
+                o.empirical_check = empirical_policy::exact;
+                auto const exact = qkgeom::attention_plasticity(model, h, o);
+                REQUIRE(std::isfinite(exact.gaussian_gap));
+                CHECK(exact.gaussian_gap_se == 0.0);
+                for (auto const& c : exact.cells)
+                    if (std::isfinite(c.empirical)) CHECK(c.empirical_se == 0.0);
+
+                // the defaults count every cell of ≤ 262,144 evaluations: all of
+                // same_bucket's (≈ 6000) and of sampled enumeration's (64 × 300),
+                // not the largest prefix cells (up to 1.7 M)
+                o.empirical_check = empirical_policy::sampled;
+                auto const defaults = qkgeom::attention_plasticity(model, h, o);
+                check_closed_form_unchanged(defaults, exact);
+                std::int64_t const covering = covering_budget(exact, o);
+                REQUIRE(covering > 4096);  // the default budget alone samples this head
+                if (covering <= o.empirical_max_exact) {
+                    CHECK(defaults.gaussian_gap == exact.gaussian_gap);
+                    CHECK(defaults.gaussian_gap_se == 0.0);
+                } else {
+                    CHECK(defaults.gaussian_gap_se > 0);
+                }
+                o.empirical_max_exact = 0;
+                o.empirical_budget = covering;
+                auto const all = qkgeom::attention_plasticity(model, h, o);
+                check_closed_form_unchanged(all, exact);
+                for (std::size_t i = 0; i < all.cells.size(); ++i) {
+                    CHECK(same_bits(all.cells[i].empirical, exact.cells[i].empirical));
+                    CHECK(same_bits(all.cells[i].empirical_se, exact.cells[i].empirical_se));
+                }
+                for (std::size_t i = 0; i < all.profile.size(); ++i) {
+                    CHECK(same_bits(all.profile[i].ap_empirical, exact.profile[i].ap_empirical));
+                    CHECK(same_bits(all.profile[i].ap_empirical_se, exact.profile[i].ap_empirical_se));
+                }
+                CHECK(all.gaussian_gap == exact.gaussian_gap);
+                CHECK(all.gaussian_gap_se == 0.0);
+
+                // one evaluation short: the largest cells draw, nothing else moves
+                --o.empirical_budget;
+                auto const short1 = qkgeom::attention_plasticity(model, h, o);
+                check_closed_form_unchanged(short1, exact);
+                std::int64_t drawn = 0;
+                for (auto const& c : short1.cells) drawn += c.empirical_se > 0 ? 1 : 0;
+                CHECK(drawn >= 1);
+                CHECK(short1.gaussian_gap_se > 0);
+                CHECK(short1.gaussian_gap != exact.gaussian_gap);
+                // empirical_max_exact alike: counted up to it, above it the budget's draws
+                o.empirical_budget = 4096;
+                o.empirical_max_exact = covering;
+                auto const upto = qkgeom::attention_plasticity(model, h, o);
+                CHECK(upto.gaussian_gap == exact.gaussian_gap);
+                CHECK(upto.gaussian_gap_se == 0.0);
+                --o.empirical_max_exact;
+                auto const above = qkgeom::attention_plasticity(model, h, o);
+                check_closed_form_unchanged(above, exact);
+                CHECK(above.gaussian_gap_se > 0);
+                // every cell sampled: every number but the empirical ones is the same
+                o.empirical_max_exact = 0;
+                check_closed_form_unchanged(qkgeom::attention_plasticity(model, h, o), exact);
+            }
+}
+
+// ---------------------------------------------------------------------------
+// Coverage. On the bimodal head every bucket's gap |AP_b − AP_b,emp| is at
+// least 4 of its standard errors (checked), so |·| keeps its sign under the
+// sampling error and the delta-method interval gaussian_gap ± 1.96 se is a
+// 95 % interval for the counted gap. 200 seeds (fixed: the test is
+// deterministic). Bands: at a true rate of 0.95, 200 intervals cover
+// Bin(200, 0.95) times, sd 3.1 (1.5 %): [0.88, 0.99] is −4.5 to +2.6 sd
+// (P ≈ 4e-4 to fall outside by chance). The pooled cell and bucket intervals
+// are 14,000 and 2800 (the 14 sampled buckets × 200; sd ≤ 0.42 %):
+// [0.93, 0.97], ≥ 4.7 sd either side. Unbiasedness:
+// per bucket the mean over seeds of (estimate − counted)/se is N(0, 1/200)
+// (cells independent): |·| < 4/√200. Convergence: a 4× budget halves the
+// standard error (512 → 2048: every cell stays sampled).
+// ---------------------------------------------------------------------------
+TEST_CASE("sampled empirical check: unbiased, its intervals cover the counted values at the nominal rate",
+          "[plasticity][empirical][empirical_sampling]") {
+    auto const h = bimodal(make_head());
+    auto const model = model_of(h);
+    plasticity_options o;
+    o.empirical_check = empirical_policy::exact;
+    auto const exact = qkgeom::attention_plasticity(model, h, o);
+    REQUIRE(exact.gaussian_gap > 0.06);
+    // Bucket 1's one cell (65 queries × 107 pairs) has the smallest gap, 0.046:
+    // the default budget's se there (0.022) would leave it 2 se from 0, so
+    // the budget counts that cell (6955 evaluations) and samples every cell
+    // above 7000 (most of them; bucket 6's 49 queries keep some counted).
+    o.empirical_check = empirical_policy::sampled;
+    o.empirical_budget = 7000;
+    o.empirical_max_exact = 0;
+
+    int const n_seeds = 200;
+    int gap_cover = 0;
+    std::int64_t cells = 0, cells_cover = 0, buckets = 0, buckets_cover = 0;
+    std::vector<double> zsum(exact.profile.size(), 0.0);
+    for (int seed = 0; seed < n_seeds; ++seed) {
+        o.seed = static_cast<std::uint64_t>(seed);
+        auto const r = qkgeom::attention_plasticity(model, h, o);
+        REQUIRE(r.cells.size() == exact.cells.size());
+        REQUIRE(r.gaussian_gap_se > 0);
+        for (std::size_t i = 0; i < r.cells.size(); ++i) {
+            auto const& c = r.cells[i];
+            if (!(c.empirical_se > 0)) continue;  // counted exactly (none here) or empty
+            ++cells;
+            cells_cover += std::abs(c.empirical - exact.cells[i].empirical) <= 1.96 * c.empirical_se ? 1 : 0;
+        }
+        for (std::size_t i = 0; i < r.profile.size(); ++i) {
+            auto const& pb = r.profile[i];
+            if (!std::isfinite(pb.ap_empirical)) continue;
+            if (pb.ap_empirical_se == 0.0) {  // every cell counted: the counted value
+                CHECK(pb.ap_empirical == exact.profile[i].ap_empirical);
+                continue;
+            }
+            if (seed == 0) {  // the gap keeps its sign: |d_b| ≥ 4 se_b
+                INFO("bucket " << pb.q_bucket << ": gap " << std::abs(pb.ap - exact.profile[i].ap_empirical)
+                               << ", se " << pb.ap_empirical_se);
+                REQUIRE(std::abs(pb.ap - exact.profile[i].ap_empirical) >= 4 * pb.ap_empirical_se);
+            }
+            double const z = (pb.ap_empirical - exact.profile[i].ap_empirical) / pb.ap_empirical_se;
+            zsum[i] += z;
+            ++buckets;
+            buckets_cover += std::abs(z) <= 1.96 ? 1 : 0;
+        }
+        gap_cover += std::abs(r.gaussian_gap - exact.gaussian_gap) <= 1.96 * r.gaussian_gap_se ? 1 : 0;
+    }
+    double const gap_rate = gap_cover / double(n_seeds);
+    double const cell_rate = double(cells_cover) / double(cells);
+    double const bucket_rate = double(buckets_cover) / double(buckets);
+    INFO("coverage of the 95 % intervals over " << n_seeds << " seeds: gaussian_gap " << gap_rate << ", "
+                                                << cells << " cells " << cell_rate << ", " << buckets
+                                                << " buckets " << bucket_rate);
+    CHECK(gap_rate >= 0.88);
+    CHECK(gap_rate <= 0.99);
+    CHECK(cells >= 10000);
+    CHECK(cell_rate >= 0.93);
+    CHECK(cell_rate <= 0.97);
+    CHECK(buckets >= 2800);
+    CHECK(bucket_rate >= 0.93);
+    CHECK(bucket_rate <= 0.97);
+    for (std::size_t i = 0; i < zsum.size(); ++i)
+        if (zsum[i] != 0.0) {
+            INFO("bucket " << exact.profile[i].q_bucket << ": mean standardised error " << zsum[i] / n_seeds);
+            CHECK(std::abs(zsum[i] / n_seeds) < 4.0 / std::sqrt(double(n_seeds)));
+        }
+
+    // convergence: 4× the budget, half the standard error (every cell has
+    // more than 2048 evaluations, so both budgets sample every cell)
+    o.seed = 3;
+    o.empirical_budget = 512;
+    auto const small = qkgeom::attention_plasticity(model, h, o);
+    o.empirical_budget = 2048;
+    auto const big = qkgeom::attention_plasticity(model, h, o);
+    for (auto const& c : big.cells) CHECK((c.n_pairs == 0 || c.empirical_se > 0));
+    double const ratio = big.gaussian_gap_se / small.gaussian_gap_se;
+    INFO("gaussian_gap_se " << small.gaussian_gap_se << " (budget 512), " << big.gaussian_gap_se << " (2048)");
+    CHECK(ratio > 0.45);
+    CHECK(ratio < 0.55);
+}
+
+// ---------------------------------------------------------------------------
+// The draws depend on (seed, head, b, c) only: the same seed gives the same
+// values, another seed others, and the speed options (dense_min_keys,
+// tile_keys, the counted check's product form) change nothing, bit for bit.
+// ---------------------------------------------------------------------------
+TEST_CASE("sampled empirical check: seeded, independent of the speed options",
+          "[plasticity][empirical][empirical_sampling]") {
+    auto const h = make_head();
+    auto const model = model_of(h);
+    plasticity_options o;
+    o.empirical_budget = 1000;  // some cells counted, most drawn
+    o.empirical_max_exact = 0;
+    o.seed = 11;
+    auto const a = qkgeom::attention_plasticity(model, h, o);
+    std::int64_t counted = 0, drawn = 0;
+    for (auto const& c : a.cells) {
+        counted += c.empirical_se == 0.0 ? 1 : 0;
+        drawn += c.empirical_se > 0 ? 1 : 0;
+    }
+    CHECK(drawn > 0);
+    auto same_empirical = [&](plasticity_result const& b) {
+        REQUIRE(b.cells.size() == a.cells.size());
+        for (std::size_t i = 0; i < a.cells.size(); ++i) {
+            CHECK(same_bits(b.cells[i].empirical, a.cells[i].empirical));
+            CHECK(same_bits(b.cells[i].empirical_se, a.cells[i].empirical_se));
+        }
+        for (std::size_t i = 0; i < a.profile.size(); ++i) {
+            CHECK(same_bits(b.profile[i].ap_empirical, a.profile[i].ap_empirical));
+            CHECK(same_bits(b.profile[i].ap_empirical_se, a.profile[i].ap_empirical_se));
+        }
+        // AP_b of the Gram path differs from the direct path's by rounding (plasticity_test.cpp)
+        CHECK(std::abs(b.gaussian_gap - a.gaussian_gap) <= 1e-12);
+        CHECK(same_bits(b.gaussian_gap_se, a.gaussian_gap_se));
+    };
+    same_empirical(qkgeom::attention_plasticity(model, h, o));
+    auto speed = o;
+    speed.dense_min_keys = 2;
+    speed.tile_keys = 3;
+    same_empirical(qkgeom::attention_plasticity(model, h, speed));
+    for (auto const form : {qkgeom::empirical_columns::keys, qkgeom::empirical_columns::pairs}) {
+        speed = o;
+        speed.empirical = form;
+        same_empirical(qkgeom::attention_plasticity(model, h, speed));
+    }
+    auto other = o;
+    other.seed = 12;
+    CHECK(qkgeom::attention_plasticity(model, h, other).gaussian_gap != a.gaussian_gap);
+    // the budget applies per cell: a cell of n_b · pairs ≤ 1000 is counted
+    INFO(counted << " cells counted, " << drawn << " drawn");
+    // without query rows there is nothing to estimate
+    auto const none = qkgeom::attention_plasticity(model, h.keys, h.facts, h.id, o);
+    CHECK(std::isnan(none.gaussian_gap));
+    CHECK(std::isnan(none.gaussian_gap_se));
+    for (auto const& c : none.cells) CHECK(std::isnan(c.empirical_se));
+}
+
+TEST_CASE("sampled empirical check: a budget below 4 or a negative exact limit is a clear error",
+          "[plasticity][empirical][errors]") {
+    auto const h = make_head();
+    auto const model = model_of(h);
+    using Catch::Contains;
+    for (std::int64_t const bad : {std::int64_t{3}, std::int64_t{0}, std::int64_t{-1}}) {
+        plasticity_options o;
+        o.empirical_budget = bad;
+        CHECK_THROWS_AS(qkgeom::attention_plasticity(model, h, o), std::invalid_argument);
+        CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h, o),
+                          Contains("qkgeom::attention_plasticity") && Contains("empirical_budget must be >= 4") &&
+                              Contains("value " + std::to_string(bad)));
+        o.empirical_check = empirical_policy::exact;  // checked whatever the policy, as samples_per_cell
+        CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h, o), Contains("empirical_budget"));
+    }
+    plasticity_options o;
+    o.empirical_max_exact = -1;
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h, o),
+                      Contains("empirical_max_exact must be >= 0") && Contains("value -1"));
+    o.empirical_max_exact = 0;
+    o.empirical_budget = 4;
+    CHECK_NOTHROW(qkgeom::attention_plasticity(model, h, o));
+}
+
+}  // namespace qkgeom_tests_empirical_sampling_test
