@@ -49,13 +49,32 @@ def with_zlib():
     return any(os.path.exists(os.path.join(d, "zlib.h")) for d in ("/usr/include", "/usr/local/include"))
 
 
+def unity_sources(batch=6):
+    """The bindings in batches of `batch` files, one translation unit each (as the CMake build
+    compiles them, docs/building.md "Build budget"); QKGEOM_UNITY_BUILD=0 compiles file by file."""
+    files = sorted(glob("python/src/*.cpp"))
+    if os.environ.get("QKGEOM_UNITY_BUILD", "1") == "0":
+        return files
+    out_dir = os.path.join("build-python", "unity")
+    os.makedirs(out_dir, exist_ok=True)
+    units = []
+    for i in range(0, len(files), batch):
+        unit = os.path.join(out_dir, f"bindings_{i // batch}.cpp")
+        text = "".join(f'#include "{os.path.abspath(f)}"\n' for f in files[i:i + batch])
+        if not os.path.exists(unit) or open(unit).read() != text:
+            with open(unit, "w") as fh:
+                fh.write(text)
+        units.append(unit)
+    return units
+
+
 version = cmake_version()
 zlib = with_zlib()
 ext = Pybind11Extension(
     "qkgeom._qkgeom",
     # The bindings and the compiled part (src/qkgeom_compiled.cpp: the SIMD kernels and the engines,
     # once), as the CMake build links qkgeom::compiled (docs/building.md "Compile model").
-    sorted(glob("python/src/*.cpp")) + ["src/qkgeom_compiled.cpp"],
+    unity_sources() + ["src/qkgeom_compiled.cpp"],
     include_dirs=["include", eigen_include()],
     define_macros=[("QKGEOM_PY_VERSION", f'"{version}"'), ("QKGEOM_COMPILED", "1")] + ([("QKGEOM_HAVE_ZLIB", "1")] if zlib else []),
     libraries=["z"] if zlib else [],

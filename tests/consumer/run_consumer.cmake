@@ -128,7 +128,9 @@ if(EXISTS "${_build}/compile_commands.json")
   endif()
 endif()
 
-run("build test_package" "${CMAKE_COMMAND}" --build "${_build}" --config Release)
+# --parallel 2: the three programs (header-only, the compiled part, compiled
+# mode) compile side by side; this is the longest single test.
+run("build test_package" "${CMAKE_COMMAND}" --build "${_build}" --config Release --parallel 2)
 set(_exe "")
 foreach(_cand "${_build}/test_package" "${_build}/test_package.exe"
               "${_build}/Release/test_package" "${_build}/Release/test_package.exe")

@@ -27,6 +27,10 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_capture_test {
+
 using qkgeom_test::invalid_argument_of;
 
 namespace {
@@ -462,3 +466,5 @@ TEST_CASE("parallel_for: every task runs once whatever the thread count", "[capt
         CHECK(std::all_of(hits.begin(), hits.end(), [](auto const& h) { return h.load() == 1; }));
     }
 }
+
+}  // namespace qkgeom_tests_capture_test

@@ -28,6 +28,10 @@
 
 #include "test_util.hpp"
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_gaussian_vector_test {
+
 namespace {
 
 using qkgeom::simd::isa;
@@ -272,3 +276,5 @@ TEST_CASE("batched PP: a lane's value depends on its input only at every ISA lev
     std::vector<double> short_out(3);
     CHECK_THROWS_AS(vpp(z, short_out), std::invalid_argument);
 }
+
+}  // namespace qkgeom_tests_gaussian_vector_test

@@ -30,6 +30,10 @@
 
 #include "test_util.hpp"
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_geometry_test {
+
 using qkgeom::index_t;
 using qkgeom_test::rel_diff;
 
@@ -894,3 +898,5 @@ TEST_CASE("moments: negative dimension and an empty shard of another dimension a
     z += empty5;
     CHECK(z.d == 5);
 }
+
+}  // namespace qkgeom_tests_geometry_test

@@ -28,6 +28,10 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_gqa_test {
+
 namespace {
 
 using qkgeom::gqa_metric_row;
@@ -454,3 +458,5 @@ TEST_CASE("gqa: end to end on synthetic GQA layers (shared vs mixed drift slopes
         }
     }
 }
+
+}  // namespace qkgeom_tests_gqa_test

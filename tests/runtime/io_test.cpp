@@ -34,6 +34,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_io_test {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -2370,3 +2374,5 @@ TEST_CASE("issue 18: read_capture_rows fails as read_capture, message for messag
     io::write_npy(sub / "vectors.npy", f, {static_cast<std::int64_t>(f.size())});
     check_same();
 }
+
+}  // namespace qkgeom_tests_io_test

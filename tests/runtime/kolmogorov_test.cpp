@@ -23,6 +23,10 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_kolmogorov_test {
+
 #ifndef QKGEOM_TEST_DATA_DIR
 #error "QKGEOM_TEST_DATA_DIR must be defined as the absolute path of tests/data"
 #endif
@@ -473,3 +477,5 @@ TEST_CASE("the KS bucketing interpolant is monotone and within its error bound",
     CHECK(worst <= 7.5e-6);  // h²/8 · φ(1) = 7.38e-6, plus rounding
     CHECK(worst < bound);
 }
+
+}  // namespace qkgeom_tests_kolmogorov_test

@@ -15,6 +15,10 @@
 #include <string_view>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_metric_registry_test {
+
 namespace {
 
 std::string read_doc(char const* name) {
@@ -197,3 +201,5 @@ TEST_CASE("docs/analyze.md's head metric table has the registry's index and name
     }
     CHECK(n_rows == qkgeom::head_metrics.size());
 }
+
+}  // namespace qkgeom_tests_metric_registry_test

@@ -19,6 +19,10 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_moments_kernel_test {
+
 using qkgeom::index_t;
 namespace simd = qkgeom::simd;
 
@@ -315,3 +319,5 @@ TEST_CASE("moment kernels: add_block_rows reads rows in place as add_block reads
         CHECK(error_vs_reference(want, copy, std::vector<std::int64_t>(t.begin(), t.end())) <= tol_unit);
     }
 }
+
+}  // namespace qkgeom_tests_moments_kernel_test

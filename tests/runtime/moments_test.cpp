@@ -23,6 +23,10 @@
 
 #include "test_util.hpp"
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_moments_test {
+
 using qkgeom::index_t;
 using qkgeom_test::make_batch;
 using qkgeom_test::rel_diff;
@@ -371,3 +375,5 @@ TEST_CASE("degenerate groups: n < 2 gives NaN sample statistics", "[moments]") {
     CHECK(m.mean_x == Eigen::VectorXd::Ones(3));
     CHECK(m.c_xx.isZero(0));
 }
+
+}  // namespace qkgeom_tests_moments_test

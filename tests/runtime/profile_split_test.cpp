@@ -28,6 +28,10 @@
 #include <utility>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_profile_split_test {
+
 namespace {
 
 using qkgeom::index_t;
@@ -618,3 +622,5 @@ TEST_CASE("split: the counterfactual z at every level is the formula, one root f
         }
     }
 }
+
+}  // namespace qkgeom_tests_profile_split_test

@@ -20,6 +20,10 @@
 #include <stdexcept>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_rank_stability_test {
+
 namespace {
 
 using Eigen::MatrixXd;
@@ -461,3 +465,5 @@ TEST_CASE("the orthant integrands' Φ⁻¹ is within 1.2e-9 relative of AS 241",
         CHECK(qkgeom::detail::rank_quantile(p) < qkgeom::detail::rank_quantile(std::min(0.5, 2 * p)) + 1e-12);
     }
 }
+
+}  // namespace qkgeom_tests_rank_stability_test

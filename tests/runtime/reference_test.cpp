@@ -45,6 +45,10 @@
 
 #include "test_util.hpp"
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_reference_test {
+
 namespace {
 
 using mp50 = boost::multiprecision::cpp_bin_float_50;
@@ -336,3 +340,5 @@ TEST_CASE("reference: the large-n KS p-value (n > 10000) is within 1e-12 of the 
     INFO(points << " points; worst relative error " << w.rel << " (d = " << w.at << ")");
     CHECK(w.rel <= k_tol);
 }
+
+}  // namespace qkgeom_tests_reference_test

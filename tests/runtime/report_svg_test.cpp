@@ -26,6 +26,10 @@
 #include <utility>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_report_svg_test {
+
 namespace {
 
 namespace rep = qkgeom::report;
@@ -508,3 +512,5 @@ TEST_CASE("report.html: self-contained page with the table, pictures and links",
     CHECK(count(html, "<tr>") == 2);  // header + one model
     CHECK(html.find("<td>n/a</td>") != std::string::npos);  // NaN means show as n/a
 }
+
+}  // namespace qkgeom_tests_report_svg_test

@@ -18,6 +18,10 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_rope_bands_test {
+
 namespace {
 
 using qkgeom::index_t;
@@ -523,3 +527,5 @@ TEST_CASE("rope_bands: bad options and settings throw naming the field", "[rope]
     h.queries.vectors(3, 5) = std::numeric_limits<double>::infinity();
     throws_with(o, "row 3");
 }
+
+}  // namespace qkgeom_tests_rope_bands_test

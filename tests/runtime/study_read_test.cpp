@@ -26,6 +26,10 @@
 #include <utility>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_study_read_test {
+
 namespace {
 
 namespace rep = qkgeom::report;
@@ -403,3 +407,5 @@ TEST_CASE("study read: read_csv parses RFC 4180 and numbers strictly", "[study][
     }
     CHECK(slurp(f).size() < 1000);
 }
+
+}  // namespace qkgeom_tests_study_read_test

@@ -26,6 +26,10 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_study_report_test {
+
 namespace {
 
 // The XML checker (tested in report_svg_test.cpp) and the readers of marks.
@@ -519,3 +523,5 @@ TEST_CASE("study.report: the page lists every picture and escapes names", "[stud
     CHECK(rows == r.runs.size());
     CHECK(html.find("<td>0.1 [0.09, 0.11]</td>") != std::string::npos);
 }
+
+}  // namespace qkgeom_tests_study_report_test

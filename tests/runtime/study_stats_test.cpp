@@ -17,6 +17,10 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_study_stats_test {
+
 namespace st = qkgeom::study;
 
 namespace {
@@ -362,3 +366,5 @@ TEST_CASE("invalid arguments are errors naming the parameter and value", "[study
     CHECK_THROWS_WITH(st::correlate(v, v, {.max_exact_n = 13}), Catch::Contains("max_exact_n = 13"));
     CHECK_THROWS_AS(st::pearson(v, std::vector<double>{1}), std::invalid_argument);
 }
+
+}  // namespace qkgeom_tests_study_stats_test

@@ -26,6 +26,10 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_study_test {
+
 namespace {
 
 namespace st = qkgeom::study;
@@ -458,3 +462,5 @@ TEST_CASE("study file errors name the file, the field and the value", "[study]")
     CHECK(s.runs[0].model == "a");
     CHECK(s.runs[0].family == "a");
 }
+
+}  // namespace qkgeom_tests_study_test

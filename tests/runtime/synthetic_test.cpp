@@ -21,6 +21,10 @@
 #include <string>
 #include <vector>
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_synthetic_test {
+
 using qkgeom_test::invalid_argument_of;
 
 namespace {
@@ -726,3 +730,5 @@ TEST_CASE("synthetic: invalid layer and capture specs throw naming the field", "
         CHECK_THAT(invalid_argument_of([&] { (void)syn::generate_head(L, bad); }), Contains("width"));
     }
 }
+
+}  // namespace qkgeom_tests_synthetic_test

@@ -28,6 +28,10 @@
 
 #include "test_util.hpp"
 
+// One namespace per file: the test program is built as a unity build
+// (tests/CMakeLists.txt), where the files' helpers must not meet.
+namespace qkgeom_tests_tensor_test {
+
 namespace {
 
 using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -274,3 +278,5 @@ TEST_CASE("make_matrix_view refuses strides whose extent overflows, dense_rows r
     CHECK_THROWS_WITH(qkgeom::dense_rows(big / 2, 3, "f64"), Catch::Contains("overflows"));
     CHECK(qkgeom::dense_rows(2, 3, "f64").rows() == 2);
 }
+
+}  // namespace qkgeom_tests_tensor_test
