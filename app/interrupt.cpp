@@ -121,10 +121,7 @@ void check_interrupted() {
     // QKGEOM_TEST_FAULT=slow (docs/cli.md, the hostile suite's interruption
     // cases): 50 ms at every safe point, so that a signal sent after a fixed
     // delay lands in the middle of the run however fast the machine is.
-    static bool const slow = [] {
-        char const* f = std::getenv("QKGEOM_TEST_FAULT");
-        return f != nullptr && std::string(f) == "slow";
-    }();
+    static bool const slow = test_fault() == "slow";
     if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (int const sig = signal_impl::first_signal.load()) throw interrupted{sig};
 }

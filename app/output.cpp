@@ -282,15 +282,12 @@ void check_target(fs::path const& target, std::string const& marker, std::string
                         marker + " in it); refusing to replace it: name a new or empty folder");
 }
 
-/// The fault the test suite asks for (QKGEOM_TEST_FAULT, docs/cli.md): "swap"
-/// fails the rename of the staging folder into place, "swap-stuck" fails the
-/// move back of the old folder too.
+}  // namespace output_impl
+
 std::string test_fault() {
     char const* f = std::getenv("QKGEOM_TEST_FAULT");
     return f != nullptr ? std::string(f) : std::string();
 }
-
-}  // namespace output_impl
 
 output_folder::output_folder(fs::path const& out, std::string marker, std::string flag,
                              std::vector<fs::path> const& inputs)

@@ -108,6 +108,11 @@ int received_signal();
 /// Throws `interrupted` when a signal has arrived: the safe points (each
 /// head's start and end, each demo head, each synth layer, before a swap).
 void check_interrupted();
+/// The fault the test suite asks for (QKGEOM_TEST_FAULT, docs/cli.md, empty
+/// outside the tests): "swap" fails the rename of the staging folder into
+/// place, "swap-stuck" fails the move back of the old folder too, "slow" waits
+/// 50 ms at every safe point (check_interrupted).
+std::string test_fault();
 /// The name of a signal ("SIGINT", "SIGTERM").
 std::string signal_name(int sig);
 /// Flushes stdout; on a write error (EPIPE, ENOSPC, ...) returns the OS's
