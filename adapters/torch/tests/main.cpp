@@ -1,15 +1,14 @@
 // Catch2 main of the LibTorch adapter tests. `--cuda-or-skip` (first
 // argument) returns 77 — CTest's SKIP_RETURN_CODE for torch.cuda — with a
 // message when no CUDA device is available, and runs the remaining arguments
-// otherwise.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
+// otherwise. The Catch2 session: tests/runtime/catch_runner.cpp.
 #include <torch/cuda.h>
 
 #include <cstdio>
 #include <string_view>
 #include <vector>
+
+int catch_run(int argc, char* argv[]);
 
 int main(int argc, char* argv[]) {
     std::vector<char*> args(argv, argv + argc);
@@ -20,5 +19,5 @@ int main(int argc, char* argv[]) {
         }
         args.erase(args.begin() + 1);
     }
-    return Catch::Session().run(static_cast<int>(args.size()), args.data());
+    return catch_run(static_cast<int>(args.size()), args.data());
 }

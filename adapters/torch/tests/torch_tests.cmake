@@ -5,8 +5,8 @@
 find_package(Catch2 2.13 REQUIRED)
 add_executable(qkgeom_torch_tests "${CMAKE_CURRENT_LIST_DIR}/main.cpp" "${CMAKE_CURRENT_LIST_DIR}/torch_test.cpp")
 qkgeom_dev_target(qkgeom_torch_tests)
-qkgeom_test_main("${CMAKE_CURRENT_LIST_DIR}/main.cpp")
-target_link_libraries(qkgeom_torch_tests PRIVATE qkgeom::torch qkgeom::compiled Catch2::Catch2)
+target_link_libraries(qkgeom_torch_tests PRIVATE qkgeom::torch qkgeom::compiled Catch2::Catch2
+                                                 qkgeom_catch_runner)  # tests/CMakeLists.txt
 
 foreach(_group adapter capture device_moments plasticity errors manifest)
   add_test(NAME torch.${_group} COMMAND qkgeom_torch_tests "[${_group}]")

@@ -239,8 +239,10 @@ inline std::string incomplete_text(io::dataset_run const& run) {
 }
 
 /// Analyses a capture into cache/key (written as key.partial, then renamed).
-inline void analyse_into(run_spec const& r, study_run_options const& o, std::string const& key, std::string const& fp,
-                         std::string const& options, std::filesystem::path const& entry) {
+/// (A template, like its callers: instantiated on use, docs/building.md.)
+template <class = void>
+void analyse_into(run_spec const& r, study_run_options const& o, std::string const& key, std::string const& fp,
+                  std::string const& options, std::filesystem::path const& entry) {
     io::dataset_run_options d;
     d.analysis = o.analysis;
     d.jobs = o.jobs;
@@ -284,7 +286,8 @@ inline bool take_previous(study_run_options const& o, std::string const& key, st
 }
 
 /// A run with a capture: from the cache, or analysed and cached.
-inline run_outcome capture_run(run_spec const& r, study_run_options const& o) {
+template <class = void>
+run_outcome capture_run(run_spec const& r, study_run_options const& o) {
     if (o.cache.empty())
         throw std::invalid_argument("qkgeom::study::run_study: run '" + r.name +
                                     "' has a capture but study_run_options::cache is empty");
@@ -313,7 +316,8 @@ inline run_outcome capture_run(run_spec const& r, study_run_options const& o) {
 /// \param[in] spec the study; its file's "options" replace those of `o` they name.
 /// \param[in] o the options.
 /// \returns one outcome per run, study order.
-[[nodiscard]] inline std::vector<run_outcome> run_all(study_spec const& spec, study_run_options o) {
+template <class = void>
+[[nodiscard]] std::vector<run_outcome> run_all(study_spec const& spec, study_run_options o) {
     apply_study_options(spec, o.analysis, o.context, o.window);  // the file's options win
     std::vector<run_outcome> out;
     for (std::size_t i = 0; i < spec.runs.size(); ++i) {
@@ -345,7 +349,8 @@ inline run_outcome capture_run(run_spec const& r, study_run_options const& o) {
 /// \param[in] o the options.
 /// \returns the study's tables; each run's status says what happened to it.
 /// \throws std::invalid_argument when a run has a capture and o.cache is empty.
-[[nodiscard]] inline study_result run_study(study_spec const& spec, study_run_options const& o) {
+template <class = void>
+[[nodiscard]] study_result run_study(study_spec const& spec, study_run_options const& o) {
     for (auto const& r : spec.runs)
         if (!r.capture.empty() && o.cache.empty())
             throw std::invalid_argument("qkgeom::study::run_study: run '" + r.name +
