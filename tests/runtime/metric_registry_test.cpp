@@ -1,7 +1,9 @@
 // The head-metric registry (qkgeom::head_metrics, issue 30) against everything
 // that lists the head metrics: head_metric_names, head_metric_values, the
 // head_metrics.csv columns, and the column tables of docs/outputs.md and
-// docs/analyze.md. A name changed, added or moved in one place only fails here.
+// docs/analyze.md; the per-bucket registry (qkgeom::profile_metrics) against
+// profile_beyond_names/values, the head_profile.csv columns and docs/outputs.md.
+// A name changed, added or moved in one place only fails here.
 #include <qkgeom/report/csv.hpp>
 
 #include <catch2/catch.hpp>
@@ -200,6 +202,78 @@ TEST_CASE("docs/analyze.md's head metric table has the registry's index and name
         ++n_rows;
     }
     CHECK(n_rows == qkgeom::head_metrics.size());
+}
+
+TEST_CASE("profile_beyond_names and profile_beyond_values come from the per-bucket registry", "[metrics][registry]") {
+    using namespace qkgeom;
+    STATIC_REQUIRE(profile_beyond_names.size() == profile_metrics.size());
+    std::set<std::string_view> seen{"layer",     "q_head",   "k_head",  "q_bucket", "tau",   "n_queries",
+                                    "plasticity", "std_error", "empirical", "quintile", "decile"};
+    for (std::size_t k = 0; k < profile_metrics.size(); ++k) {
+        INFO("profile value " << k);
+        CHECK(profile_beyond_names[k] == profile_metrics[k].name);
+        CHECK(!profile_metrics[k].meaning.empty());
+        CHECK(seen.insert(profile_metrics[k].name).second);  // unique among head_profile.csv's columns
+    }
+
+    // Planted: two profile entries (q_bucket 3 and 5), split entries with
+    // distinct values, a rank bucket for q_bucket 5 only (and one for 4, which
+    // no profile entry has).
+    head_analysis h;
+    h.plasticity.profile.resize(2);
+    h.plasticity.profile[0].q_bucket = 3;
+    h.plasticity.profile[1].q_bucket = 5;
+    h.plasticity.split.profile.resize(2);
+    for (int i = 0; i < 2; ++i) {
+        auto& s = h.plasticity.split.profile[std::size_t(i)];
+        double const o = 10.0 * i;
+        s.pos_mean_rms = o + 1, s.content_mean_rms = o + 2, s.pos_var = o + 3, s.content_var = o + 4;
+        s.ap_no_drift = o + 5, s.ap_frozen_content = o + 6, s.ap_neither = o + 7;
+    }
+    h.ranks.profile.resize(2);
+    h.ranks.profile[0].q_bucket = 4;
+    h.ranks.profile[0].top1_flip = 0.9;
+    h.ranks.profile[1].q_bucket = 5;
+    h.ranks.profile[1].top1_flip = 0.25, h.ranks.profile[1].top1_flip_se = 0.5;
+    h.ranks.profile[1].kendall = 0.75, h.ranks.profile[1].kendall_se = 0.125;
+
+    auto const v0 = profile_beyond_values(h, 0), v1 = profile_beyond_values(h, 1), v2 = profile_beyond_values(h, 2);
+    for (std::size_t k = 0; k < 7; ++k) {
+        CHECK(v0[k] == double(k + 1));
+        CHECK(v1[k] == double(k + 11));
+    }
+    for (std::size_t k = 7; k < 11; ++k) CHECK(std::isnan(v0[k]));  // no rank bucket 3 (4 is not 3)
+    CHECK(v1[7] == 0.25);
+    CHECK(v1[8] == 0.5);
+    CHECK(v1[9] == 0.75);
+    CHECK(v1[10] == 0.125);
+    for (double x : v2) CHECK(std::isnan(x));  // beyond the profile
+}
+
+TEST_CASE("head_profile.csv columns and docs/outputs.md's table list the per-bucket registry", "[metrics][registry][docs]") {
+    auto const cols = qkgeom::report::head_profile_columns();
+    std::vector<std::string> expected{"layer",      "q_head",    "k_head",    "q_bucket", "tau",   "n_queries",
+                                      "plasticity", "std_error", "empirical", "quintile", "decile"};
+    for (auto const& m : qkgeom::profile_metrics) expected.emplace_back(m.name);
+    CHECK(cols == expected);
+
+    auto const sec = section(read_doc("outputs.md"), "## `head_profile.csv`");
+    std::vector<std::string> listed;
+    std::size_t n_registry_rows = 0;
+    for (auto const& row : first_table(sec)) {
+        REQUIRE(row.size() >= 2);
+        auto names = backticked(row[0]);
+        if (names.size() == 1)
+            for (auto const& m : qkgeom::profile_metrics)
+                if (names[0] == m.name) {  // the registry's meaning is the table's
+                    INFO("column " << m.name);
+                    CHECK(row[1] == m.meaning);
+                    ++n_registry_rows;
+                }
+        for (auto& n : names) listed.push_back(std::move(n));
+    }
+    CHECK(listed == cols);
+    CHECK(n_registry_rows == qkgeom::profile_metrics.size());
 }
 
 }  // namespace qkgeom_tests_metric_registry_test

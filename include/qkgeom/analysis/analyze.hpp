@@ -441,10 +441,11 @@ inline constexpr std::array<head_metric, 55> head_metrics{{
 
 namespace detail {
 
-/// The names of the registry, in its order.
-consteval std::array<std::string_view, head_metrics.size()> head_metric_names_of_registry() {
-    std::array<std::string_view, head_metrics.size()> out{};
-    for (std::size_t i = 0; i < head_metrics.size(); ++i) out[i] = head_metrics[i].name;
+/// The names of a registry (head_metrics, profile_metrics), in its order.
+template <class Entry, std::size_t N>
+consteval std::array<std::string_view, N> names_of_registry(std::array<Entry, N> const& registry) {
+    std::array<std::string_view, N> out{};
+    for (std::size_t i = 0; i < N; ++i) out[i] = registry[i].name;
     return out;
 }
 
@@ -452,7 +453,7 @@ consteval std::array<std::string_view, head_metrics.size()> head_metric_names_of
 
 /// \brief Names of the numeric head metrics, in column order (method §7): the
 /// names of `head_metrics`.
-inline constexpr std::array<std::string_view, 55> head_metric_names = detail::head_metric_names_of_registry();
+inline constexpr std::array<std::string_view, 55> head_metric_names = detail::names_of_registry(head_metrics);
 
 /// \brief The numeric head metrics of one head, in `head_metrics` order.
 /// \param[in] h the head's analysis.
@@ -463,46 +464,86 @@ inline std::array<double, head_metric_names.size()> head_metric_values(head_anal
     return out;
 }
 
-/// \brief Names of the per-query-bucket values beyond the thesis (columns of
-/// head_profile.csv after `decile`): the split of the profile
-/// (docs/beyond-split.md) and the rank stability of m keys
-/// (docs/beyond-ranks.md).
-inline constexpr std::array<std::string_view, 11> profile_beyond_names{
-    "pos_mean_rms", "content_mean_rms", "pos_var",   "content_var",  "ap_no_drift",    "ap_frozen_content",
-    "ap_neither",   "top1_flip",        "top1_flip_se", "rank_kendall", "rank_kendall_se"};
+namespace detail {
 
-/// \brief The per-bucket values of `profile_beyond_names` for entry `i` of
-/// `h.plasticity.profile` (the split entry of the same index, the rank
-/// entry of the same q_bucket); NaN where an analysis was off or has none.
+/// The rank bucket of the same q_bucket as entry `i` of h.plasticity.profile; null when none.
+inline rank_bucket const* rank_entry_of(head_analysis const& h, std::size_t i) {
+    if (i >= h.plasticity.profile.size()) return nullptr;
+    std::int64_t const b = h.plasticity.profile[i].q_bucket;
+    auto const& rp = h.ranks.profile;
+    auto const it = std::lower_bound(rp.begin(), rp.end(), b,
+                                     [](rank_bucket const& r, std::int64_t x) { return r.q_bucket < x; });
+    return it != rp.end() && it->q_bucket == b ? &*it : nullptr;
+}
+
+/// Field `f` of split entry `i` (the split profile runs parallel to the plasticity profile); NaN when none.
+template <double split_bucket::*f>
+double split_value(head_analysis const& h, std::size_t i) {
+    auto const& sp = h.plasticity.split.profile;
+    return i < sp.size() ? sp[i].*f : nan;
+}
+
+/// Field `f` of the rank bucket of entry `i`; NaN when none.
+template <double rank_bucket::*f>
+double rank_value(head_analysis const& h, std::size_t i) {
+    auto const* r = rank_entry_of(h, i);
+    return r != nullptr ? r->*f : nan;
+}
+
+}  // namespace detail
+
+/// \brief One per-query-bucket value beyond the thesis, a column of
+/// head_profile.csv after `decile` (docs/outputs.md).
+struct profile_metric {
+    std::string_view name;                                ///< column name
+    metric_kind kind;                                     ///< what kind of number it is
+    std::string_view meaning;                             ///< one line, as in docs/outputs.md's table
+    double (*value)(head_analysis const&, std::size_t);  ///< the value for entry i of h.plasticity.profile
+};
+
+/// \brief The registry of the per-query-bucket values beyond the thesis: the
+/// split of the profile (docs/beyond-split.md; the split entry of the same
+/// index) and the rank stability of m keys (docs/beyond-ranks.md; the rank
+/// bucket of the same `q_bucket`). NaN where an analysis was off or the bucket
+/// has no value. head_profile.csv's columns after `decile`, the Python
+/// profile's keys and docs/outputs.md's table come from it
+/// (tests/runtime/metric_registry_test.cpp).
+inline constexpr std::array<profile_metric, 11> profile_metrics{{
+    {"pos_mean_rms", metric_kind::real,
+     "√(mean over the bucket's evaluated pairs of m_pos²), m_pos = δ₁(α_pos + β_pos τ_b): the positional part of the "
+     "closed-form mean (method §10.1)",
+     detail::split_value<&split_bucket::pos_mean_rms>},
+    {"content_mean_rms", metric_kind::real, "√(mean of m_con²), m_con = δ₂:d · μ_b: the content part of the mean",
+     detail::split_value<&split_bucket::content_mean_rms>},
+    {"pos_var", metric_kind::real, "mean of v_pos = σ²_pos δ₁² over the pairs", detail::split_value<&split_bucket::pos_var>},
+    {"content_var", metric_kind::real, "mean of v_con = δ₂:dᵀ Σ_b δ₂:d over the pairs",
+     detail::split_value<&split_bucket::content_var>},
+    {"ap_no_drift", metric_kind::fraction, "AP_b with β_pos = 0", detail::split_value<&split_bucket::ap_no_drift>},
+    {"ap_frozen_content", metric_kind::fraction,
+     "AP_b with the content model (μ_b, σ²_b or Σ_b) frozen at the first-quintile reference",
+     detail::split_value<&split_bucket::ap_frozen_content>},
+    {"ap_neither", metric_kind::fraction, "AP_b with both", detail::split_value<&split_bucket::ap_neither>},
+    {"top1_flip", metric_kind::probability, "top-1 flip of m keys for a query of this bucket (method §10.4)",
+     detail::rank_value<&rank_bucket::top1_flip>},
+    {"top1_flip_se", metric_kind::real, "its standard error (set sampling and integration)",
+     detail::rank_value<&rank_bucket::top1_flip_se>},
+    {"rank_kendall", metric_kind::correlation, "expected Kendall τ_a of score order vs position order of m keys",
+     detail::rank_value<&rank_bucket::kendall>},
+    {"rank_kendall_se", metric_kind::real, "its standard error", detail::rank_value<&rank_bucket::kendall_se>},
+}};
+
+/// \brief Names of the per-query-bucket values beyond the thesis (columns of
+/// head_profile.csv after `decile`): the names of `profile_metrics`.
+inline constexpr std::array<std::string_view, profile_metrics.size()> profile_beyond_names =
+    detail::names_of_registry(profile_metrics);
+
+/// \brief The values of `profile_metrics` for entry `i` of `h.plasticity.profile`.
 /// \param[in] h the head's analysis.
 /// \param[in] i an index into h.plasticity.profile.
-/// \returns the 11 values.
-inline std::array<double, profile_beyond_names.size()> profile_beyond_values(head_analysis const& h, std::size_t i) {
-    std::array<double, profile_beyond_names.size()> v;
-    v.fill(detail::nan);
-    auto const& sp = h.plasticity.split.profile;
-    if (i < sp.size()) {
-        auto const& s = sp[i];
-        v[0] = s.pos_mean_rms;
-        v[1] = s.content_mean_rms;
-        v[2] = s.pos_var;
-        v[3] = s.content_var;
-        v[4] = s.ap_no_drift;
-        v[5] = s.ap_frozen_content;
-        v[6] = s.ap_neither;
-    }
-    if (i < h.plasticity.profile.size()) {
-        std::int64_t const b = h.plasticity.profile[i].q_bucket;
-        auto const& rp = h.ranks.profile;
-        auto const it = std::lower_bound(rp.begin(), rp.end(), b,
-                                         [](rank_bucket const& r, std::int64_t x) { return r.q_bucket < x; });
-        if (it != rp.end() && it->q_bucket == b) {
-            v[7] = it->top1_flip;
-            v[8] = it->top1_flip_se;
-            v[9] = it->kendall;
-            v[10] = it->kendall_se;
-        }
-    }
+/// \returns the 11 values; NaN where an analysis was off or has none.
+inline std::array<double, profile_metrics.size()> profile_beyond_values(head_analysis const& h, std::size_t i) {
+    std::array<double, profile_metrics.size()> v{};
+    for (std::size_t k = 0; k < profile_metrics.size(); ++k) v[k] = profile_metrics[k].value(h, i);
     return v;
 }
 
