@@ -1,11 +1,11 @@
-"""TransformerLens glue for qkgeom.capture.Recorder (TransformerLens 3 TransformerBridge and the
-legacy HookedTransformer).
+"""TransformerLens glue for qkgeom.capture.Recorder: the legacy HookedTransformer (the TransformerLens 3
+TransformerBridge is refused, assumption T2).
 
-    python3 -m qkgeom.transformerlens MODEL -o DIR --prompts FILE [--context N] [--legacy] ...
+    python3 -m qkgeom.transformerlens MODEL -o DIR --prompts FILE --legacy [--context N] ...
 
-UNTESTED against real TransformerLens: it was not installed where this was written. The checks
-(``check_context``, ``check_grouping``, ``plan_of_cfg``) are tested on SimpleNamespace configs
-(tests/python/capture/tl_checks.py); nothing that runs a model is. Written against
+UNTESTED against real TransformerLens. The checks (``check_context``, ``check_grouping``,
+``plan_of_cfg``) are tested on SimpleNamespace configs (tests/python/capture/hf_config.py) and the
+bridge refusal in tests/python/capture/hf_fixes.py; nothing that runs a model is. Written against
 TransformerLens' source: model_bridge/bridge.py (``TransformerBridge.original_model``),
 model_bridge/generalized_components/position_embeddings_attention.py, and the legacy
 components/abstract_attention.py / grouped_query_attention.py hook points.
@@ -15,10 +15,12 @@ Assumptions:
      legacy ``to_tokens`` truncates to n_ctx by default; here tokens are produced with
      ``truncate=False`` and an example longer than the context is cut to the context, which the
      manifest records as context_length).
-  T2 TransformerBridge (TransformerLens 3): its attention bridge re-implements attention with an
-     explicit score matrix. The capture therefore runs the wrapped Hugging Face model
-     (``bridge.original_model``) with its own attention implementation (SDPA / flash) through
-     qkgeom.hf (the same assumptions A1-A7); the bridge's hooks are not used.
+  T2 TransformerBridge (TransformerLens 3): REFUSED, before any weights are loaded. The bridge
+     replaces the Hugging Face attention modules of ``bridge.original_model`` in place with its own
+     components, which re-implement attention with an explicit score matrix and never call the
+     modeling file's ``apply_rotary_pos_emb``: there is no call site left to record. The same
+     checkpoint is captured by ``python3 -m qkgeom.hf`` (the same options; transformers loads it
+     directly), or by the legacy HookedTransformer here with ``--legacy``.
   T3 Legacy HookedTransformer: ``blocks.{L}.attn.hook_rot_q`` is [B, T, n_heads, d_head] and
      ``hook_rot_k`` is [B, T, n_key_value_heads, d_head] after the rotary embedding and before any
      GQA repetition -- unless ``cfg.ungroup_grouped_query_attention`` is True, when hook_rot_k
@@ -35,6 +37,13 @@ import sys
 from types import SimpleNamespace
 
 from .hf import CaptureConfigError
+
+
+BRIDGE_REFUSAL = (
+    "TransformerBridge (TransformerLens 3) is not supported: the bridge replaces the Hugging Face attention "
+    "modules of bridge.original_model in place, so no apply_rotary_pos_emb call is left to record (assumption "
+    "T2). Capture the same checkpoint with `python3 -m qkgeom.hf {model} ...` (the same options), or with the "
+    "legacy HookedTransformer: add --legacy")
 
 
 def check_context(n_ctx, requested: int, what: str = "cfg.n_ctx") -> None:
@@ -124,13 +133,8 @@ def main(argv=None) -> int:
     from .capture import Recorder, manifest_for  # noqa: PLC0415
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if not a.legacy:  # assumption T2: the wrapped HF model runs, with its own attention
-        from transformer_lens.model_bridge import TransformerBridge  # noqa: PLC0415
-
-        bridge = TransformerBridge.boot_transformers(a.model, device=device, dtype=getattr(torch, a.torch_dtype))
-        check_context(getattr(bridge.cfg, "n_ctx", None), a.context)
-        model = bridge.original_model.eval()
-        return hf.capture_loaded(model, bridge.tokenizer, model.config, a, a.model, device)
+    if not a.legacy:
+        raise CaptureConfigError(BRIDGE_REFUSAL.format(model=a.model))
     from transformer_lens import HookedTransformer  # noqa: PLC0415
 
     model = HookedTransformer.from_pretrained_no_processing(a.model, device=device,
