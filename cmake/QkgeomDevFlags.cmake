@@ -21,6 +21,26 @@ function(qkgeom_dev_target target)
   target_link_libraries(${target} PRIVATE qkgeom::qkgeom qkgeom_dev_flags)
 endfunction()
 
+# qkgeom_torch_pch(<target>): with g++, the LibTorch programs of the build
+# (tests, examples) share one precompiled <torch/torch.h> (QKGEOM_TORCH_PCH,
+# ON): parsing it is about 20 s of every translation unit that includes it.
+# The first target called with it owns the precompiled header; the others
+# reuse it (they link the same targets, so their flags agree; a header that
+# does not fit is an error, -Winvalid-pch, not a silent slow parse).
+option(QKGEOM_TORCH_PCH "g++: the LibTorch test and example programs share a precompiled <torch/torch.h>" ON)
+function(qkgeom_torch_pch target)
+  if(NOT QKGEOM_TORCH_PCH OR NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    return()
+  endif()
+  get_property(_owner GLOBAL PROPERTY QKGEOM_TORCH_PCH_OWNER)
+  if(_owner)
+    target_precompile_headers(${target} REUSE_FROM ${_owner})
+  else()
+    target_precompile_headers(${target} PRIVATE <torch/torch.h>)
+    set_property(GLOBAL PROPERTY QKGEOM_TORCH_PCH_OWNER ${target})
+  endif()
+endfunction()
+
 # qkgeom_unity_build(<target> <files per unit>): compile the target's sources
 # in batches of that many files, one translation unit per batch (docs/building.md,
 # "Build budget"): every file of a test or binding program parses the same

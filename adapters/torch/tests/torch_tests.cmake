@@ -5,6 +5,7 @@
 find_package(Catch2 2.13 REQUIRED)
 add_executable(qkgeom_torch_tests "${CMAKE_CURRENT_LIST_DIR}/main.cpp" "${CMAKE_CURRENT_LIST_DIR}/torch_test.cpp")
 qkgeom_dev_target(qkgeom_torch_tests)
+qkgeom_torch_pch(qkgeom_torch_tests)
 target_link_libraries(qkgeom_torch_tests PRIVATE qkgeom::torch qkgeom::compiled Catch2::Catch2
                                                  qkgeom_catch_runner)  # tests/CMakeLists.txt
 
