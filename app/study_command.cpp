@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,6 +97,20 @@ int write_study_report(cli const& c, st::study_spec const& spec, std::vector<st:
 
 int run_study_command(cli const& given) {
     auto const spec = st::read_study(given.dir);
+    // A run's model that a benchmark does not score: its score is NaN and it
+    // is left out of that benchmark's correlations; said, never silent.
+    for (auto const& b : spec.benchmarks) {
+        if (b.overall_file.empty()) continue;
+        std::set<std::string> missing;
+        for (auto const& r : spec.runs)
+            if (!b.overall.count(r.model)) missing.insert(r.model);
+        std::string list;
+        for (auto const& m : missing) list += (list.empty() ? "'" : ", '") + one_line(m) + "'";
+        if (!missing.empty())
+            std::cerr << "qkgeom: note: " << one_line(b.overall_file.string()) << " (benchmark " << one_line(b.name)
+                      << ") has no score for model " << list
+                      << ": its score is nan and it is left out of that benchmark's correlations\n";
+    }
     cli c = given;  // the study file's "options" win over the command line's (docs/study.md)
     st::apply_study_options(spec, c.opt, c.context, c.window);
     // Everything the study reads: never inside, around or equal to OUT.
@@ -130,6 +145,8 @@ int run_study_command(cli const& given) {
     o.on_head_done = [](std::string const&) { check_interrupted(); };
     o.on_run = [&](std::size_t i, st::run_outcome const& r) {
         check_interrupted();
+        // A damaged cache entry analysed again is said even with --quiet.
+        if (!r.note.empty()) std::cerr << "qkgeom: note: run " << one_line(spec.runs[i].name) << ": " << one_line(r.note) << "\n";
         if (c.quiet) return;
         std::cerr << "qkgeom: run " << spec.runs[i].name << ": " << st::to_string(r.status)
                   << (r.message.empty() ? "" : " (" + one_line(r.message) + ")") << "\n";

@@ -3139,6 +3139,444 @@ def _(ctx):
         raise Fail("manifest head_count %r over %d query entries" % (count, len(entries)))
 
 
+# ---- study_cache: the study cache is verified, self-healing and safe under concurrency --------------
+def _study_case(ctx, runs=None, cap_name="cap", benchmarks=None):
+    """(base, capture copy, study file, OUT) for a one-run study of a private capture copy."""
+    base, cap, out = setup_copy(ctx)
+    if cap_name != "cap":
+        os.rename(cap, os.path.join(ctx.case_dir, cap_name))
+        cap = os.path.join(ctx.case_dir, cap_name)
+    st = _study(ctx, os.path.join(ctx.case_dir, "study.json"), runs or [{"name": "a", "capture": cap_name}],
+                benchmarks)
+    return base, cap, st, out
+
+
+def _run_study(ctx, st, out, *extra):
+    return ctx.run("study", st, "-o", out, "-j", 1, "--quiet", *extra)
+
+
+def _entry(out):
+    """The one cache entry of a study report."""
+    d = os.path.join(out, "cache")
+    names = sorted(n for n in os.listdir(d)) if os.path.isdir(d) else []
+    if len(names) != 1:
+        raise Fail("expected one cache entry, found %s" % names)
+    return os.path.join(d, names[0])
+
+
+def _models(out):
+    """study_models.csv: {run: row without status, message} (the numbers a clean run must equal)."""
+    header, rows = read_csv(os.path.join(out, "study_models.csv"))
+    res = {}
+    for r in rows:
+        d = dict(zip(header, r))
+        for k in ("status", "message"):
+            d.pop(k, None)
+        res[d["run"]] = d
+    return res
+
+
+def _status(out, run="a"):
+    header, rows = read_csv(os.path.join(out, "study_models.csv"))
+    for r in rows:
+        d = dict(zip(header, r))
+        if d["run"] == run:
+            return d["status"]
+    raise Fail("run %s not in study_models.csv" % run)
+
+
+def _clean_study(ctx, base):
+    """study_models.csv of a clean study of the untouched base capture (made per case)."""
+    d = os.path.join(ctx.case_dir, "clean")
+    os.makedirs(d)
+    shutil.copytree(base.cap, os.path.join(d, "cap"), symlinks=True)
+    st = _study(ctx, os.path.join(d, "study.json"), [{"name": "a", "capture": "cap"}])
+    r = _run_study(ctx, st, os.path.join(d, "out"))
+    if r.rc != 0:
+        raise Fail("the clean study: " + r.brief())
+    return _models(os.path.join(d, "out"))
+
+
+def _no_internal_names(r):
+    for text in (r.err, r.out):
+        if ".staging-" in text or ".partial-" in text or ".old-" in text:
+            raise Fail("a message names an internal folder: %r" % unpathed(text)[:300])
+
+
+def _healed(ctx, base, cap, st, out, note_kws):
+    """The run after damage: exit 0, one note naming the damage (never a staging folder), the
+    run analysed again, the entry and the numbers equal a clean run's; the next run serves it."""
+    before = snapshot(cap)
+    r = _run_study(ctx, st, out)
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    _no_internal_names(r)
+    notes = [ln for ln in r.err.split("\n") if ln.startswith("qkgeom: note:")]
+    if not notes or missing_keywords(notes[0], note_kws):
+        raise Fail("no note naming %s on stderr: %r" % (note_kws, unpathed(r.err)[:300]))
+    if _status(out) != "analysed":
+        raise Fail("status %s, expected analysed" % _status(out))
+    compare_heads(_entry(out), base, base.heads, "cached")
+    if _models(out) != _clean_study(ctx, base):
+        raise Fail("study_models.csv differs from a clean study's")
+    if snapshot(cap) != before:
+        raise Fail("the capture changed")
+    r = _run_study(ctx, st, out)
+    if r.rc != 0 or _status(out) != "cached" or "note" in r.err:
+        raise Fail("the run after healing: %s, status %s" % (r.brief(), _status(out)))
+
+
+def _damaged_entry_case(damage, note_kws):
+    def fn(ctx):
+        base, cap, st, out = _study_case(ctx)
+        r = _run_study(ctx, st, out)
+        if r.rc != 0 or _status(out) != "analysed":
+            raise Fail("first run: " + r.brief())
+        damage(_entry(out))
+        _healed(ctx, base, cap, st, out, note_kws)
+    return fn
+
+
+def _flip_digit(p):
+    with open(p, "rb") as f:
+        raw = bytearray(f.read())
+    i = raw.index(b"\n") + 1
+    while not (0x31 <= raw[i] <= 0x39):
+        i += 1
+    raw[i] = raw[i] - 1
+    with open(p, "wb") as f:
+        f.write(raw)
+
+
+def _halve(p):
+    with open(p, "rb") as f:
+        raw = f.read()
+    with open(p, "wb") as f:
+        f.write(raw[:len(raw) // 2])
+
+
+def _replace_by_file(e):
+    shutil.rmtree(e)
+    with open(e, "w") as f:
+        f.write("not an entry\n")
+
+
+def _link_to_copy(p):
+    kept = p + ".kept"
+    shutil.move(p, kept)
+    os.symlink(os.path.basename(kept), p)
+
+
+for _n, _d, _k in [
+        ("hand_edited_head_metrics_same_size", lambda e: _flip_digit(os.path.join(e, "head_metrics.csv")),
+         ["head_metrics.csv", "checksum", "analysed again"]),
+        ("hand_edited_head_profile", lambda e: _flip_digit(os.path.join(e, "head_profile.csv")),
+         ["head_profile.csv", "checksum"]),
+        ("deleted_head_metrics", lambda e: os.remove(os.path.join(e, "head_metrics.csv")),
+         ["head_metrics.csv", "missing"]),
+        ("deleted_head_profile", lambda e: os.remove(os.path.join(e, "head_profile.csv")),
+         ["head_profile.csv", "missing"]),
+        ("truncated_head_metrics", lambda e: _halve(os.path.join(e, "head_metrics.csv")),
+         ["head_metrics.csv", "bytes"]),
+        ("deleted_key_file", lambda e: os.remove(os.path.join(e, "study_key.json")), ["study_key.json"]),
+        ("garbage_key_file", lambda e: open(os.path.join(e, "study_key.json"), "w").write("{"), ["study_key.json"]),
+        ("extra_file_in_entry", lambda e: open(os.path.join(e, "head_extra.csv"), "w").write("x\n"),
+         ["head_extra.csv", "not listed"]),
+        ("entry_replaced_by_a_file", _replace_by_file, ["not a folder"]),
+        ("cached_file_replaced_by_a_link", lambda e: _link_to_copy(os.path.join(e, "head_metrics.csv")),
+         ["head_metrics.csv", "not a regular file"])]:
+    case("study_cache", _n + "_is_analysed_again")(_damaged_entry_case(_d, _k))
+
+
+@case("study_cache", "partial_debris_in_the_cache_is_never_served")
+def _(ctx):
+    base, cap, st, out = _study_case(ctx)
+    if _run_study(ctx, st, out).rc != 0:
+        raise Fail("first run failed")
+    e = _entry(out)
+    shutil.copytree(e, e + ".partial-0123456789abcdef")
+    _flip_digit(os.path.join(e + ".partial-0123456789abcdef", "head_metrics.csv"))
+    r = _run_study(ctx, st, out)
+    if r.rc != 0 or _status(out) != "cached":
+        raise Fail("expected a cached run, got %s" % r.brief())
+    if os.path.exists(e + ".partial-0123456789abcdef"):
+        raise Fail("the debris was carried into the new report's cache")
+    compare_heads(_entry(out), base, base.heads, "cached")
+
+
+def _other_capture(ctx):
+    """A second capture with the same layout (another family: other rows)."""
+    other = os.path.join(ctx.case_dir, "other")
+    r = ctx.run("synth", other, "--layers", 1, "--heads", 4, "--family", "steady", "--format", "npy", "--dtype", "f32",
+               "--quiet")
+    if r.rc != 0:
+        raise Fail("synth: " + r.brief())
+    return other
+
+
+def _edit_behind_link_case(link):
+    """A capture whose entry (or member, or the capture itself) is a symbolic link; the
+    data behind the link changes: the next run analyses again, never serves the old entry."""
+    def fn(ctx):
+        base, cap, st, out = _study_case(ctx)
+        target, q = link(ctx, cap, base)
+        r = _run_study(ctx, st, out)
+        if r.rc != 0 or _status(out) != "analysed":
+            raise Fail("first run: " + r.brief())
+        first = head_rows(_entry(out), "head_metrics.csv")
+        other = _other_capture(ctx)
+        src = os.path.join(other, q)
+        for n in os.listdir(src):
+            shutil.copyfile(os.path.join(src, n), os.path.join(target, n))
+        r = _run_study(ctx, st, out)
+        if r.rc != 0:
+            raise Fail("second run: " + r.brief())
+        if _status(out) != "analysed":
+            raise Fail("the data behind the link changed, yet the run was served %s" % _status(out))
+        if head_rows(_entry(out), "head_metrics.csv") == first:
+            raise Fail("the analysis did not change with the data behind the link")
+    return fn
+
+
+def _link_entry_dir(ctx, cap, base):
+    q = base.q(0)
+    target = os.path.join(ctx.case_dir, "elsewhere_" + q)
+    shutil.move(os.path.join(cap, q), target)
+    os.symlink(target, os.path.join(cap, q))
+    return target, q
+
+
+def _link_whole_capture(ctx, cap, base):
+    real = os.path.join(ctx.case_dir, "real_cap")
+    shutil.move(cap, real)
+    os.symlink(real, cap)
+    return os.path.join(real, base.q(0)), base.q(0)
+
+
+def _link_members(ctx, cap, base):
+    q = base.q(0)
+    target = os.path.join(ctx.case_dir, "members")
+    os.makedirs(target)
+    for n in os.listdir(os.path.join(cap, q)):
+        shutil.move(os.path.join(cap, q, n), os.path.join(target, n))
+        os.symlink(os.path.join(target, n), os.path.join(cap, q, n))
+    return target, q
+
+
+case("study_cache", "entry_folder_symlink_edit_behind_the_link")(_edit_behind_link_case(_link_entry_dir))
+case("study_cache", "capture_symlink_edit_behind_the_link")(_edit_behind_link_case(_link_whole_capture))
+case("study_cache", "entry_members_symlinks_edit_behind_the_links")(_edit_behind_link_case(_link_members))
+
+
+@case("study_cache", "sparse_64GB_file_beside_the_entries_is_not_hashed")
+def _(ctx):
+    base, cap, st, out = _study_case(ctx)
+    with open(os.path.join(cap, "junk.bin"), "wb") as f:
+        f.truncate(64 << 30)
+    r = _run_study(ctx, st, out)
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    compare_heads(_entry(out), base, base.heads, "cached")
+    os.remove(os.path.join(cap, "junk.bin"))  # not read by the analysis: not part of the key either
+    r = _run_study(ctx, st, out)
+    if r.rc != 0 or _status(out) != "cached":
+        raise Fail("without junk.bin: %s, status %s" % (r.brief(), _status(out)))
+
+
+@case("study_cache", "sparse_64GB_stray_entry_fails_fast_by_name")
+def _(ctx):
+    base, cap, st, out = _study_case(ctx)
+    with open(os.path.join(cap, "l00h09q.npz"), "wb") as f:
+        f.truncate(64 << 30)
+    r = _run_study(ctx, st, out)
+    if r.rc != 3:
+        raise Fail("expected exit 3 (the run fails: a stray entry), got " + r.brief())
+    _no_internal_names(r)
+    text = open(os.path.join(out, "failures.txt")).read()
+    if missing_keywords(text, ["l00h09q.npz", "stray"]):
+        raise Fail("failures.txt lacks the stray entry: %r" % text[:300])
+
+
+@case("study_cache", "bytes_written_during_the_run_and_put_back_are_never_cached")
+def _(ctx):
+    cap0, _ = _big(ctx)
+    cap = os.path.join(ctx.case_dir, "cap")
+    shutil.copytree(cap0, cap)
+    st = _study(ctx, os.path.join(ctx.case_dir, "study.json"), [{"name": "a", "capture": "cap"}])
+    out = os.path.join(ctx.case_dir, "out")
+    member = sorted(p for p in (os.path.join(dp, f) for dp, _, fs in os.walk(cap) for f in fs)
+                    if "l03" in p and "vectors" in p or p.endswith(".npz") and "l03" in p)
+    if not member:
+        raise Fail("no entry of layer 3 in the big capture")
+    p, t0 = member[0], time.monotonic()
+    proc, err = _popen(ctx, ["study", st, "-o", out, "-j", 1, "--quiet"], env=_fault_env("slow"))
+    time.sleep(0.4)  # the analysis is under way (50 ms per safe point, 32 heads)
+    with open(p, "rb") as f:
+        orig = f.read()
+    with open(p, "wb") as f:
+        f.write(orig[:-64] + b"\x7f" * 64)  # other bytes, same size ...
+    time.sleep(0.05)
+    with open(p, "wb") as f:
+        f.write(orig)  # ... put back before the analysis ends
+    rc, msg = _wait(ctx, proc, err)
+    if time.monotonic() - t0 > ctx.wall_limit:
+        raise Fail("took %.1f s" % (time.monotonic() - t0))
+    if rc != 3:
+        raise Fail("expected exit 3 (the run failed: its capture changed), got %s: %r" % (rc, msg[-300:]))
+    text = open(os.path.join(out, "failures.txt")).read()
+    if missing_keywords(text, ["changed while it was analysed", "neither used nor cached", "l03"]):
+        raise Fail("failures.txt does not say the capture changed: %r" % text[:300])
+    cache = os.path.join(out, "cache")
+    if os.path.isdir(cache) and os.listdir(cache):
+        raise Fail("an entry was cached: %s" % os.listdir(cache))
+    r = ctx.run("study", st, "-o", out, "-j", 1, "--quiet")
+    if r.rc != 0 or _status(out) != "analysed":
+        raise Fail("the rerun: %s, status %s" % (r.brief(), _status(out)))
+
+
+@case("study_cache", "concurrent_studies_of_one_capture_all_succeed_alike")
+def _(ctx):
+    base, cap, st, _ = _study_case(ctx)
+    procs = []
+    for i in range(3):
+        procs.append(_popen(ctx, ["study", st, "-o", os.path.join(ctx.case_dir, "out%d" % i), "-j", 1, "--quiet"]))
+    for p, err in procs:
+        rc, msg = _wait(ctx, p, err)
+        if rc != 0:
+            raise Fail("a concurrent study exited %s: %r" % (rc, msg[-300:]))
+    tables = [_models(os.path.join(ctx.case_dir, "out%d" % i)) for i in range(3)]
+    if tables[0] != tables[1] or tables[0] != tables[2] or tables[0] != _clean_study(ctx, base):
+        raise Fail("concurrent studies differ from a clean one")
+
+
+# ---- study_numbers: every number of a study is checked, never silently taken or dropped -----------
+def _numbers_case(overall=None, by_length=None, runs=None, names=(), kws=(), rc=1, prepare=None):
+    """A study of a given run (or `runs`) with score files: exit `rc`; exit 1: one line naming
+    `names` + `kws`; exit 3: failures.txt names them; the inputs unchanged."""
+    def fn(ctx):
+        d = ctx.case_dir
+        bms = []
+        if overall is not None or by_length is not None:
+            b = {"name": "LBP"}
+            if overall is not None:
+                open(os.path.join(d, "lbp.csv"), "w").write(overall)
+                b["overall"] = "lbp.csv"
+            if by_length is not None:
+                open(os.path.join(d, "lbp_len.csv"), "w").write(by_length)
+                b["by_length"] = "lbp_len.csv"
+            bms.append(b)
+        if prepare:
+            prepare(ctx)
+        st = _study(ctx, os.path.join(d, "study.json"),
+                    runs or [{"name": "a", "model": "qwen3-8b", "metrics": {"ap_drop": 0.1}}], bms)
+        watch = [os.path.join(d, n) for n in sorted(os.listdir(d))]
+        before = {p: snapshot(p) for p in watch}
+        out = os.path.join(d, "out")
+        r = ctx.run("study", st, "-o", out, "--quiet")
+        if rc == 1:
+            expect_error(r, names, kws)
+        elif r.rc != rc:
+            raise Fail("expected exit %d, got %s" % (rc, r.brief()))
+        if rc == 3:
+            text = open(os.path.join(out, "failures.txt")).read()
+            miss = missing_keywords(text, list(names) + list(kws))
+            if miss:
+                raise Fail("failures.txt lacks %s: %r" % (miss, unpathed(text)[:400]))
+        for p in watch:
+            if snapshot(p) != before[p]:
+                raise Fail("%s changed" % os.path.basename(p))
+    return fn
+
+
+_LEN = "model,lo,hi,score\nqwen3-8b,0,1024,40\nqwen3-8b,1024,4096,38\n"
+for _v in ("nan", "inf", "-inf", "NaN"):
+    case("study_numbers", "overall_score_%s" % _v)(_numbers_case(
+        "model,score\nqwen3-8b,%s\n" % _v, names=["lbp.csv"], kws=["score", "line 2", _v]))
+case("study_numbers", "by_length_score_nan")(_numbers_case(
+    None, "model,lo,hi,score\nqwen3-8b,0,1024,nan\n", names=["lbp_len.csv"], kws=["score", "line 2", "nan"]))
+case("study_numbers", "model_with_trailing_space_says_did_you_mean")(_numbers_case(
+    "model,score\nqwen3-8b ,41.5\n", names=["lbp.csv"], kws=["line 2", "did you mean", "'qwen3-8b'"]))
+case("study_numbers", "model_in_other_case_says_did_you_mean")(_numbers_case(
+    "model,score\nQwen3-8B,41.5\n", names=["lbp.csv"], kws=["line 2", "did you mean", "'qwen3-8b'", "Qwen3-8B"]))
+case("study_numbers", "by_length_model_in_other_case_says_did_you_mean")(_numbers_case(
+    None, "model,lo,hi,score\nQWEN3-8B,0,1024,40\n", names=["lbp_len.csv"], kws=["did you mean", "'qwen3-8b'"]))
+case("study_numbers", "run_model_with_trailing_space_says_did_you_mean")(_numbers_case(
+    "model,score\nqwen3-8b,41.5\n",
+    runs=[{"name": "a", "model": "qwen3-8b ", "metrics": {"ap_drop": 0.1}}],
+    names=["lbp.csv"], kws=["did you mean", "'qwen3-8b '"]))
+case("study_numbers", "header_only_overall_file")(_numbers_case(
+    "model,score\n", names=["lbp.csv"], kws=["no score rows"]))
+case("study_numbers", "header_only_by_length_file")(_numbers_case(
+    None, "model,lo,hi,score\n", names=["lbp_len.csv"], kws=["no score rows"]))
+case("study_numbers", "overlapping_length_bins")(_numbers_case(
+    None, "model,lo,hi,score\nqwen3-8b,0,2048,40\nqwen3-8b,1024,4096,38\n", names=["lbp_len.csv"],
+    kws=["overlaps", "line 2", "line 3", "qwen3-8b"]))
+case("study_numbers", "the_same_length_bin_twice")(_numbers_case(
+    None, "model,lo,hi,score\nqwen3-8b,0,1024,40\nqwen3-8b,0,1024,41\n", names=["lbp_len.csv"], kws=["overlaps"]))
+for _m, _v, _k in [("ap_overall", 7.5, "outside [0, 1]"), ("n_q_tokens", -3, "integer"),
+                   ("n_q_tokens", 2.5, "integer"), ("r_q_a", -1.5, "outside [-1, 1]"),
+                   ("abs_alpha_k", -0.25, ">= 0"), ("sem_frac_ks_reject", 1.01, "outside")]:
+    case("study_numbers", "given_%s_%s" % (_m, _v))(_numbers_case(
+        runs=[{"name": "a", "metrics": {_m: _v}}], names=["study.json"],
+        kws=["runs[0].metrics." + _m, Num(_v), _k]))
+
+
+def _edited_analysis(col, value):
+    def prepare(ctx):
+        base = ctx.base("npy")
+        ana = os.path.join(ctx.case_dir, "ana")
+        shutil.copytree(base.out, ana)
+        p = os.path.join(ana, "head_metrics.csv")
+        header, rows = read_csv(p)
+        rows[1][header.index(col)] = value
+        with open(p, "w", newline="") as f:
+            csv.writer(f, lineterminator="\n").writerows([header] + rows)
+    return prepare
+
+
+for _m, _v, _k in [("ap_overall", "7.5", "outside [0, 1]"), ("n_q_tokens", "-5", "integer"),
+                   ("alpha_k", "inf", "finite"), ("ap_drop", "-inf", "finite"), ("pos_ks_p", "1.5", "outside")]:
+    case("study_numbers", "analysis_folder_%s_%s" % (_m, _v))(_numbers_case(
+        runs=[{"name": "a", "analysis": "ana"}], rc=3, prepare=_edited_analysis(_m, _v),
+        names=["head_metrics.csv"], kws=[_m, "line 3", _v, _k]))
+
+
+def _incomplete_analysis(ctx):
+    base, cap, _ = setup_copy(ctx)
+    truncate_file(entry_path(cap, base.q(1)), 100)
+    r = ctx.analyze(cap, os.path.join(ctx.case_dir, "ana"))
+    if r.rc != 3:
+        raise Fail("the analysis of a capture with a truncated entry: expected exit 3, got " + r.brief())
+    shutil.rmtree(cap)
+
+
+case("study_numbers", "analysis_folder_of_a_run_that_exited_3")(_numbers_case(
+    runs=[{"name": "a", "analysis": "ana"}], rc=3, prepare=_incomplete_analysis,
+    names=["ana", "failures.txt"], kws=["incomplete analysis"]))
+
+
+@case("study_numbers", "a_run_model_without_a_score_is_said_and_extra_models_are_fine")
+def _(ctx):
+    d = ctx.case_dir
+    open(os.path.join(d, "lbp.csv"), "w").write("model,score\nqwen3-8b,41.5\nnot-in-the-study,12\n")
+    st = _study(ctx, os.path.join(d, "study.json"),
+                [{"name": "a", "model": "qwen3-8b", "metrics": {"ap_drop": 0.1}},
+                 {"name": "b", "model": "llama-3", "metrics": {"ap_drop": 0.2}}],
+                [{"name": "LBP", "overall": "lbp.csv"}])
+    out = os.path.join(d, "out")
+    r = ctx.run("study", st, "-o", out, "--quiet")
+    if r.rc != 0:
+        raise Fail("expected exit 0, got " + r.brief())
+    if missing_keywords(r.err, ["note", "lbp.csv", "LBP", "'llama-3'", "left out"]):
+        raise Fail("no note naming the unscored model: %r" % unpathed(r.err)[:300])
+    if "qwen3-8b" in r.err:
+        raise Fail("the scored model is named in the note: %r" % r.err[:300])
+    header, rows = read_csv(os.path.join(out, "study_models.csv"))
+    score = {dict(zip(header, x))["run"]: dict(zip(header, x))["score_LBP"] for x in rows}
+    if score != {"a": "41.5", "b": "nan"}:
+        raise Fail("scores %s" % score)
+
+
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
@@ -3181,7 +3619,7 @@ def main():
     ap.add_argument("--qkgeom", required=False)
     ap.add_argument("--work", required=False)
     ap.add_argument("--class", dest="cls", action="append",
-                    help="class to run: 1..8, manifest, formats, inputs, signals, merge, options "
+                    help="class to run: 1..8, manifest, formats, inputs, signals, merge, options, study_cache, study_numbers "
                     "(repeatable; default all)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("-k", dest="substr", action="append", help="run only cases whose name contains this")

@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -292,6 +293,52 @@ TEST_CASE("study read: hostile analysis folders name the file, field and value",
             CHECK(e.field() == col);
             CHECK(e.value() == val);
         }
+    }
+    SECTION("a metric outside its range (from the registry's kind)") {
+        for (auto const& [col, val, said] : std::vector<std::array<std::string, 3>>{
+                 {"ap_overall", "7.5", "outside [0, 1]"},
+                 {"n_q_tokens", "-3", "integer >= 0"},
+                 {"n_k_tokens", "2.5", "integer >= 0"},
+                 {"r_k_a", "-1.25", "outside [-1, 1]"},
+                 {"alpha_k", "inf", "finite"},
+                 {"pos_ks_p", "-0.5", "outside [0, 1]"},
+                 {"n_q_tokens", "nan", "nan"}}) {
+            auto rows = m.rows;
+            rows[1][m.column(col)] = val;
+            write_table(metrics, m.columns, rows);
+            auto const e = error_of([&] { (void)st::read_analysis(a.dir); });
+            INFO(col << " = " << val << ": " << e.what());
+            CHECK(e.source() == metrics.string());
+            CHECK(e.field() == col);
+            CHECK(e.value() == val);
+            CHECK(contains(e.what(), "line 3"));
+            CHECK(contains(e.what(), said));
+        }
+        auto rows = m.rows;  // NaN is a metric's documented "undefined"; a real may be any finite value
+        rows[1][m.column("ap_overall")] = "nan";
+        rows[1][m.column("alpha_k")] = "-12345.5";
+        write_table(metrics, m.columns, rows);
+        auto const& names = qkgeom::head_metric_names;
+        auto const ap = static_cast<std::size_t>(std::find(names.begin(), names.end(), "ap_overall") - names.begin());
+        CHECK(std::isnan(st::read_analysis(a.dir).heads[1].metrics[ap]));
+    }
+    SECTION("a bucket plasticity outside [0, 1], a negative tau") {
+        for (auto const& [col, val] : {std::pair<std::string, std::string>{"plasticity", "1.5"}, {"tau", "-4"}}) {
+            auto rows = p.rows;
+            rows[1][p.column(col)] = val;
+            write_table(profile, p.columns, rows);
+            auto const e = error_of([&] { (void)st::read_analysis(a.dir); });
+            CHECK(e.source() == profile.string());
+            CHECK(e.field() == col);
+            CHECK(e.value() == val);
+        }
+    }
+    SECTION("an analysis in which some heads failed (failures.txt) is not read as complete") {
+        std::ofstream(a.dir / "failures.txt") << "l00h01q: vectors.npy: truncated\n";
+        auto const e = error_of([&] { (void)st::read_analysis(a.dir); });
+        CHECK(e.source() == a.dir.string());
+        CHECK(e.field() == "failures.txt");
+        CHECK(contains(e.what(), "incomplete analysis"));
     }
     SECTION("a duplicated profile bucket") {
         auto rows = p.rows;

@@ -18,12 +18,16 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 // One namespace per file: the test program is built as a unity build
@@ -461,6 +465,253 @@ TEST_CASE("study file errors name the file, the field and the value", "[study]")
     CHECK(s.runs[0].capture == fs::path("/data/studies/caps/a"));
     CHECK(s.runs[0].model == "a");
     CHECK(s.runs[0].family == "a");
+}
+
+}  // namespace qkgeom_tests_study_test
+
+namespace qkgeom_tests_study_test {
+
+namespace {
+
+/// Every file of a tree (relative path → bytes), links followed.
+std::map<std::string, std::string> tree_bytes(fs::path const& dir) {
+    std::map<std::string, std::string> out;
+    for (auto const& e : fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink))
+        if (e.is_regular_file()) {
+            std::ifstream in(e.path(), std::ios::binary);
+            out[fs::relative(e.path(), dir).generic_string()] = std::string(std::istreambuf_iterator<char>(in), {});
+        }
+    return out;
+}
+
+/// The same numbers (NaN equal to NaN) in every head metric of two outcomes.
+bool same_numbers(st::run_outcome const& a, st::run_outcome const& b) {
+    if (a.heads.heads.size() != b.heads.heads.size()) return false;
+    for (std::size_t h = 0; h < a.heads.heads.size(); ++h)
+        for (std::size_t m = 0; m < qkgeom::head_metric_names.size(); ++m) {
+            double const x = a.heads.heads[h].metrics[m], y = b.heads.heads[h].metrics[m];
+            if (!((std::isnan(x) && std::isnan(y)) || x == y)) return false;
+        }
+    return true;
+}
+
+/// Changes one digit of a file, keeping its size (a hand edit).
+void flip_a_digit(fs::path const& p) {
+    std::string s;
+    {
+        std::ifstream in(p, std::ios::binary);
+        s.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    auto const at = s.find_first_of("123456789", s.find('\n'));
+    REQUIRE(at != std::string::npos);
+    s[at] = s[at] == '9' ? '8' : static_cast<char>(s[at] + 1);
+    write_file(p, s);
+}
+
+}  // namespace
+
+TEST_CASE("the cache is verified: a damaged entry is analysed again and said", "[study][cache]") {
+    temp_dir tmp;
+    st::study_spec spec = captures_in(tmp.path, 1, 40);
+    st::study_run_options o;
+    o.jobs = 1;
+    o.cache = tmp.path / "cache";
+    using S = st::run_status;
+    auto const first = st::run_all(spec, o);
+    REQUIRE(first[0].status == S::analysed);
+    auto const entry = first[0].folder;
+    auto const caps = tree_bytes(tmp.path / "cap0");
+    // Each way of damaging the entry: served never, analysed again, said in the note.
+    struct damage {
+        char const* what;
+        std::function<void()> make;
+        char const* said;
+    };
+    std::vector<damage> const damages{
+        {"a hand-edited head_metrics.csv (same size)", [&] { flip_a_digit(entry / "head_metrics.csv"); },
+         "head_metrics.csv differs from its recorded checksum"},
+        {"a deleted head_profile.csv", [&] { fs::remove(entry / "head_profile.csv"); }, "head_profile.csv is missing"},
+        {"a file added", [&] { write_file(entry / "head_extra.csv", "x\n"); }, "head_extra.csv is not listed"},
+        {"a lost key file", [&] { fs::remove(entry / std::string(st::cache_key_file)); }, "missing or unreadable"}};
+    for (auto const& d : damages) {
+        INFO(d.what);
+        d.make();
+        auto const again = st::run_all(spec, o);
+        CHECK(again[0].status == S::analysed);
+        CHECK(again[0].note.find(d.said) != std::string::npos);
+        CHECK(same_numbers(first[0], again[0]));
+        auto const third = st::run_all(spec, o);  // healed
+        CHECK(third[0].status == S::cached);
+        CHECK(third[0].note.empty());
+    }
+    // A damaged entry of a previous cache is not copied: analysed, and said.
+    auto o2 = o;
+    o2.cache = tmp.path / "cache2";
+    o2.previous_caches = {o.cache};
+    flip_a_digit(entry / "head_profile.csv");
+    auto const from_previous = st::run_all(spec, o2);
+    CHECK(from_previous[0].status == S::analysed);
+    CHECK(from_previous[0].note.find("earlier cache") != std::string::npos);
+    CHECK(same_numbers(first[0], from_previous[0]));
+    CHECK(tree_bytes(tmp.path / "cap0") == caps);  // the capture is only read
+}
+
+TEST_CASE("the cache follows links, reads only what the analysis reads, and sees writes during a run",
+          "[study][cache]") {
+    temp_dir tmp;
+    using S = st::run_status;
+    // An entry folder that is a symbolic link: its target's bytes are the key.
+    write_capture(tmp.path / "real", 50);
+    write_capture(tmp.path / "other", 51);
+    fs::create_directories(tmp.path / "cap");
+    fs::copy(tmp.path / "real" / "manifest.json", tmp.path / "cap" / "manifest.json");
+    for (auto const& e : fs::directory_iterator(tmp.path / "real"))
+        if (e.path().filename() != "manifest.json")
+            fs::create_directory_symlink(e.path(), tmp.path / "cap" / e.path().filename());
+    st::study_spec spec;
+    st::run_spec r;
+    r.name = r.model = r.family = "linked";
+    r.capture = tmp.path / "cap";
+    spec.runs.push_back(r);
+    st::study_run_options o;
+    o.jobs = 1;
+    o.cache = tmp.path / "cache";
+    auto const first = st::run_all(spec, o);
+    REQUIRE(first[0].status == S::analysed);
+    std::string const fp = st::capture_fingerprint(r.capture);
+    // The entry behind the link gets another seed's rows.
+    auto const q = qkgeom::io::head_entry_name(0, 0, qkgeom::kind::query);
+    for (auto const& f : fs::directory_iterator(tmp.path / "other" / q))
+        fs::copy(f.path(), tmp.path / "real" / q / f.path().filename(), fs::copy_options::overwrite_existing);
+    CHECK(st::capture_fingerprint(r.capture) != fp);
+    auto const second = st::run_all(spec, o);
+    INFO(second[0].message);
+    CHECK(second[0].status == S::analysed);
+    CHECK(!same_numbers(first[0], second[0]));
+    // A file the analysis does not read changes nothing (and is not read).
+    std::string const fp2 = st::capture_fingerprint(r.capture);
+    write_file(tmp.path / "cap" / "notes.txt", "not part of the capture\n");
+    CHECK(st::capture_fingerprint(r.capture) == fp2);
+    CHECK(st::run_all(spec, o)[0].status == S::cached);
+    // A file over fingerprint_max_file_bytes counts by its metadata: a sparse
+    // stray entry is never read whole, and touching it changes the key.
+    auto const big = tmp.path / "cap" / (qkgeom::io::head_entry_name(5, 0, qkgeom::kind::query) + ".npz");
+    {
+        std::ofstream f(big, std::ios::binary);
+        f.seekp(static_cast<std::streamoff>(st::fingerprint_max_file_bytes) + 1);
+        f.put('\0');
+    }
+    std::string const fp3 = st::capture_fingerprint(r.capture);
+    fs::last_write_time(big, fs::last_write_time(big) - std::chrono::hours(1));
+    CHECK(st::capture_fingerprint(r.capture) != fp3);
+    fs::remove(big);
+    // A write that puts the same bytes back is seen by capture_state (on
+    // POSIX the status-change time cannot be set back); the program refuses
+    // to cache an analysis across such a change.
+    auto const before = st::capture_state(r.capture);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // past the file system's time granularity
+    auto const vec = tmp.path / "real" / q / "vectors.npy";
+    auto const bytes = tree_bytes(tmp.path / "real" / q).at("vectors.npy");
+    write_file(vec, bytes);
+    CHECK(st::capture_state(r.capture) != before);
+    CHECK(st::capture_fingerprint(r.capture) == fp2);
+}
+
+TEST_CASE("studies sharing a cache at once all succeed, with one entry and no debris", "[study][cache]") {
+    temp_dir tmp;
+    st::study_spec spec = captures_in(tmp.path, 2, 60);
+    st::study_run_options o;
+    o.jobs = 1;
+    o.cache = tmp.path / "cache";
+    std::vector<std::vector<st::run_outcome>> got(4);
+    std::vector<std::thread> threads;
+    for (std::size_t t = 0; t < got.size(); ++t) threads.emplace_back([&, t] { got[t] = st::run_all(spec, o); });
+    for (auto& t : threads) t.join();
+    for (std::size_t t = 0; t < got.size(); ++t)
+        for (std::size_t i = 0; i < 2; ++i) {
+            INFO("thread " << t << ", run " << i << ": " << got[t][i].message);
+            CHECK((got[t][i].status == st::run_status::analysed || got[t][i].status == st::run_status::cached));
+            CHECK(same_numbers(got[0][i], got[t][i]));
+        }
+    std::vector<std::string> names;
+    for (auto const& e : fs::directory_iterator(o.cache)) names.push_back(e.path().filename().string());
+    CHECK(names.size() == 2);  // two entries, no KEY.partial-* or KEY.stale-* left
+    for (auto const& n : names) CHECK(n.find('.') == std::string::npos);
+}
+
+TEST_CASE("study numbers: scores, model names, bins and given metrics are checked when the file is read",
+          "[study]") {
+    temp_dir tmp;
+    auto const study = tmp.path / "s.json";
+    auto error_of = [&](std::string const& overall, std::string const& by_length,
+                        std::string const& runs = R"([{"name": "a", "model": "qwen3-8b", "metrics": {"ap_drop": 0.1}}])")
+        -> qkgeom::input_error {
+        write_file(tmp.path / "o.csv", overall);
+        write_file(tmp.path / "l.csv", by_length);
+        write_file(study, R"({"runs": )" + runs +
+                              R"(, "benchmarks": [{"name": "LBP", "overall": "o.csv", "by_length": "l.csv"}]})");
+        try {
+            (void)st::read_study(study);
+        } catch (qkgeom::input_error const& e) {
+            return e;
+        }
+        FAIL("no error for " << overall << " / " << by_length << " / " << runs);
+        return qkgeom::input_error("", "", "", "");
+    };
+    std::string const good_o = "model,score\nqwen3-8b,41.5\nother-model,30\n";
+    std::string const good_l = "model,lo,hi,score\nqwen3-8b,0,1024,40\nqwen3-8b,1024,4096,38\n";
+    write_file(tmp.path / "o.csv", good_o);
+    write_file(tmp.path / "l.csv", good_l);
+    write_file(study, R"({"runs": [{"name": "a", "model": "qwen3-8b", "metrics": {"ap_drop": 0.1}}],
+                          "benchmarks": [{"name": "LBP", "overall": "o.csv", "by_length": "l.csv"}]})");
+    REQUIRE(st::read_study(study).benchmarks[0].overall.size() == 2);  // a model of no run is fine
+    for (auto const& bad : {"nan", "inf", "-inf"}) {
+        auto const e = error_of("model,score\nqwen3-8b," + std::string(bad) + "\n", good_l);
+        CHECK(e.source() == (tmp.path / "o.csv").string());
+        CHECK(e.field() == "score");
+        CHECK(e.value() == bad);
+        CHECK(std::string(e.what()).find("line 2") != std::string::npos);
+    }
+    auto e = error_of(good_o, "model,lo,hi,score\nqwen3-8b,0,1024,nan\n");
+    CHECK(e.field() == "score");
+    e = error_of("model,score\n", good_l);
+    CHECK(e.field() == "rows");
+    CHECK(std::string(e.what()).find("no score rows") != std::string::npos);
+    e = error_of(good_o, "model,lo,hi,score\n");
+    CHECK(e.source() == (tmp.path / "l.csv").string());
+    for (auto const& near : {"qwen3-8b ", "Qwen3-8B", " QWEN3-8b"}) {
+        e = error_of("model,score\n" + std::string(near) + ",41.5\n", good_l);
+        CHECK(e.field() == "model");
+        CHECK(e.value() == near);
+        CHECK(std::string(e.what()).find("did you mean 'qwen3-8b'") != std::string::npos);
+    }
+    e = error_of(good_o, good_l, R"([{"name": "a", "model": "qwen3-8b ", "metrics": {"ap_drop": 0.1}}])");
+    CHECK(e.value() == "qwen3-8b");
+    CHECK(std::string(e.what()).find("did you mean 'qwen3-8b '") != std::string::npos);
+    e = error_of(good_o, "model,lo,hi,score\nqwen3-8b,0,2048,40\nqwen3-8b,1024,4096,38\n");
+    CHECK(e.field() == "lo, hi");
+    CHECK(std::string(e.what()).find("overlaps") != std::string::npos);
+    CHECK(std::string(e.what()).find("line 2") != std::string::npos);
+    e = error_of(good_o, "model,lo,hi,score\nqwen3-8b,0,1024,40\nqwen3-8b,0,1024,41\n");  // the same bin twice
+    CHECK(std::string(e.what()).find("overlaps") != std::string::npos);
+    // Bins that touch do not overlap; other models' bins are apart.
+    write_file(tmp.path / "l.csv", "model,lo,hi,score\nqwen3-8b,0,1024,40\nother,0,4096,1\nqwen3-8b,1024,2048,3\n");
+    CHECK(st::read_study(study).benchmarks[0].by_length.size() == 3);
+    // Given metrics out of their range (from the registry's kinds).
+    for (auto const& [metric, value] : std::vector<std::pair<std::string, std::string>>{
+             {"ap_overall", "7.5"}, {"n_q_tokens", "-3"}, {"n_q_tokens", "2.5"}, {"r_q_a", "-1.5"},
+             {"abs_alpha_k", "-0.1"}, {"abs_r_k_a", "1.2"}}) {
+        try {
+            (void)st::parse_study(R"({"runs": [{"name": "a", "metrics": {")" + metric + "\": " + value + "}}]}",
+                                  "s.json");
+            FAIL("accepted " << metric << " = " << value);
+        } catch (qkgeom::input_error const& x) {
+            CHECK(x.field() == "runs[0].metrics." + metric);
+            CHECK(x.value() == value);
+        }
+    }
+    CHECK(st::parse_study(R"({"runs": [{"name": "a", "metrics": {"ap_drop": -0.4, "n_q_tokens": 4096,
+          "bias_strength": -3e5, "ap_overall": 1.0}}]})", "s.json").runs[0].metrics.size() == 4);
 }
 
 }  // namespace qkgeom_tests_study_test

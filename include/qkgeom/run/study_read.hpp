@@ -296,8 +296,12 @@ inline void read_head_metrics(csv_table const& t, run_heads& out, std::map<head_
     for (std::size_t r = 0; r < t.rows.size(); ++r) {
         head_row h;
         h.id = read_id(t, r, id_col);
-        for (std::size_t m = 0; m < mcol.size(); ++m)
+        for (std::size_t m = 0; m < mcol.size(); ++m) {
             h.metrics[m] = mcol[m] ? t.number(r, *mcol[m]) : std::numeric_limits<double>::quiet_NaN();
+            if (auto const problem = metric_value_problem(head_metric_names[m], h.metrics[m]);
+                mcol[m] && !problem.empty())
+                t.bad_field(r, *mcol[m], problem + "; docs/study.md#metrics");
+        }
         h.taxonomy = parse_class(t, r, tax);
         if (!index.emplace(h.id, out.heads.size()).second)
             fail_line(t.file, t.lines[r],
@@ -331,8 +335,11 @@ inline void read_head_profile(csv_table const& t, run_heads& out, std::map<head_
         profile_point p;
         p.q_bucket = t.integer(r, qb);
         p.tau = t.number(r, tau);
+        if (p.tau < 0 || std::isinf(p.tau)) t.bad_field(r, tau, "a mean query position must be >= 0 and finite (or nan)");
         p.n_queries = ranged(t, r, nq, 0, std::numeric_limits<std::int64_t>::max());
         p.ap = t.number(r, ap);
+        if (!std::isnan(p.ap) && !(p.ap >= -metric_range_slack && p.ap <= 1 + metric_range_slack))
+            t.bad_field(r, ap, "a bucket's plasticity must lie in [0, 1] (or be nan)");
         p.quintile = static_cast<int>(ranged(t, r, qu, 0, 4));
         p.decile = static_cast<int>(ranged(t, r, de, 0, 9));
         auto& prof = out.heads[it->second].profile;
@@ -346,10 +353,17 @@ inline void read_head_profile(csv_table const& t, run_heads& out, std::map<head_
 inline void read_model_quantiles(csv_table const& t, run_heads& out) {
     if (t.rows.size() != 1)
         qkgeom::detail::fail_input(t.file.string(), "rows", t.rows.size(), "expected exactly one model row");
+    auto const plasticity = [&](std::string const& name) {
+        auto const c = t.column(name);
+        double const x = t.number(0, c);
+        if (!std::isnan(x) && !(x >= -metric_range_slack && x <= 1 + metric_range_slack))
+            t.bad_field(0, c, "a plasticity mean must lie in [0, 1] (or be nan)");
+        return x;
+    };
     for (std::size_t i = 0; i < out.report_quintile.size(); ++i)
-        out.report_quintile[i] = t.number(0, t.column("ap_quintile_" + std::to_string(i)));
+        out.report_quintile[i] = plasticity("ap_quintile_" + std::to_string(i));
     for (std::size_t i = 0; i < out.report_decile.size(); ++i)
-        out.report_decile[i] = t.number(0, t.column("ap_decile_" + std::to_string(i)));
+        out.report_decile[i] = plasticity("ap_decile_" + std::to_string(i));
 }
 
 inline bool present(std::filesystem::path const& p) {
@@ -367,13 +381,24 @@ inline bool present(std::filesystem::path const& p) {
 /// is left 0 (unknown: no CSV file records it).
 /// \param[in] dir the analysis folder.
 /// \returns the heads in head_metrics.csv order, each with its profile rows in file order.
-/// \throws input_error naming the folder when it has no head_metrics.csv; naming
+/// \throws input_error naming the folder when it has no head_metrics.csv or
+/// holds failures.txt (an analysis in which some heads failed); naming
 /// the file, field and value for: a missing column, a bad number or integer, a
 /// negative head index, an unknown taxonomy class, a head listed twice, a
-/// profile row whose head is not in head_metrics.csv, a quintile outside 0..4 or
+/// profile row whose head is not in head_metrics.csv, a metric outside its
+/// range (metric_value_problem: ap_overall 7.5, a negative or fractional
+/// count, an infinity), a negative or infinite tau, a bucket plasticity or a
+/// quantile mean outside [0, 1], a quintile outside 0..4 or
 /// decile outside 0..9, a negative n_queries, a q_bucket not ascending within its
 /// head, a model_report.csv without exactly one row; and as read_csv.
 inline run_heads read_analysis(std::filesystem::path const& dir) {
+    // `qkgeom analyze` writes failures.txt when some heads failed (exit
+    // status 3): the folder holds only the healthy heads, and a model-level
+    // mean over them would pass for the whole model's.
+    if (auto const failures = dir / "failures.txt"; detail::present(failures))
+        qkgeom::detail::fail_input(dir.string(), "failures.txt", failures.string(),
+                                   "an incomplete analysis: the run that wrote it failed on some heads (exit status 3, "
+                                   "listed in failures.txt); analyse the capture again until every head succeeds");
     auto const metrics = dir / std::string(report::head_metrics_file);
     if (!detail::present(metrics))
         qkgeom::detail::fail_input(dir.string(), std::string(report::head_metrics_file), dir.string(),

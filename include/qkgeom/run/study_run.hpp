@@ -3,10 +3,14 @@
 // analysed from its capture and cached; a broken run is reported and the
 // others go on; then the tables are computed (study/compute.hpp).
 //
-// The cache is keyed by the capture's content (every file's relative name,
-// size and bytes), the analysis options in effect (options_text) and the
-// qkgeom version: adding a run analyses only it, changing an option analyses
-// every capture again, and a capture whose bytes changed is analysed again.
+// The cache is keyed by the capture's content (the bytes of the files the
+// analysis reads: manifest.json and the head entries), the analysis options
+// in effect (options_text) and the qkgeom version: adding a run analyses only
+// it, changing an option analyses every capture again, and a capture whose
+// bytes changed is analysed again. An entry records a checksum of each of its
+// files and is served only whole; a capture written while it was analysed is
+// never cached; entries are put in place by one rename, so studies sharing a
+// cache can run at once (docs/study.md#caching).
 #pragma once
 
 #include <qkgeom/analysis/policy_names.hpp>
@@ -22,16 +26,28 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
+#include <set>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/stat.h>
+#define QKGEOM_STUDY_POSIX_STAT 1
+#else
+#define QKGEOM_STUDY_POSIX_STAT 0
+#endif
 
 namespace qkgeom {
 namespace study {
@@ -64,6 +80,11 @@ struct study_run_options {
 
 /// \brief The cache's record of an entry, written last into the entry.
 inline constexpr std::string_view cache_key_file = "study_key.json";
+
+/// \brief Files of a capture larger than this (1 GiB) are fingerprinted by
+/// their metadata, not their bytes (capture_fingerprint): a 64 GB sparse
+/// entry is never read whole.
+inline constexpr std::uintmax_t fingerprint_max_file_bytes = std::uintmax_t(1) << 30;
 
 namespace detail {
 
@@ -121,48 +142,127 @@ private:
     std::array<std::uint64_t, 4> lane_{P1 + P2, P2, 0, 0 - P1};
 };
 
-/// Every regular file under `dir` (recursively, symlinks followed to files),
-/// sorted by relative path.
+/// The files of a capture the analysis reads, relative to `dir`, sorted:
+/// manifest.json and every item at the top level named as a head entry
+/// (lLLhHH[qk], bare or ending in .npz / .safetensors); an entry folder
+/// (symbolic links followed) stands for the NumPy files it holds. Other
+/// files are not read by the analysis and are left out.
 inline std::vector<std::filesystem::path> capture_files(std::filesystem::path const& dir) {
     namespace fs = std::filesystem;
     std::error_code ec;
     if (!fs::is_directory(dir, ec))
         throw input_error(dir.string(), "capture", dir.string(), dir.string() + ": not a capture folder (not a directory)");
     std::vector<fs::path> out;
-    for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-        if (it->is_regular_file(ec)) out.push_back(fs::relative(it->path(), dir));
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        std::string const name = it->path().filename().string();
+        std::string_view bare = name;
+        if (bare.ends_with(".safetensors")) bare.remove_suffix(12);
+        else if (bare.ends_with(".npz")) bare.remove_suffix(4);
+        io::entry_id id;
+        bool const manifest = name == "manifest.json";
+        if (!manifest && !io::detail::parse_entry_name(bare, id)) continue;
+        std::error_code sec;
+        if (!manifest && bare.size() == name.size() && fs::is_directory(it->path(), sec)) {
+            for (auto f : io::detail::npy_entry_files) {
+                std::error_code fec;
+                if (fs::exists(it->path() / std::string(f), fec)) out.push_back(fs::path(name) / std::string(f));
+            }
+            continue;
+        }
+        out.emplace_back(name);
+    }
     if (ec) throw input_error(dir.string(), "capture", dir.string(), dir.string() + ": cannot list: " + ec.message());
     std::sort(out.begin(), out.end());
     return out;
 }
 
+/// A file's metadata as text: size and modification time, and where the
+/// system has them (POSIX) device, inode and status-change time (which no
+/// program can set back). Symbolic links are followed.
+inline std::string file_metadata(std::filesystem::path const& p) {
+#if QKGEOM_STUDY_POSIX_STAT
+    struct ::stat st {};
+    if (::stat(p.c_str(), &st) != 0) return "unreadable";
+#if defined(__APPLE__)
+    auto const& m = st.st_mtimespec;
+    auto const& c = st.st_ctimespec;
+#else
+    auto const& m = st.st_mtim;
+    auto const& c = st.st_ctim;
+#endif
+    return "size " + std::to_string(st.st_size) + ", modified " + std::to_string(m.tv_sec) + "." +
+           std::to_string(m.tv_nsec) + ", changed " + std::to_string(c.tv_sec) + "." + std::to_string(c.tv_nsec) +
+           ", inode " + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+#else
+    std::error_code ec, ec2;
+    auto const size = std::filesystem::file_size(p, ec);
+    auto const t = std::filesystem::last_write_time(p, ec2);
+    if (ec || ec2) return "unreadable";
+    return "size " + std::to_string(size) + ", modified " + std::to_string(t.time_since_epoch().count());
+#endif
+}
+
+/// Hashes a file's bytes into `h` (its size after them); input_error naming it when it cannot be read.
+inline void hash_file_bytes(std::filesystem::path const& p, std::string const& rel, content_hash& h) {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) throw input_error(p.string(), "capture", rel, p.string() + ": cannot be opened");
+    std::vector<char> buf(std::size_t(1) << 20);
+    std::uint64_t size = 0;
+    while (in) {
+        in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+        auto const got = static_cast<std::size_t>(in.gcount());
+        h.add(buf.data(), got);
+        size += got;
+    }
+    if (in.bad()) throw input_error(p.string(), "capture", rel, p.string() + ": read failed");
+    h.add(&size, sizeof size);
+}
+
+/// A file's checksum: content_hash of its bytes.
+inline std::string file_checksum(std::filesystem::path const& p) {
+    content_hash h;
+    hash_file_bytes(p, p.filename().string(), h);
+    return h.hex();
+}
+
 }  // namespace detail
 
-/// \brief The content fingerprint of a capture folder: a 128-bit hash of
-/// every regular file's relative path, size and bytes, in path order.
+/// \brief The content fingerprint of a capture folder: a 128-bit hash of the
+/// files the analysis reads (manifest.json and the head entries, symbolic
+/// links followed to what they point at), each by its relative path and
+/// bytes; a file over fingerprint_max_file_bytes by its metadata instead
+/// (size, modification time; on POSIX also device, inode, status-change
+/// time). Other files in the folder are not read.
 /// \param[in] dir the capture folder.
 /// \returns 32 hexadecimal digits.
 /// \throws qkgeom::input_error naming the folder or file when it cannot be
 ///         listed or read.
 [[nodiscard]] inline std::string capture_fingerprint(std::filesystem::path const& dir) {
     detail::content_hash h;
-    std::vector<char> buf(std::size_t(1) << 20);
     for (auto const& rel : detail::capture_files(dir)) {
         auto const p = dir / rel;
-        std::ifstream in(p, std::ios::binary);
-        if (!in) throw input_error(p.string(), "capture", rel.generic_string(), p.string() + ": cannot be opened");
         h.add_text(rel.generic_string());
-        std::uint64_t size = 0;
-        while (in) {
-            in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-            auto const got = static_cast<std::size_t>(in.gcount());
-            h.add(buf.data(), got);
-            size += got;
-        }
-        if (in.bad()) throw input_error(p.string(), "capture", rel.generic_string(), p.string() + ": read failed");
-        h.add(&size, sizeof size);
+        std::error_code ec;
+        auto const size = std::filesystem::file_size(p, ec);
+        if (!ec && size > fingerprint_max_file_bytes) h.add_text("metadata " + detail::file_metadata(p));
+        else detail::hash_file_bytes(p, rel.generic_string(), h);
     }
     return h.hex();
+}
+
+/// \brief The state of the files capture_fingerprint covers, as their
+/// metadata (size, modification time; on POSIX device, inode and
+/// status-change time), one (relative path, text) per file, sorted: taken
+/// before and after an analysis, so that a file written meanwhile (even when
+/// its bytes were put back) is seen. Reads no bytes.
+/// \param[in] dir the capture folder.
+/// \returns the state.
+/// \throws qkgeom::input_error as capture_fingerprint when the folder cannot be listed.
+[[nodiscard]] inline std::vector<std::pair<std::string, std::string>> capture_state(std::filesystem::path const& dir) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (auto const& rel : detail::capture_files(dir))
+        out.emplace_back(rel.generic_string(), detail::file_metadata(dir / rel));
+    return out;
 }
 
 /// \brief The cache key of a capture analysed with some options.
@@ -189,23 +289,77 @@ inline std::string run_options_text(study_run_options const& o) {
            " context=" + (o.context > 0 ? std::to_string(o.context) : std::string("capture"));
 }
 
-/// A complete cache entry: its key file names this key.
-inline bool entry_complete(std::filesystem::path const& entry, std::string const& key) {
-    std::error_code ec;
+/// The key file of an entry, parsed (input_error / json errors propagate).
+inline json::value read_entry_record(std::filesystem::path const& entry) {
     auto const kf = entry / std::string(cache_key_file);
-    if (!std::filesystem::is_regular_file(kf, ec)) return false;
+    auto const bytes = io::detail::read_file_bytes(kf, std::uint64_t(1) << 20, "file size");
+    return json::parse(std::string_view(reinterpret_cast<char const*>(bytes.data()), bytes.size()), kf.string());
+}
+
+/// Why a cache entry cannot be served: "" when it is whole (its record names
+/// `key` and every file it lists has the recorded size and checksum, and the
+/// folder holds no other file); `absent` when there is nothing at `entry`;
+/// else what is wrong, naming the file (never the entry's folder).
+inline constexpr std::string_view entry_absent = "absent";
+inline std::string entry_problem(std::filesystem::path const& entry, std::string const& key) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    auto const t = fs::symlink_status(entry, ec).type();
+    if (t == fs::file_type::not_found) return std::string(entry_absent);
+    if (t != fs::file_type::directory) return "not a folder";
+    json::value v;
     try {
-        auto const bytes = io::detail::read_file_bytes(kf, std::uint64_t(1) << 20, "file size");
-        auto const v = json::parse(std::string_view(reinterpret_cast<char const*>(bytes.data()), bytes.size()), kf.string());
-        auto const* k = v.find("key");
-        return k != nullptr && k->is_string() && k->as_string() == key;
+        v = read_entry_record(entry);
     } catch (std::exception const&) {
-        return false;  // an unreadable key file: not an entry (analysed again)
+        return std::string(cache_key_file) + " missing or unreadable";
     }
+    auto const* k = v.find("key");
+    if (k == nullptr || !k->is_string() || k->as_string() != key) return std::string(cache_key_file) + " names another key";
+    auto const* files = v.find("files");
+    if (files == nullptr || !files->is_array()) return std::string(cache_key_file) + " lists no checksums";
+    std::set<std::string> listed{std::string(cache_key_file)};
+    for (auto const& f : files->as_array()) {
+        auto const* n = f.find("name");
+        auto const* sz = f.find("size");
+        auto const* h = f.find("checksum");
+        if (n == nullptr || !n->is_string() || sz == nullptr || !sz->is_int() || h == nullptr || !h->is_string() ||
+            n->as_string().find_first_of("/\\") != std::string::npos || n->as_string().empty() || n->as_string()[0] == '.')
+            return std::string(cache_key_file) + " has a malformed file record";
+        auto const p = entry / n->as_string();
+        listed.insert(n->as_string());
+        if (fs::symlink_status(p, ec).type() != fs::file_type::regular)
+            return n->as_string() + " is missing or not a regular file";
+        auto const size = fs::file_size(p, ec);
+        if (ec || size != static_cast<std::uintmax_t>(sz->as_int()))
+            return n->as_string() + " has " + std::to_string(size) + " bytes, not the " + std::to_string(sz->as_int()) +
+                   " recorded";
+        try {
+            if (file_checksum(p) != h->as_string()) return n->as_string() + " differs from its recorded checksum";
+        } catch (std::exception const&) {
+            return n->as_string() + " cannot be read";
+        }
+    }
+    for (fs::directory_iterator it(entry, ec), end; !ec && it != end; it.increment(ec))
+        if (!listed.count(it->path().filename().string()))
+            return escape_text(it->path().filename().string()) + " is not listed in " + std::string(cache_key_file);
+    return ec ? "cannot be listed: " + ec.message() : std::string();
 }
 
 inline json::value entry_record(std::string const& key, std::string const& fp, std::string const& options,
-                                std::filesystem::path const& capture, io::manifest const& m) {
+                                std::filesystem::path const& capture, io::manifest const& m,
+                                std::filesystem::path const& folder) {
+    json::array files;
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec))
+        names.push_back(it->path().filename().string());
+    if (ec) throw io_error(folder.string(), "the study cache cannot be listed: " + ec.message());
+    std::sort(names.begin(), names.end());
+    for (auto const& n : names)
+        files.push_back(json::object{
+            {"name", json::value(n)},
+            {"size", json::value(static_cast<std::int64_t>(std::filesystem::file_size(folder / n)))},
+            {"checksum", json::value(file_checksum(folder / n))}});
     return json::object{{"key", json::value(key)},
                         {"qkgeom", json::value(QKGEOM_VERSION_STRING)},
                         {"fingerprint", json::value(fp)},
@@ -213,14 +367,13 @@ inline json::value entry_record(std::string const& key, std::string const& fp, s
                         {"capture", json::value(capture.string())},
                         {"model", json::value(m.model)},
                         {"n_layers", json::value(m.n_layers)},
-                        {"context_length", json::value(m.context_length)}};
+                        {"context_length", json::value(m.context_length)},
+                        {"files", json::value(std::move(files))}};
 }
 
 /// n_layers and context_length from an entry's key file.
 inline void apply_entry_record(std::filesystem::path const& entry, run_heads& rh) {
-    auto const kf = entry / std::string(cache_key_file);
-    auto const bytes = io::detail::read_file_bytes(kf, std::uint64_t(1) << 20, "file size");
-    auto const v = json::parse(std::string_view(reinterpret_cast<char const*>(bytes.data()), bytes.size()), kf.string());
+    auto const v = read_entry_record(entry);
     if (auto const* n = v.find("n_layers"); n != nullptr && n->is_int() && n->as_int() >= rh.n_layers)
         rh.n_layers = n->as_int();
     if (auto const* c = v.find("context_length"); c != nullptr && c->is_int()) rh.context_length = c->as_int();
@@ -238,11 +391,67 @@ inline std::string incomplete_text(io::dataset_run const& run) {
            escape_text(first);
 }
 
-/// Analyses a capture into cache/key (written as key.partial, then renamed).
+/// A name next to `entry` no other process or thread uses: KEY.<what>-<token>.
+inline std::filesystem::path unique_sibling(std::filesystem::path const& entry, char const* what) {
+    static std::atomic<std::uint64_t> counter{0};
+    content_hash h;
+    auto const t = std::chrono::steady_clock::now().time_since_epoch().count();
+    auto const w = std::chrono::system_clock::now().time_since_epoch().count();
+    auto const id = std::hash<std::thread::id>{}(std::this_thread::get_id());
+    std::uint64_t const n = counter++;
+    unsigned r = 0;
+    try {
+        r = std::random_device{}();
+    } catch (std::exception const&) {  // no entropy source: the clocks and the address below suffice
+    }
+    auto const here = reinterpret_cast<std::uintptr_t>(&counter);
+    h.add(&t, sizeof t), h.add(&w, sizeof w), h.add(&id, sizeof id), h.add(&n, sizeof n), h.add(&r, sizeof r);
+    h.add(&here, sizeof here);
+    return entry.parent_path() / (entry.filename().string() + "." + what + "-" + h.hex().substr(0, 16));
+}
+
+/// Removes a folder of ours on the way out unless released.
+struct folder_guard {
+    std::filesystem::path path;
+    ~folder_guard() {
+        std::error_code ec;
+        if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+};
+
+/// Puts a finished folder (`partial`, ours) in place as `entry` by one
+/// rename. An entry already there (a concurrent study finished first) is
+/// accepted when it is whole; a damaged one is moved aside and removed.
+inline void publish_entry(std::filesystem::path const& partial, std::filesystem::path const& entry,
+                          std::string const& key, std::filesystem::path const& capture) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (int attempt = 0; attempt < 4; ++attempt) {
+        fs::rename(partial, entry, ec);
+        if (!ec) return;
+        auto const problem = entry_problem(entry, key);
+        if (problem.empty()) {  // another process's identical entry: ours is not needed
+            fs::remove_all(partial, ec);
+            return;
+        }
+        if (problem == entry_absent) continue;
+        auto const aside = unique_sibling(entry, "stale");
+        std::error_code mec;
+        fs::rename(entry, aside, mec);
+        fs::remove_all(aside, mec);
+    }
+    throw io_error(capture.string(), "the analysis of " + capture.string() + " cannot be stored in the study cache (entry " +
+                                         key + "): " + ec.message());
+}
+
+/// Analyses a capture into cache/key: written into a folder of its own
+/// (KEY.partial-<token>), checked against the capture's state before the
+/// analysis (`before`), then renamed into place (publish_entry).
 /// (A template, like its callers: instantiated on use, docs/building.md.)
 template <class = void>
 void analyse_into(run_spec const& r, study_run_options const& o, std::string const& key, std::string const& fp,
-                  std::string const& options, std::filesystem::path const& entry) {
+                  std::string const& options, std::filesystem::path const& entry,
+                  std::vector<std::pair<std::string, std::string>> const& before) {
     io::dataset_run_options d;
     d.analysis = o.analysis;
     d.jobs = o.jobs;
@@ -255,37 +464,74 @@ void analyse_into(run_spec const& r, study_run_options const& o, std::string con
                                 : io::analyze_dataset(io::plan_dataset(r.capture), d, o.analyzer);
     if (run.heads.size() != run.planned.size() || !run.stray.empty())
         throw std::runtime_error(r.capture.string() + ": " + incomplete_text(run));
-    auto const partial = entry.parent_path() / (entry.filename().string() + ".partial");
-    std::error_code ec;
-    std::filesystem::remove_all(partial, ec);
-    report::write_reports(partial, r.model, run.heads);
-    auto const kf = partial / std::string(cache_key_file);
+    auto const after = capture_state(r.capture);
+    if (after != before) {
+        std::string what = "files added or removed";
+        for (std::size_t i = 0; i < std::min(before.size(), after.size()); ++i)
+            if (before[i] != after[i]) {
+                what = before[i].first == after[i].first ? before[i].first + " was written" : "files added or removed";
+                break;
+            }
+        throw std::runtime_error(r.capture.string() + ": the capture changed while it was analysed (" + escape_text(what) +
+                                 "): its analysis is neither used nor cached; run the study again");
+    }
+    folder_guard partial{unique_sibling(entry, "partial")};
+    report::write_reports(partial.path, r.model, run.heads);
+    auto const record = json::dump(entry_record(key, fp, options, r.capture, run.m, partial.path), 2) + "\n";
+    auto const kf = partial.path / std::string(cache_key_file);
     std::ofstream out(kf, std::ios::binary);
-    out << json::dump(entry_record(key, fp, options, r.capture, run.m), 2) << "\n";
+    out << record;
     out.close();
-    if (!out) throw io_error(kf.string(), kf.string() + ": cannot be written");
-    std::filesystem::remove_all(entry, ec);
-    std::filesystem::rename(partial, entry, ec);
-    if (ec) throw io_error(entry.string(), "cannot move " + partial.string() + " to " + entry.string() + ": " + ec.message());
+    if (!out) throw io_error(r.capture.string(), "the analysis of " + r.capture.string() +
+                                                     " cannot be stored in the study cache (entry " + key + ")");
+    publish_entry(partial.path, entry, key, r.capture);
+    partial.path.clear();  // renamed into place, or removed by publish_entry
 }
 
-/// Copies a previous cache's entry into the cache.
-inline bool take_previous(study_run_options const& o, std::string const& key, std::filesystem::path const& entry) {
+/// Copies a whole entry of a previous cache into the cache (checked before
+/// and after the copy); false when none has one. A damaged one is said in `note`.
+inline bool take_previous(study_run_options const& o, std::string const& key, std::filesystem::path const& entry,
+                          std::filesystem::path const& capture, std::string& note) {
     for (auto const& prev : o.previous_caches) {
         auto const src = prev / key;
-        if (!entry_complete(src, key)) continue;
-        auto const partial = entry.parent_path() / (key + ".partial");
+        if (auto const problem = entry_problem(src, key); !problem.empty()) {
+            if (problem != entry_absent)
+                note = "the earlier cache's entry " + key + " was damaged (" + problem + "); analysed again";
+            continue;
+        }
+        folder_guard partial{unique_sibling(entry, "partial")};
         std::error_code ec;
-        std::filesystem::remove_all(partial, ec);
-        std::filesystem::copy(src, partial, std::filesystem::copy_options::recursive, ec);
-        if (!ec) std::filesystem::rename(partial, entry, ec);
-        if (!ec) return true;
-        std::filesystem::remove_all(partial, ec);  // a failed copy: analysed again
+        std::filesystem::copy(src, partial.path, std::filesystem::copy_options::recursive, ec);
+        if (ec || !entry_problem(partial.path, key).empty()) continue;  // a failed copy: analysed again
+        publish_entry(partial.path, entry, key, capture);
+        partial.path.clear();
+        return true;
     }
     return false;
 }
 
-/// A run with a capture: from the cache, or analysed and cached.
+/// The cached analysis read back; a read error names the entry by its key
+/// (the cache may lie in a staging folder no message should name).
+inline run_heads read_entry(std::filesystem::path const& entry, std::string const& key,
+                            std::filesystem::path const& capture) {
+    try {
+        auto heads = read_analysis(entry);
+        apply_entry_record(entry, heads);
+        return heads;
+    } catch (std::exception const& e) {
+        std::string m = e.what();
+        for (auto const s = entry.string(); !s.empty();) {
+            auto const at = m.find(s);
+            if (at == std::string::npos) break;
+            m.replace(at, s.size(), "cache entry " + key);
+        }
+        throw std::runtime_error(capture.string() + ": its cached analysis cannot be read back: " + m);
+    }
+}
+
+/// A run with a capture: from the cache (an entry checked whole), or
+/// analysed and cached. A damaged entry is said in the outcome's note and
+/// analysed again.
 template <class = void>
 run_outcome capture_run(run_spec const& r, study_run_options const& o) {
     if (o.cache.empty())
@@ -293,18 +539,21 @@ run_outcome capture_run(run_spec const& r, study_run_options const& o) {
                                     "' has a capture but study_run_options::cache is empty");
     std::filesystem::create_directories(o.cache);
     std::string const options = run_options_text(o);
+    auto const before = capture_state(r.capture);
     std::string const fp = capture_fingerprint(r.capture);
     std::string const key = cache_key(fp, options);
     auto const entry = o.cache / key;
     run_outcome out;
     out.status = run_status::cached;
-    if (!entry_complete(entry, key) && !take_previous(o, key, entry)) {
-        analyse_into(r, o, key, fp, options, entry);
+    auto const problem = entry_problem(entry, key);
+    if (!problem.empty() && problem != entry_absent)
+        out.note = "cache entry " + key + " was damaged (" + problem + "); analysed again";
+    if (!problem.empty() && !take_previous(o, key, entry, r.capture, out.note)) {
+        analyse_into(r, o, key, fp, options, entry, before);
         out.status = run_status::analysed;
     }
     out.folder = entry;
-    out.heads = read_analysis(entry);
-    apply_entry_record(entry, out.heads);
+    out.heads = read_entry(entry, key, r.capture);
     return out;
 }
 

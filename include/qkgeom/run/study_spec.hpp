@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -124,17 +125,59 @@ inline void read_given_metrics(spec_reader const& rd, json::value const& v, std:
     for (auto const& [k, x] : v.as_object()) {
         if (!is_study_metric(k)) rd.fail(f + "." + escape_text(k), "(key)", "not a metric of docs/study.md#metrics");
         r.metrics[k] = rd.number(x, f + "." + k);
+        if (auto const problem = metric_value_problem(k, r.metrics[k]); !problem.empty())
+            rd.fail(f + "." + k, spec_reader::shown(x), problem + " (docs/study.md#metrics)");
     }
     if (r.metrics.empty()) rd.fail(f, "{}", "a run given by its metrics needs at least one");
 }
 
+/// A model name as compared for a did-you-mean: ASCII spaces trimmed, lower case.
+inline std::string folded(std::string_view s) {
+    auto const sp = [](char c) { return c == ' ' || c == '\t'; };
+    while (!s.empty() && sp(s.front())) s.remove_prefix(1);
+    while (!s.empty() && sp(s.back())) s.remove_suffix(1);
+    std::string out(s);
+    for (auto& c : out) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+    return out;
+}
+
+/// The runs' models, for the score files' join (docs/study.md#the-study-file).
+using run_models = std::set<std::string>;
+
+/// A score row's model: fine when it is a run's model or like none; an
+/// error with a did-you-mean when it equals one only after trimming spaces
+/// or ignoring case (a join that would silently miss).
+inline void check_model(csv_table const& t, std::size_t row, std::size_t col, run_models const& models) {
+    auto const& m = t.rows[row][col];
+    if (models.empty() || models.count(m)) return;
+    for (auto const& r : models)
+        if (folded(r) == folded(m))
+            t.bad_field(row, col, "no run has this model; did you mean '" + escape_text(r) +
+                                      "' (a run's model; names must match exactly, spaces and case included)?");
+}
+
+/// A score: a finite number.
+inline double score_of(csv_table const& t, std::size_t row, std::size_t col) {
+    double const x = t.number(row, col);
+    if (!std::isfinite(x)) t.bad_field(row, col, "a score must be a finite number");
+    return x;
+}
+
+/// A score file with a header and no row is an error (it would give every run NaN).
+inline void need_rows(csv_table const& t) {
+    if (t.rows.empty())
+        qkgeom::detail::fail_input(t.file.string(), "rows", 0, "no score rows (a header only): every run's score would be NaN");
+}
+
 /// A benchmark's overall file: columns model, score.
-inline void read_overall(benchmark& b) {
+inline void read_overall(benchmark& b, run_models const& models) {
     auto const t = read_csv(b.overall_file);
     auto const cm = t.column("model"), cs = t.column("score");
+    need_rows(t);
     for (std::size_t i = 0; i < t.rows.size(); ++i) {
         auto const& model = t.rows[i][cm];
-        double const s = t.number(i, cs);
+        check_model(t, i, cm, models);
+        double const s = score_of(t, i, cs);
         if (!b.overall.emplace(model, s).second)
             throw input_error(b.overall_file.string(), "model", escape_text(model),
                               b.overall_file.string() + ": line " + std::to_string(t.lines[i]) + ": model '" +
@@ -142,22 +185,41 @@ inline void read_overall(benchmark& b) {
     }
 }
 
-/// A benchmark's per-length file: columns model, lo, hi, score.
-inline void read_by_length(benchmark& b) {
+/// A benchmark's per-length file: columns model, lo, hi, score; a model's
+/// bins must not overlap.
+inline void read_by_length(benchmark& b, run_models const& models) {
     auto const t = read_csv(b.by_length_file);
     auto const cm = t.column("model"), cl = t.column("lo"), ch = t.column("hi"), cs = t.column("score");
+    need_rows(t);
+    std::map<std::string, std::vector<std::pair<length_score, std::int64_t>>> bins;  // model → (bin, line)
     for (std::size_t i = 0; i < t.rows.size(); ++i) {
-        length_score s{t.rows[i][cm], t.number(i, cl), t.number(i, ch), t.number(i, cs)};
+        check_model(t, i, cm, models);
+        length_score s{t.rows[i][cm], t.number(i, cl), t.number(i, ch), score_of(t, i, cs)};
         if (!(s.lo >= 0 && s.hi > s.lo && std::isfinite(s.hi)))
             throw input_error(b.by_length_file.string(), "lo, hi", t.rows[i][cl] + ", " + t.rows[i][ch],
                               b.by_length_file.string() + ": line " + std::to_string(t.lines[i]) +
                                   ": a length bin needs 0 <= lo < hi < inf (a token range [lo, hi))");
+        bins[s.model].emplace_back(s, t.lines[i]);
         b.by_length.push_back(std::move(s));
+    }
+    for (auto& [model, v] : bins) {
+        std::sort(v.begin(), v.end(), [](auto const& x, auto const& y) { return x.first.lo < y.first.lo; });
+        for (std::size_t k = 1; k < v.size(); ++k)
+            if (v[k].first.lo < v[k - 1].first.hi) {
+                auto const range = [](length_score const& x) {
+                    return "[" + json::dump(json::value(x.lo)) + ", " + json::dump(json::value(x.hi)) + ")";
+                };
+                throw input_error(b.by_length_file.string(), "lo, hi", range(v[k].first),
+                                  b.by_length_file.string() + ": line " + std::to_string(v[k].second) + ": model '" +
+                                      escape_text(model) + "': length bin " + range(v[k].first) +
+                                      " overlaps the bin " + range(v[k - 1].first) + " of line " +
+                                      std::to_string(v[k - 1].second) + " (a model's bins must not overlap)");
+            }
     }
 }
 
 inline benchmark read_benchmark(spec_reader const& rd, json::value const& v, std::size_t i,
-                                std::filesystem::path const& base) {
+                                std::filesystem::path const& base, run_models const& models) {
     std::string const f = "benchmarks[" + std::to_string(i) + "]";
     rd.keys(v, f, {"name", "overall", "by_length"});
     benchmark b;
@@ -168,8 +230,8 @@ inline benchmark read_benchmark(spec_reader const& rd, json::value const& v, std
     if (auto const* l = v.find("by_length")) b.by_length_file = rd.path(*l, f + ".by_length", base);
     if (b.overall_file.empty() && b.by_length_file.empty())
         rd.fail(f, "\"" + escape_text(b.name) + "\"", "a benchmark needs an overall or a by_length file");
-    if (!b.overall_file.empty()) read_overall(b);
-    if (!b.by_length_file.empty()) read_by_length(b);
+    if (!b.overall_file.empty()) read_overall(b, models);
+    if (!b.by_length_file.empty()) read_by_length(b, models);
     return b;
 }
 
@@ -277,8 +339,11 @@ inline void read_settings(spec_reader const& rd, json::value const& root, study_
 ///         the value: a JSON syntax error, an unknown key, a wrong type, a
 ///         run without a name or with a duplicate name, a run with not
 ///         exactly one of capture / analysis / metrics, an unknown metric,
-///         no runs, a bad score file (as read_csv, plus a model listed twice
-///         or a bad length bin).
+///         no runs, a given metric outside its range (metric_value_problem),
+///         a bad score file (as read_csv, plus no score rows, a score that is
+///         not finite, a model listed twice, a model that equals a run's
+///         model only after trimming spaces or ignoring case (did you mean),
+///         a bad length bin or two overlapping bins of one model).
 [[nodiscard]] inline study_spec parse_study(std::string_view text, std::filesystem::path const& file) {
     detail::spec_reader const rd{file.string()};
     auto const root = json::parse(text, rd.file);
@@ -305,8 +370,10 @@ inline void read_settings(spec_reader const& rd, json::value const& root, study_
     if (auto const* b = root.find("benchmarks")) {
         if (!b->is_array()) rd.fail("benchmarks", detail::spec_reader::shown(*b), "expected an array");
         std::set<std::string> bn;
+        detail::run_models models;
+        for (auto const& r : s.runs) models.insert(r.model);
         for (std::size_t i = 0; i < b->as_array().size(); ++i) {
-            auto bm = detail::read_benchmark(rd, b->as_array()[i], i, base);
+            auto bm = detail::read_benchmark(rd, b->as_array()[i], i, base, models);
             if (!bn.insert(bm.name).second)
                 rd.fail("benchmarks[" + std::to_string(i) + "].name", "\"" + escape_text(bm.name) + "\"",
                         "two benchmarks have this name");

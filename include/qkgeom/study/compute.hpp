@@ -30,6 +30,8 @@ struct run_outcome {
     std::string message;  ///< why it failed
     run_heads heads;
     std::filesystem::path folder;  ///< the analysis folder read (cache entry or the run's own)
+    /// What the cache found and did besides (a damaged entry analysed again); else empty.
+    std::string note;
 };
 
 /// \brief The default token-range edges: 0, then powers of two from the

@@ -13,6 +13,8 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +44,69 @@ inline std::vector<std::string> study_metric_names() {
 inline bool is_study_metric(std::string_view name) {
     return std::find(head_metric_names.begin(), head_metric_names.end(), name) != head_metric_names.end() ||
            std::find(derived_metric_names.begin(), derived_metric_names.end(), name) != derived_metric_names.end();
+}
+
+/// \brief The valid values of a study metric (docs/study.md#metrics),
+/// derived from its kind in the registry (`head_metrics`): a count is an
+/// integer >= 0 (never NaN); a fraction or a probability lies in [0, 1]; a
+/// correlation in [-1, 1]; a real number is finite; the derived `abs_<m>`
+/// lies in [max(0, lo), max(|lo|, |hi|)] of <m>'s range. Every metric but a
+/// count may be NaN (undefined for the head, docs/outputs.md). Bounds hold to
+/// `metric_range_slack` (rounding of a value computed as 1 − x or a ratio).
+struct metric_range {
+    double lo = -std::numeric_limits<double>::infinity();
+    double hi = std::numeric_limits<double>::infinity();
+    bool integer = false;  ///< a count
+    bool nan_ok = true;    ///< NaN allowed
+    std::string_view kind = "real";  ///< the registry's kind name (derived: "absolute value")
+};
+
+/// \brief How far a fraction, probability or correlation may lie outside its bounds (rounding).
+inline constexpr double metric_range_slack = 1e-6;
+
+/// \brief The range of a study metric (head_metric_names or derived_metric_names).
+/// \param[in] name a study metric name.
+/// \returns its range; a real's (any finite value) for an unknown name.
+inline metric_range study_metric_range(std::string_view name) {
+    bool const derived = name.starts_with("abs_") &&
+                         std::find(derived_metric_names.begin(), derived_metric_names.end(), name) != derived_metric_names.end();
+    std::string_view const base = derived ? name.substr(4) : name;
+    metric_range r;
+    for (auto const& m : head_metrics) {
+        if (m.name != base) continue;
+        r.kind = metric_kind_name(m.kind);
+        if (m.kind == metric_kind::count) r.lo = 0, r.integer = true, r.nan_ok = false;
+        else if (m.kind == metric_kind::fraction || m.kind == metric_kind::probability) r.lo = 0, r.hi = 1;
+        else if (m.kind == metric_kind::correlation) r.lo = -1, r.hi = 1;
+    }
+    if (derived) {
+        double const hi = std::max(std::abs(r.lo), std::abs(r.hi));
+        r.lo = std::max(0.0, r.lo);
+        r.hi = hi;
+        r.kind = "absolute value";
+    }
+    return r;
+}
+
+/// \brief Why a value is not valid for a study metric.
+/// \param[in] name the metric.
+/// \param[in] x the value.
+/// \returns "" when valid; else the problem ("outside [0, 1] (a fraction)", ...).
+inline std::string metric_value_problem(std::string_view name, double x) {
+    auto const r = study_metric_range(name);
+    auto const kind = " (" + std::string(r.kind == "absolute value" ? "an " : "a ") + std::string(r.kind) + ")";
+    if (std::isnan(x)) return r.nan_ok ? std::string() : "must not be nan" + kind;
+    if (!std::isfinite(x)) return "must be finite (an undefined value is written nan)";
+    if (r.integer && (x < 0 || x != std::floor(x))) return "must be an integer >= 0" + kind;
+    auto const bound = [](double v) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%g", v);
+        return std::string(b);
+    };
+    if (std::isfinite(r.hi) && (x < r.lo - metric_range_slack || x > r.hi + metric_range_slack))
+        return "outside [" + bound(r.lo) + ", " + bound(r.hi) + "]" + kind;
+    if (!std::isfinite(r.hi) && x < r.lo) return "must be >= " + bound(r.lo) + kind;
+    return {};
 }
 
 /// \brief The metrics set against every benchmark when the study file names none.
