@@ -2,6 +2,7 @@
 #pragma once
 
 #include <qkgeom/analysis/analyze.hpp>
+#include <qkgeom/analysis/model.hpp>
 #include <qkgeom/capture/synthetic.hpp>
 #include <qkgeom/core/head.hpp>
 #include <qkgeom/core/parallel.hpp>

@@ -11,6 +11,7 @@
 #include <qkgeom/adapters/torch.hpp>
 #include <qkgeom/adapters/torch_capture.hpp>
 #include <qkgeom/analysis/analyze.hpp>
+#include <qkgeom/analysis/model.hpp>
 
 #include <torch/torch.h>
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <qkgeom/analysis/analyze.hpp>          // IWYU pragma: export
+#include <qkgeom/analysis/model.hpp>            // IWYU pragma: export
 #include <qkgeom/core/buckets.hpp>              // IWYU pragma: export
 #include <qkgeom/core/config.hpp>               // IWYU pragma: export
 #include <qkgeom/core/errors.hpp>               // IWYU pragma: export

@@ -1341,6 +1341,18 @@ bool row_only_metric(std::string_view name) {
 
 }  // namespace
 
+TEST_CASE("finite_mean: NaN and infinities are left out and counted, none finite gives NaN", "[plasticity][analyze]") {
+    double const inf = std::numeric_limits<double>::infinity();
+    std::int64_t n = -1;
+    CHECK(qkgeom::finite_mean(std::vector<double>{1.0, k_nan, 2.0, inf, -inf, 6.0}, &n) == 3.0);
+    CHECK(n == 3);
+    CHECK(std::isnan(qkgeom::finite_mean(std::vector<double>{k_nan, inf}, &n)));
+    CHECK(n == 0);
+    CHECK(std::isnan(qkgeom::finite_mean(std::vector<double>{})));
+    std::array<double, 2> const a{-1.5, 0.5};  // any range of doubles
+    CHECK(qkgeom::finite_mean(a) == -0.5);
+}
+
 TEST_CASE("analyze_head and summarise_model: summaries are means over heads", "[plasticity][analyze]") {
     auto const l0 = make_layer(0, 1);
     auto const l2 = make_layer(2, 2);

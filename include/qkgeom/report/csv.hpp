@@ -14,6 +14,7 @@
 
 #include <qkgeom/analysis/analyze.hpp>
 #include <qkgeom/analysis/gqa.hpp>
+#include <qkgeom/analysis/model.hpp>
 
 #include <algorithm>
 #include <array>

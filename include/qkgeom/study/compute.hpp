@@ -6,6 +6,7 @@
 // the per-length correlation, and per-head trajectories across checkpoints.
 #pragma once
 
+#include <qkgeom/analysis/model.hpp>
 #include <qkgeom/study/metrics.hpp>
 #include <qkgeom/study/stats.hpp>
 #include <qkgeom/study/types.hpp>
@@ -13,10 +14,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -75,6 +78,22 @@ inline std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t a, std::uint64_t
     return step(step(step(seed) ^ a) ^ b);
 }
 
+/// A stream key from names (FNV-1a over the parts, each ended by a 0 byte),
+/// so a statistic's random stream depends on what it is about, not on where
+/// it falls in a list that may grow.
+inline std::uint64_t name_key(std::initializer_list<std::string_view> parts) {
+    std::uint64_t h = 0xcbf29ce484222325ULL;
+    auto add = [&](unsigned char c) {
+        h ^= c;
+        h *= 0x100000001b3ULL;
+    };
+    for (auto const part : parts) {
+        for (char const c : part) add(static_cast<unsigned char>(c));
+        add(0);
+    }
+    return h;
+}
+
 /// The model table row of a run with heads.
 inline void summarise_heads(study_spec const& spec, std::size_t run_index, run_heads const& rh,
                             std::vector<double> const& edges, run_summary& s) {
@@ -85,7 +104,7 @@ inline void summarise_heads(study_spec const& spec, std::size_t run_index, run_h
     for (std::size_t m = 0; m < names.size(); ++m) {
         for (std::size_t h = 0; h < rh.heads.size(); ++h) v[h] = head_metric(rh.heads[h], names[m]);
         auto const iv = bootstrap_mean(v, spec.bootstrap_level, spec.bootstrap_resamples,
-                                       mix_seed(spec.seed, run_index, m));
+                                       mix_seed(spec.seed, run_index, name_key({names[m]})));
         s.metrics[names[m]] = estimate{iv.mean, iv.lo, iv.hi, iv.n};
     }
     for (auto const& h : rh.heads) ++s.taxonomy[h.taxonomy];
@@ -95,12 +114,10 @@ inline void summarise_heads(study_spec const& spec, std::size_t run_index, run_h
         s.token_profile.assign(edges.empty() ? 0 : edges.size() - 1, nan);
         return;
     }
-    auto mean_over_heads = [&](auto&& of) {  // mean over heads of finite values
-        double sum = 0;
-        std::int64_t n = 0;
-        for (auto const& h : rh.heads)
-            if (double const x = of(h); std::isfinite(x)) sum += x, ++n;
-        return n > 0 ? sum / double(n) : nan;
+    std::vector<double> per_head(rh.heads.size());
+    auto mean_over_heads = [&](auto&& of) {  // the model-level rule: finite values only
+        for (std::size_t h = 0; h < rh.heads.size(); ++h) per_head[h] = of(rh.heads[h]);
+        return finite_mean(per_head);
     };
     for (std::size_t i = 0; i < 5; ++i)
         s.quintile[i] = mean_over_heads([&](head_row const& h) { return head_quintiles(h)[i]; });
@@ -221,7 +238,6 @@ inline void correlations(study_spec const& spec, study_result& r) {
     std::vector<std::string> metrics = spec.correlate;
     if (metrics.empty())
         for (auto m : default_correlate) metrics.emplace_back(m);
-    std::uint64_t k = 0;
     for (auto const& b : r.benchmarks)
         for (auto const& m : metrics) {
             std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> groups;  // "" = all
@@ -238,13 +254,12 @@ inline void correlations(study_spec const& spec, study_result& r) {
             for (auto const& [g, xy] : groups)
                 if (xy.first.size() >= 3)
                     r.correlations.push_back(correlation_of(m, b, g.empty() ? "all" : g, xy.first, xy.second,
-                                                            mix_seed(spec.seed, 7, ++k)));
+                                                            mix_seed(spec.seed, 7, name_key({m, b, g}))));
         }
 }
 
 inline void length_correlations(study_spec const& spec, std::vector<run_outcome> const& outcomes, study_result& r) {
     auto const rep = model_representatives(r.runs);
-    std::uint64_t k = 0;
     for (auto const& b : spec.benchmarks) {
         std::map<std::string, std::vector<length_score>> per_model;
         for (auto const& s : b.by_length) per_model[s.model].push_back(s);
@@ -253,16 +268,15 @@ inline void length_correlations(study_spec const& spec, std::vector<run_outcome>
             if (it == rep.end() || !outcomes[it->second].heads.has_profiles) continue;
             length_correlation lc{b.name, model, it->second, {}, {}};
             std::vector<double> x, y;
+            auto const& heads = outcomes[it->second].heads.heads;
+            std::vector<double> per_head(heads.size());
             for (auto const& s : scores) {
-                double sum = 0;
-                std::int64_t n = 0;
-                for (auto const& h : outcomes[it->second].heads.heads)
-                    if (double const p = token_range_profile(h, s.lo, s.hi); std::isfinite(p)) sum += p, ++n;
-                lc.points.push_back({s.lo, s.hi, s.score, n > 0 ? sum / double(n) : nan});
+                for (std::size_t h = 0; h < heads.size(); ++h) per_head[h] = token_range_profile(heads[h], s.lo, s.hi);
+                lc.points.push_back({s.lo, s.hi, s.score, finite_mean(per_head)});
                 x.push_back(lc.points.back().plasticity);
                 y.push_back(s.score);
             }
-            lc.corr = correlation_of("plasticity_by_length", b.name, model, x, y, mix_seed(spec.seed, 11, ++k));
+            lc.corr = correlation_of("plasticity_by_length", b.name, model, x, y, mix_seed(spec.seed, 11, name_key({b.name, model})));
             r.correlations.push_back(lc.corr);
             r.length_correlations.push_back(std::move(lc));
         }
