@@ -460,6 +460,24 @@ TEST_CASE("study file errors name the file, the field and the value", "[study]")
     CHECK(e.field() == "runs");
     e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "token_edges": [0, 10, 10]})");
     CHECK(e.field() == "token_edges[2]");
+    // Names are one-line labels: no control character, at most 200 bytes.
+    e = error_of(R"({"runs": [{"name": "a\nb", "metrics": {"ap_drop": 0.1}}]})");
+    CHECK(e.field() == "runs[0].name");
+    CHECK(std::string(e.what()).find("control character") != std::string::npos);
+    e = error_of(R"({"runs": [{"name": "a", "family": "f\tg", "metrics": {"ap_drop": 0.1}}]})");
+    CHECK(e.field() == "runs[0].family");
+    std::string const long_name(st::study_max_name_bytes + 1, 'x');
+    e = error_of(R"({"runs": [{"name": "a", "model": ")" + long_name + R"(", "metrics": {"ap_drop": 0.1}}]})");
+    CHECK(e.field() == "runs[0].model");
+    CHECK(std::string(e.what()).find("longer than 200 bytes") != std::string::npos);
+    CHECK(st::parse_study(R"({"runs": [{"name": ")" + long_name.substr(1) + R"(", "metrics": {"ap_drop": 0.1}}]})",
+                          "s.json")
+              .runs[0]
+              .name.size() == st::study_max_name_bytes);
+    // A byte-order mark is named as such.
+    e = error_of("\xEF\xBB\xBF" R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}]})");
+    CHECK(e.field() == "json");
+    CHECK(std::string(e.what()).find("byte-order mark") != std::string::npos);
     // Relative paths resolve against the study file's folder.
     auto const s = st::parse_study(R"({"runs": [{"name": "a", "capture": "caps/a"}]})", "/data/studies/s.json");
     CHECK(s.runs[0].capture == fs::path("/data/studies/caps/a"));
@@ -665,6 +683,11 @@ TEST_CASE("study numbers: scores, model names, bins and given metrics are checke
     write_file(study, R"({"runs": [{"name": "a", "model": "qwen3-8b", "metrics": {"ap_drop": 0.1}}],
                           "benchmarks": [{"name": "LBP", "overall": "o.csv", "by_length": "l.csv"}]})");
     REQUIRE(st::read_study(study).benchmarks[0].overall.size() == 2);  // a model of no run is fine
+    {  // a score file saved with a byte-order mark
+        auto const e = error_of("\xEF\xBB\xBF" + good_o, good_l);
+        CHECK(e.source() == (tmp.path / "o.csv").string());
+        CHECK(std::string(e.what()).find("byte-order mark") != std::string::npos);
+    }
     for (auto const& bad : {"nan", "inf", "-inf"}) {
         auto const e = error_of("model,score\nqwen3-8b," + std::string(bad) + "\n", good_l);
         CHECK(e.source() == (tmp.path / "o.csv").string());

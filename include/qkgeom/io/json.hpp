@@ -122,6 +122,8 @@ public:
         : s_(text), src_(source), max_depth_(max_depth) {}
 
     value run() {
+        if (s_.starts_with("\xEF\xBB\xBF"))
+            fail_at(0, "starts with a UTF-8 byte-order mark (BOM), which JSON does not allow; save the file without BOM");
         skip_ws();
         value v = parse_value(0);
         skip_ws();
@@ -536,7 +538,8 @@ inline void dump_into(std::string& out, value const& v, int indent, int level) {
 /// \returns the value; numbers without fraction or exponent that fit int64 are
 ///          integers (is_int()), every other number a double.
 /// \throws qkgeom::input_error naming the source, field "json" and the byte
-///         offset: any syntax error, trailing content, invalid UTF-8 or
+///         offset: a leading UTF-8 byte-order mark (named as such), any
+///         syntax error, trailing content, invalid UTF-8 or
 ///         escape, lone surrogate, raw control character, duplicate key,
 ///         leading zero, a number beyond the double range, nesting deeper
 ///         than max_depth.

@@ -227,6 +227,10 @@ inline std::string slurp(std::filesystem::path const& file, std::uintmax_t max_b
 inline csv_table parse_csv(std::string_view text, std::filesystem::path const& file) {
     csv_table t;
     t.file = file;
+    if (text.starts_with("\xEF\xBB\xBF"))
+        detail::fail_line(file, 1, "byte 0",
+                          "starts with a UTF-8 byte-order mark (BOM); save the file without BOM (e.g. \"CSV UTF-8\" "
+                          "is the form with a BOM, plain \"CSV\" is without)");
     bool header = true;
     std::size_t max_fields = 0;  // the header's count, once read
     detail::split_csv(text, file, max_fields, [&](std::vector<std::string>& fields, std::int64_t line) {

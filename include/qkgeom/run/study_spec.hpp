@@ -30,6 +30,9 @@ namespace study {
 
 /// \brief Largest study file read, in bytes (1 MiB).
 inline constexpr std::uintmax_t study_file_max_bytes = std::uintmax_t(1) << 20;
+/// \brief Longest run, model, family or benchmark name a study file may give,
+/// in bytes (names are folder names and one-line table labels).
+inline constexpr std::size_t study_max_name_bytes = 200;
 
 namespace detail {
 
@@ -56,6 +59,20 @@ struct spec_reader {
         if (!v.is_string()) fail(field, shown(v), "expected a string");
         if (nonempty && v.as_string().empty()) fail(field, "\"\"", "must not be empty");
         return v.as_string();
+    }
+    /// A name shown in one-line outputs and tables (run, model, family,
+    /// benchmark): no control character (a newline would break the
+    /// one-line tables and messages), at most study_max_name_bytes bytes.
+    std::string label(json::value const& v, std::string const& field) const {
+        std::string s = text(v, field);
+        if (s.size() > study_max_name_bytes)
+            fail(field, "\"" + escape_text(s.substr(0, 40)) + "...\" (" + std::to_string(s.size()) + " bytes)",
+                 "longer than " + std::to_string(study_max_name_bytes) + " bytes");
+        for (std::size_t i = 0; i < s.size(); ++i)
+            if (auto const c = static_cast<unsigned char>(s[i]); c < 0x20 || c == 0x7f)
+                fail(field, "\"" + escape_text(s) + "\"",
+                     "holds a control character (byte " + std::to_string(i) + "); names are shown on one line");
+        return s;
     }
     double number(json::value const& v, std::string const& field) const {
         if (!v.is_number()) fail(field, shown(v), "expected a number");
@@ -102,10 +119,10 @@ struct spec_reader {
         r.index = i;
         auto const* name = v.find("name");
         if (name == nullptr) fail(f + ".name", "(absent)", "every run needs a name");
-        r.name = text(*name, f + ".name");
-        if (auto const* m = v.find("model")) r.model = text(*m, f + ".model");
+        r.name = label(*name, f + ".name");
+        if (auto const* m = v.find("model")) r.model = label(*m, f + ".model");
         if (r.model.empty()) r.model = r.name;
-        if (auto const* fam = v.find("family")) r.family = text(*fam, f + ".family");
+        if (auto const* fam = v.find("family")) r.family = label(*fam, f + ".family");
         if (r.family.empty()) r.family = r.model;
         if (auto const* c = v.find("checkpoint")) r.ckpt = read_checkpoint(*c, f + ".checkpoint");
         int sources = 0;
@@ -225,7 +242,7 @@ inline benchmark read_benchmark(spec_reader const& rd, json::value const& v, std
     benchmark b;
     auto const* name = v.find("name");
     if (name == nullptr) rd.fail(f + ".name", "(absent)", "every benchmark needs a name");
-    b.name = rd.text(*name, f + ".name");
+    b.name = rd.label(*name, f + ".name");
     if (auto const* o = v.find("overall")) b.overall_file = rd.path(*o, f + ".overall", base);
     if (auto const* l = v.find("by_length")) b.by_length_file = rd.path(*l, f + ".by_length", base);
     if (b.overall_file.empty() && b.by_length_file.empty())
