@@ -91,10 +91,14 @@ std::map<entry_key, entry_rows> make_rows(std::uint64_t seed, std::int64_t d, do
         entry_rows e;
         auto const n = n_of(rng);
         e.v.resize(n, d);
+        std::set<std::pair<std::int64_t, std::int64_t>> used;  // one row per token (close refuses a repeat)
         for (std::int64_t i = 0; i < n; ++i) {
             for (std::int64_t j = 0; j < d; ++j) e.v(i, j) = g(rng);
-            e.pos.push_back(pos_of(rng));
-            e.ex.push_back(ex_of(rng));
+            std::pair<std::int64_t, std::int64_t> t;
+            do t = {ex_of(rng), pos_of(rng)};
+            while (!used.insert(t).second);
+            e.pos.push_back(t.second);
+            e.ex.push_back(t.first);
         }
         out[k] = std::move(e);
     }
@@ -317,6 +321,32 @@ TEST_CASE("dataset_writer: bad batches throw naming the field and change nothing
     w2.append(0, kind::query, 1, Eigen::MatrixXd(0, 5), std::span<std::int64_t const>{}, std::span<std::int64_t const>{});
     w2.close();
     CHECK(!fs::exists(t2.path / "d" / "l00h01q"));
+}
+
+TEST_CASE("dataset_writer: one token appended twice is refused at close, naming it, with no manifest",
+          "[dataset_writer][io]") {
+    auto const m = writer_manifest();
+    Eigen::MatrixXd const rows = Eigen::MatrixXd::Constant(3, 5, 0.5);
+    for (std::size_t budget : {std::size_t{1}, io::dataset_writer::default_buffer_bytes}) {  // flushed apart, or buffered
+        INFO("budget " << budget);
+        temp_dir tmp;
+        io::dataset_writer w(tmp.path / "d", m, io::dtype::f32, budget);
+        w.append(0, kind::query, 1, rows, std::vector<std::int64_t>{4, 5, 6}, std::vector<std::int64_t>{7, 7, 7});
+        // the same positions under other examples, and another entry: fine
+        w.append(0, kind::query, 1, rows, std::vector<std::int64_t>{4, 5, 6}, std::vector<std::int64_t>{8, 9, 9});
+        w.append(0, kind::key, 0, rows, std::vector<std::int64_t>{4, 5, 6}, std::vector<std::int64_t>{7, 7, 7});
+        // example 9, position 6 again (row 6 of the entry; first at row 5)
+        w.append(0, kind::query, 1, rows.topRows(1), std::vector<std::int64_t>{6}, std::vector<std::int64_t>{9});
+        CHECK_THROWS_WITH(w.close(), Contains("(l00h01q)") && Contains("example 9, position 6 appended twice (rows 5 and 6)"));
+        CHECK(!w.closed());
+        CHECK(!fs::exists(tmp.path / "d" / "manifest.json"));
+    }
+    temp_dir ok;  // the control: the same batches without the repeat close fine
+    io::dataset_writer w(ok.path / "d", m, io::dtype::f32, 1);
+    w.append(0, kind::query, 1, rows, std::vector<std::int64_t>{4, 5, 6}, std::vector<std::int64_t>{7, 7, 7});
+    w.append(0, kind::query, 1, rows, std::vector<std::int64_t>{4, 5, 6}, std::vector<std::int64_t>{8, 9, 9});
+    w.close();
+    CHECK(fs::exists(ok.path / "d" / "manifest.json"));
 }
 
 TEST_CASE("dataset_writer: a flush that fails leaves the writer as before the append", "[dataset_writer][io]") {

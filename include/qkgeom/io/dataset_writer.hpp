@@ -179,12 +179,16 @@ public:
     /// layer), then manifest.json. Calling it again does nothing.
     /// \throws qkgeom::io_error naming the file when a file cannot be
     ///         written (no manifest.json is written then).
+    /// \throws std::invalid_argument naming the entry, the example id, the
+    ///         position and both rows when an entry holds one token (example
+    ///         id, position) twice (no manifest.json is written then).
     /// \throws std::logic_error when an earlier failed write could not be undone.
     void close() {
         if (closed_) return;
         check_open("close");
         for (auto& [key, e] : entries_) flush_buffered(e);
         for (auto& [key, e] : entries_) finish(std::get<0>(key), e);
+        for (auto const& [key, e] : entries_) check_unique_tokens(e);
         write_manifest(dir_, m_);
         closed_ = true;
     }
@@ -418,6 +422,28 @@ private:
             std::int64_t const w = *m_.sliding_window[L];
             write_npy(file(e, "sliding_window.npy"), make_npy(std::span<std::int64_t const>(&w, 1), {}));
         }
+    }
+
+    /// Refuses an entry holding one token twice (the same example id and
+    /// position appended in two rows: a capture that ran a batch twice or
+    /// hooked a layer twice), read back from its files so memory stays that of
+    /// the largest entry (16 bytes a row), not of every row ever appended.
+    void check_unique_tokens(entry const& e) const {
+        if (e.on_disk < 2) return;
+        auto const pos = npy_to_int64(read_npy(file(e, files_[1])), file(e, files_[1]).string());
+        auto const ex = npy_to_int64(read_npy(file(e, files_[3])), file(e, files_[3]).string());
+        std::vector<std::pair<std::pair<std::int64_t, std::int64_t>, std::size_t>> tok(pos.size());
+        for (std::size_t i = 0; i < pos.size(); ++i) tok[i] = {{ex[i], pos[i]}, i};
+        std::sort(tok.begin(), tok.end());
+        for (std::size_t i = 1; i < tok.size(); ++i)
+            if (tok[i].first == tok[i - 1].first)
+                qkgeom::detail::fail_arg("qkgeom::io::dataset_writer::close (" + e.name + ")",
+                                         "example " + std::to_string(tok[i].first.first) + ", position " +
+                                             std::to_string(tok[i].first.second) + " appended twice (rows " +
+                                             std::to_string(tok[i - 1].second) + " and " +
+                                             std::to_string(tok[i].second) +
+                                             "): one token is one row; no manifest.json written; rows",
+                                         e.on_disk);
     }
 
     std::filesystem::path dir_;
