@@ -28,6 +28,7 @@
 
 #include <qkgeom/analysis/policy_names.hpp>
 #include <qkgeom/core/config.hpp>
+#include <qkgeom/core/validate.hpp>
 #include <qkgeom/run/dataset_analysis.hpp>
 
 #include <algorithm>
@@ -233,7 +234,8 @@ E parse_policy(std::string const& flag, std::string const& v) {
 
 enum command_bit : unsigned { demo_cmd = 1, synth_cmd = 2, analyze_cmd = 4, study_cmd = 8, merge_cmd = 16 };
 constexpr unsigned report_cmds = demo_cmd | analyze_cmd | study_cmd;
-constexpr std::int64_t int64_max = std::numeric_limits<std::int64_t>::max(), two_62 = std::int64_t{1} << 62;
+constexpr std::int64_t int64_max = std::numeric_limits<std::int64_t>::max();
+namespace R = qkgeom::option_ranges;  // the documented ranges, shared with study files and Python
 
 /// One option: its names, the commands that take it and whether it takes a
 /// value (a path value never starts with '-'); apply_option sets it.
@@ -282,12 +284,18 @@ void set_format(cli& c, std::string const& a, std::string const& v) {
         usage_error("--format npz_deflate: this qkgeom was built without zlib");
 }
 
+/// An integer option in its documented range (qkgeom/core/validate.hpp,
+/// shared with study files and the Python package).
+std::int64_t in_range(std::string const& flag, std::string const& v, qkgeom::option_range const& r) {
+    return parse_int(flag, v, r.lo, r.hi);
+}
+
 /// Sets the option `name` (its long name) given as `a` with the value `v`
 /// (empty for a flag): each value parsed whole and range-checked.
 void apply_option(cli& c, std::string const& name, std::string const& a, std::string const& v) {
     auto& o = c.opt;
     if (name == "--out") c.out = v;
-    else if (name == "--jobs") c.jobs = static_cast<unsigned>(parse_int(a, v, 1, 4096));
+    else if (name == "--jobs") c.jobs = static_cast<unsigned>(in_range(a, v, R::jobs));
     else if (name == "--quiet") c.quiet = true;
     else if (name == "--no-pictures") c.pictures = false;
     else if (name == "--strict") c.strict = true;
@@ -299,7 +307,7 @@ void apply_option(cli& c, std::string const& name, std::string const& a, std::st
     else if (name == "--head-seed") c.head_seed = static_cast<std::uint64_t>(parse_int(a, v, 0, int64_max));
     else if (name == "--dtype")
         c.dtype = parse_choice<std::string>(a, v, {{"f32", "f32"}, {"f16", "f16"}, {"bf16", "bf16"}, {"f64", "f64"}});
-    else if (name == "--components") o.pca.n_components = parse_int(a, v, 1, 4096);
+    else if (name == "--components") o.pca.n_components = in_range(a, v, R::components);
     else if (name == "--sign") o.pca.sign = parse_policy<qkgeom::sign_policy>(a, v);
     else if (name == "--low") o.pca.thresholds.low = parse_double(a, v);
     else if (name == "--high") o.pca.thresholds.high = parse_double(a, v);
@@ -310,20 +318,20 @@ void apply_option(cli& c, std::string const& name, std::string const& a, std::st
     else if (name == "--pairs") o.plasticity.pairs = parse_policy<qkgeom::pair_policy>(a, v);
     else if (name == "--weighting") o.plasticity.weighting = parse_policy<qkgeom::ap_weighting>(a, v);
     else if (name == "--enumeration") o.plasticity.enumeration = parse_policy<qkgeom::enumeration_policy>(a, v);
-    else if (name == "--max-exact-pairs") o.plasticity.max_exact_pairs = parse_int(a, v, 0, two_62);
-    else if (name == "--samples") o.plasticity.samples_per_cell = parse_int(a, v, 1, 1'000'000'000);
-    else if (name == "--seed") o.plasticity.seed = static_cast<std::uint64_t>(parse_int(a, v, 0, int64_max));
+    else if (name == "--max-exact-pairs") o.plasticity.max_exact_pairs = in_range(a, v, R::max_exact_pairs);
+    else if (name == "--samples") o.plasticity.samples_per_cell = in_range(a, v, R::samples);
+    else if (name == "--seed") o.plasticity.seed = static_cast<std::uint64_t>(in_range(a, v, R::seed));
     else if (name == "--empirical-check") o.plasticity.empirical_check = parse_policy<qkgeom::empirical_policy>(a, v);
-    else if (name == "--empirical-budget") o.plasticity.empirical_budget = parse_int(a, v, 4, 1'000'000'000);
-    else if (name == "--empirical-max-exact") o.plasticity.empirical_max_exact = parse_int(a, v, 0, two_62);
+    else if (name == "--empirical-budget") o.plasticity.empirical_budget = in_range(a, v, R::empirical_budget);
+    else if (name == "--empirical-max-exact") o.plasticity.empirical_max_exact = in_range(a, v, R::empirical_max_exact);
     else if (name == "--no-split") o.plasticity.split_profile = false;
     else if (name == "--no-ranks") o.ranks_on = false;
-    else if (name == "--rank-keys") o.ranks.keys_per_set = parse_int(a, v, 2, 64);
-    else if (name == "--rank-sets") o.ranks.sets_per_bucket = parse_int(a, v, 1, 1'000'000);
+    else if (name == "--rank-keys") o.ranks.keys_per_set = in_range(a, v, R::rank_keys);
+    else if (name == "--rank-sets") o.ranks.sets_per_bucket = in_range(a, v, R::rank_sets);
     else if (name == "--rank-draw") o.ranks.keys = parse_policy<qkgeom::rank_key_policy>(a, v);
-    else if (name == "--rope-bands") o.rope.n_bands = parse_int(a, v, 1, 2048);
-    else if (name == "--window") c.window = parse_int(a, v, 0, two_62);
-    else if (name == "--context") c.context = parse_int(a, v, 0, two_62);
+    else if (name == "--rope-bands") o.rope.n_bands = in_range(a, v, R::rope_bands);
+    else if (name == "--window") c.window = in_range(a, v, R::window);
+    else if (name == "--context") c.context = in_range(a, v, R::context);
 }
 
 unsigned command_of(std::string const& name) {
@@ -372,10 +380,11 @@ void check_combination(cli& c) {
     if (c.command != "demo" && c.command != "merge" && c.dir.empty())
         usage_error(c.command + (c.command == "study" ? " needs STUDY_FILE" : " needs DIR"));
     if (c.command != "synth" && c.out.empty()) usage_error(c.command + " needs -o " + (c.command == "merge" ? "FILE" : "OUT"));
-    if (!(o.pca.thresholds.low >= 0 && o.pca.thresholds.low <= o.pca.thresholds.high && o.pca.thresholds.high <= 1))
+    // The checks every front end shares (qkgeom/core/validate.hpp: study files, Python).
+    if (qkgeom::thresholds_problem(o.pca.thresholds.low, o.pca.thresholds.high))
         usage_error("--low/--high: need 0 <= low <= high <= 1 (low " + qkgeom::detail::to_text(o.pca.thresholds.low) +
                     ", high " + qkgeom::detail::to_text(o.pca.thresholds.high) + ")");
-    if (!(o.ks_alpha > 0 && o.ks_alpha < 1)) usage_error("--ks-alpha: need 0 < alpha < 1, got " + qkgeom::detail::to_text(o.ks_alpha));
+    if (qkgeom::ks_alpha_problem(o.ks_alpha)) usage_error("--ks-alpha: need 0 < alpha < 1, got " + qkgeom::detail::to_text(o.ks_alpha));
     if (c.command == "synth" && c.heads > 8 * c.layers)
         usage_error("--heads: " + std::to_string(c.heads) + " is more than the " + std::to_string(8 * c.layers) +
                     " query heads of the capture (--layers " + std::to_string(c.layers) +

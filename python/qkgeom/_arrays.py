@@ -75,6 +75,20 @@ def _bf16_bits(t, name: str):
     return t.view(torch.int16).numpy()
 
 
+_INT64 = np.iinfo(np.int64)
+
+
+def _check_int64_objects(x, name: str):
+    """An object array from a sequence: its first integer outside int64, or its first non-integer, named."""
+    for i, v in enumerate(x.reshape(-1)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name}: expected integers, got {type(v).__name__} {v!r} at index {i}")
+        if not _INT64.min <= int(v) <= _INT64.max:
+            raise ValueError(f"{name}: value {int(v)} at index {i} does not fit in int64 "
+                             f"(positions, buckets and example ids are 64-bit integers, {_INT64.min}..{_INT64.max})")
+    raise TypeError(f"{name}: expected a 1-D integer array, got {_describe(x)}")
+
+
 def as_indices(x, name: str = "indices"):
     """A 1-D int64 (or int32) NumPy array of the integers ``x`` holds: a view for an int64/int32
     array or CPU tensor, a converted copy for sequences and other integer widths."""
@@ -84,6 +98,8 @@ def as_indices(x, name: str = "indices"):
         if isinstance(x, (str, bytes)) or not hasattr(x, "__len__"):
             raise TypeError(f"{name}: expected a 1-D integer array or sequence, got {type(x).__name__}")
         x = np.asarray(x) if len(x) else np.zeros(0, dtype=np.int64)
+    if x.dtype == np.object_:
+        _check_int64_objects(x, name)  # Python ints beyond int64 make an object array: name the value
     if x.dtype.kind not in "iu" or x.dtype == np.bool_:
         raise TypeError(f"{name}: expected integers, got {_describe(x)}")
     if x.ndim != 1:

@@ -1,7 +1,14 @@
 // qkgeom Python extension — analyze_head and analyze_moments: a head_capture
 // of zero-copy views over the caller's arrays, analysed with the GIL released.
+// Before anything is allocated, the inputs pass the program's checks
+// (qkgeom/core/validate.hpp): the head dimension limit, every position below
+// the context length, the options' ranges, and for analyze_moments key rows
+// that are the moments' own.
 #include "common.hpp"
 
+#include <qkgeom/core/validate.hpp>
+
+#include <new>
 #include <optional>
 
 namespace qkgeom_py {
@@ -50,21 +57,44 @@ qkgeom::token_rows<array_rows> token_rows_of(held<array_rows> const& rows, py::h
             qkgeom::example_ids(std::move(ex))};
 }
 
+/// Every position below a given context length (0: the largest position + 1),
+/// as the program requires of --context and the manifest's context_length.
+void check_context(std::string_view fn, std::string_view kind, qkgeom::token_positions const& pos, std::int64_t L) {
+    if (auto const top = qkgeom::position_beyond_context(pos, L))
+        throw py::value_error(std::string(fn) + ": " + std::string(kind) + "_positions: position " +
+                              std::to_string(*top) + " is not below context_length " + std::to_string(L) +
+                              " (every position must lie below it; 0 = the largest position + 1)");
+}
+
+std::string rows_text(held<array_rows> const& r, std::string_view name) {
+    return std::to_string(r.view.rows()) + " " + std::string(name) + " rows";
+}
+
 qkgeom::head_analysis analyze_head_py(py::handle queries, py::handle q_positions, py::handle keys,
                                       py::handle k_positions, py::handle q_buckets, py::handle k_buckets,
                                       py::handle q_example_ids, py::handle k_example_ids, qkgeom::head_id const& id,
                                       std::optional<qkgeom::bucket_spec> const& buckets, std::int64_t sliding_window,
                                       std::int64_t context_length,
                                       std::optional<qkgeom::analysis_options> const& options) {
+    constexpr std::string_view fn = "analyze_head";
     auto const q = rows_of(queries, "queries");
     auto const k = rows_of(keys, "keys");
+    qkgeom::check_head_dim("analyze_head: queries", q.view.cols());
+    qkgeom::check_head_dim("analyze_head: keys", k.view.cols());
+    qkgeom::analysis_options const opt = options_or_default(options, fn);
     capture_args const a{buckets, sliding_window, context_length};
     qkgeom::head_capture<array_rows, array_rows> const head{
         id, facts_of(a), token_rows_of(q, q_positions, q_buckets, q_example_ids, false, "q", buckets),
         token_rows_of(k, k_positions, k_buckets, k_example_ids, true, "k", buckets)};
-    qkgeom::analysis_options const opt = options.value_or(qkgeom::analysis_options{});
-    py::gil_scoped_release nogil;
-    return analyze_rows(head, opt);
+    check_context(fn, "q", head.queries.position, context_length);
+    check_context(fn, "k", head.keys.position, context_length);
+    try {
+        py::gil_scoped_release nogil;
+        return analyze_rows(head, opt);
+    } catch (std::bad_alloc const&) {
+        out_of_memory("analyze_head of " + rows_text(q, "query") + " and " + rows_text(k, "key") + " of d = " +
+                      std::to_string(q.view.cols()));
+    }
 }
 
 qkgeom::head_analysis analyze_moments_py(qkgeom::head_moments const& hm, py::handle keys, py::handle k_positions,
@@ -72,13 +102,25 @@ qkgeom::head_analysis analyze_moments_py(qkgeom::head_moments const& hm, py::han
                                          std::optional<qkgeom::bucket_spec> const& buckets,
                                          std::int64_t sliding_window, std::int64_t context_length,
                                          std::optional<qkgeom::analysis_options> const& options) {
+    constexpr std::string_view fn = "analyze_moments";
     auto const k = rows_of(keys, "keys");
+    qkgeom::check_head_dim("analyze_moments: keys", k.view.cols());
+    qkgeom::analysis_options const opt = options_or_default(options, fn);
     auto const rows = token_rows_of(k, k_positions, k_buckets, k_example_ids, true, "k", buckets);
+    check_context(fn, "k", rows.position, context_length);
     capture_args const a{buckets, sliding_window, context_length};
-    qkgeom::analysis_options const opt = options.value_or(qkgeom::analysis_options{});
-    py::gil_scoped_release nogil;
-    std::lock_guard lock(object_lock(&hm));
-    return analyze_moment_rows(hm, rows, facts_of(a), opt);
+    try {
+        py::gil_scoped_release nogil;
+        std::lock_guard lock(object_lock(&hm));
+        if (k.view.cols() == hm.d && k.view.rows() == hm.k.count() && rows.position.size() == k.view.rows() &&
+            rows.bucket.size() == k.view.rows()) {  // else analyze_head names the difference
+            if (auto const why = qkgeom::keys_moments_mismatch(hm.k, k.view, rows.position, rows.bucket))
+                throw py::value_error("analyze_moments: keys: " + *why);  // a plain C++ exception: no GIL needed
+        }
+        return analyze_moment_rows(hm, rows, facts_of(a), opt);
+    } catch (std::bad_alloc const&) {
+        out_of_memory("analyze_moments of " + rows_text(k, "key") + " of d = " + std::to_string(k.view.cols()));
+    }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // qkgeom Python extension — analyze_dataset: the loop of `qkgeom analyze`
 // (run/dataset_analysis.hpp), the same library function the program calls,
-// in parallel with the GIL released.
+// in parallel with the GIL released. Ctrl-C (KeyboardInterrupt) stops it after
+// the heads in progress (run_interruptible, common.hpp).
 #include "common.hpp"
 
 #include <qkgeom/run/dataset_analysis.hpp>
@@ -8,6 +9,7 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <filesystem>
+#include <limits>
 
 namespace qkgeom_py {
 
@@ -71,19 +73,20 @@ void bind_run(py::module_& m) {
 }
 
 io::dataset_run analyze_dataset_py(fs::path const& dir, std::optional<qkgeom::analysis_options> const& options,
-                                   unsigned jobs, bool strict, std::int64_t context, std::optional<std::int64_t> window) {
-    if (context < 0) qkgeom::detail::fail_arg("qkgeom.analyze_dataset", "context must be >= 0 (0 = none)", context);
-    if (window && *window < 0)
-        qkgeom::detail::fail_arg("qkgeom.analyze_dataset", "window must be >= 0 (or None)", *window);
+                                   std::int64_t jobs, bool strict, std::int64_t context, std::optional<std::int64_t> window) {
+    constexpr std::int64_t none = std::numeric_limits<std::int64_t>::min();
+    unsigned const threads = checked_run_args("analyze_dataset", jobs, context, window.value_or(none), none);
     io::dataset_run_options o;
-    o.analysis = options.value_or(qkgeom::analysis_options{});
-    o.jobs = jobs;
+    o.analysis = options_or_default(options, "analyze_dataset");
+    o.jobs = threads;
     o.strict = strict;
     o.context = context;
     o.window = window.value_or(-1);
     o.context_name = "analyze_dataset(context=" + std::to_string(context) + ")";
-    py::gil_scoped_release nogil;
-    return io::analyze_dataset(io::plan_dataset(dir), o, analyze_matrix_head);
+    std::atomic<bool> stop{false};
+    return run_interruptible(stop, [&] {
+        return io::analyze_dataset(io::plan_dataset(dir), o, interruptible_analyzer(stop));
+    });
 }
 
 }  // namespace
@@ -101,12 +104,20 @@ qkgeom::head_analysis analyze_matrix_head(qkgeom::head_capture<qkgeom::row_matri
     return analyze_rows(v, opt);
 }
 
+qkgeom::io::head_analyzer interruptible_analyzer(std::atomic<bool> const& stop) {
+    return [&stop](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& opt) {
+        if (stop.load()) throw stop_requested{};  // a safe point: before each head
+        return analyze_matrix_head(h, opt);
+    };
+}
+
 void bind_dataset(py::module_& m) {
     bind_run(m);
     m.def("analyze_dataset", &analyze_dataset_py, py::arg("dir"), py::arg("options") = py::none(), py::kw_only(),
           py::arg("jobs") = 0, py::arg("strict") = false, py::arg("context") = 0, py::arg("window") = py::none(),
           "Analyse every planned head of a dataset folder: the library loop `qkgeom analyze` runs "
-          "(io::analyze_dataset), on `jobs` threads (0: every core), GIL released.");
+          "(io::analyze_dataset), on `jobs` threads (0: every core), GIL released. Ctrl-C raises KeyboardInterrupt "
+          "once the heads in progress end.");
 }
 
 }  // namespace qkgeom_py

@@ -2,6 +2,7 @@
 // entry read or written, and the streaming DatasetWriter.
 #include "common.hpp"
 
+#include <qkgeom/core/errors.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/dataset_writer.hpp>
 
@@ -9,7 +10,9 @@
 
 #include <filesystem>
 #include <mutex>
+#include <new>
 #include <span>
+#include <string>
 
 namespace qkgeom_py {
 
@@ -225,10 +228,28 @@ void bind_entries(py::module_& m) {
 
 /// The writer with a lock: its methods run with the GIL released, so two
 /// Python threads could otherwise enter it at once (it is not thread-safe).
+/// `failed` keeps the first write that failed (a flush that could not write,
+/// or memory): that batch is not in the files, so close() refuses to write a
+/// manifest.json that would present the folder as a complete capture.
 struct py_writer {
     io::dataset_writer w;
     std::mutex mu;
+    std::string failed;
 };
+
+/// Runs a writer call that may write; a write failure is remembered (py_writer::failed).
+template <class F>
+void writing(py_writer& pw, F const& call) {
+    try {
+        call();
+    } catch (qkgeom::io_error const& e) {
+        if (pw.failed.empty()) pw.failed = e.what();
+        throw;
+    } catch (std::bad_alloc const&) {
+        if (pw.failed.empty()) pw.failed = "out of memory (std::bad_alloc) while buffering or writing a batch";
+        throw;
+    }
+}
 
 void bind_writer(py::module_& m) {
     py::class_<py_writer>(m, "DatasetWriter",
@@ -236,7 +257,7 @@ void bind_writer(py::module_& m) {
                           "(io::dataset_writer); close() writes the headers and manifest.json.")
         .def(py::init([](fs::path dir, io::manifest man, std::string const& dtype, std::size_t buffer_bytes) {
                  py::gil_scoped_release nogil;
-                 return new py_writer{io::dataset_writer(std::move(dir), std::move(man), dtype, buffer_bytes), {}};
+                 return new py_writer{io::dataset_writer(std::move(dir), std::move(man), dtype, buffer_bytes), {}, {}};
              }),
              py::arg("dir"), py::arg("manifest"), py::arg("dtype") = "f32",
              py::arg("buffer_bytes") = io::dataset_writer::default_buffer_bytes)
@@ -250,8 +271,10 @@ void bind_writer(py::module_& m) {
                 auto const e = index_values(example_ids, "example_ids");
                 py::gil_scoped_release nogil;
                 std::lock_guard lock(pw.mu);
-                pw.w.append(layer, k, head, r.view, std::span<std::int64_t const>(p),
-                            std::span<std::int64_t const>(e));
+                writing(pw, [&] {
+                    pw.w.append(layer, k, head, r.view, std::span<std::int64_t const>(p),
+                                std::span<std::int64_t const>(e));
+                });
             },
             py::arg("layer"), py::arg("kind"), py::arg("head"), py::arg("rows"), py::arg("positions"),
             py::arg("example_ids"))
@@ -260,8 +283,17 @@ void bind_writer(py::module_& m) {
             [](py_writer& pw) {
                 py::gil_scoped_release nogil;
                 std::lock_guard lock(pw.mu);
-                pw.w.close();
-            })
+                if (!pw.w.closed() && !pw.failed.empty())
+                    throw qkgeom::io_error(pw.w.dir().string(),
+                                           "DatasetWriter.close: " + pw.w.dir().string() +
+                                               ": an earlier write failed (" + pw.failed +
+                                               "): its rows are not in the files, so no manifest.json is written "
+                                               "(the folder does not read as a dataset); capture again into a new "
+                                               "folder");
+                writing(pw, [&] { pw.w.close(); });
+            },
+            "Flush, finish the .npy headers, write manifest.json last. Refused (OSError, no manifest.json) after a "
+            "write of append() or close() failed.")
         .def_property_readonly("closed",
                                [](py_writer& pw) {
                                    std::lock_guard lock(pw.mu);

@@ -2,6 +2,7 @@
 // moments (HeadMoments, shard files).
 #include "common.hpp"
 
+#include <qkgeom/core/validate.hpp>
 #include <qkgeom/io/moments_io.hpp>
 
 #include <pybind11/eigen.h>
@@ -45,18 +46,39 @@ void bind_head_id(py::module_& m) {
                         }));
 }
 
+/// A BucketSpec as the manifest reader and bucket_of check it (scheme known,
+/// width >= 1, rate finite and > 0): refused when made or changed, not when used.
+qkgeom::bucket_spec checked_spec(qkgeom::bucket_spec s) {
+    qkgeom::detail::check_bucket_spec("BucketSpec", s);
+    return s;
+}
+
 void bind_bucket_spec(py::module_& m) {
     using qkgeom::bucket_spec;
-    py::class_<bucket_spec>(m, "BucketSpec", "Bucket scheme (uniform | log | all), width (B or B_min) and keep rate.")
+    py::class_<bucket_spec>(m, "BucketSpec",
+                            "Bucket scheme (uniform | log | all), width (B or B_min, >= 1) and keep rate (finite, > 0); "
+                            "checked when made or changed.")
         .def(py::init([](std::string const& scheme, std::int64_t width, double rate) {
-                 return bucket_spec{scheme_of(scheme), width, rate};
+                 return checked_spec(bucket_spec{scheme_of(scheme), width, rate});
              }),
              py::arg("scheme") = "uniform", py::arg("width") = 128, py::arg("rate") = 1.0)
         .def_property(
             "scheme", [](bucket_spec const& s) { return std::string(qkgeom::bucket_scheme_name(s.scheme)); },
             [](bucket_spec& s, std::string const& v) { s.scheme = scheme_of(v); })
-        .def_readwrite("width", &bucket_spec::width)
-        .def_readwrite("rate", &bucket_spec::rate)
+        .def_property(
+            "width", [](bucket_spec const& s) { return s.width; },
+            [](bucket_spec& s, std::int64_t v) {
+                bucket_spec t = s;
+                t.width = v;
+                s = checked_spec(t);
+            })
+        .def_property(
+            "rate", [](bucket_spec const& s) { return s.rate; },
+            [](bucket_spec& s, double v) {
+                bucket_spec t = s;
+                t.rate = v;
+                s = checked_spec(t);
+            })
         .def(py::self == py::self)
         .def("__repr__", [](bucket_spec const& s) {
             return "BucketSpec('" + std::string(qkgeom::bucket_scheme_name(s.scheme)) + "', " +
@@ -91,7 +113,10 @@ void bind_head_moments(py::module_& m) {
     using qkgeom::head_moments;
     py::class_<head_moments>(m, "HeadMoments",
                              "Streaming, mergeable sufficient statistics of one head (method §1).")
-        .def(py::init([](qkgeom::index_t dim, qkgeom::head_id const& id) { return head_moments(dim, id); }),
+        .def(py::init([](qkgeom::index_t dim, qkgeom::head_id const& id) {
+                 qkgeom::check_head_dim("HeadMoments(dim)", dim);  // the shard files' limit: refused before allocating
+                 return head_moments(dim, id);
+             }),
              py::arg("dim"), py::arg("head") = qkgeom::head_id{0, 0, 0})
         .def_readonly("id", &head_moments::id)
         .def_readonly("dim", &head_moments::d)

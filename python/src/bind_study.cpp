@@ -1,8 +1,10 @@
 // qkgeom Python extension — run_study: a study file (docs/study.md) read, its
 // runs analysed or taken from the cache, and its tables (report/study_tables.hpp, the
 // same columns as the program's study_*.csv) returned column by column; the
-// GIL is released while the study runs. qkgeom.study() (python/qkgeom/study.py)
-// turns the result into DataFrames.
+// GIL is released while the study runs; Ctrl-C (KeyboardInterrupt) stops it
+// after the heads in progress, as SIGINT stops `qkgeom study` (the cache keeps
+// no half-written entry). qkgeom.study() (python/qkgeom/study.py) turns the
+// result into DataFrames.
 #include "common.hpp"
 
 #include <qkgeom/report/study_tables.hpp>
@@ -54,25 +56,24 @@ py::dict table_object(st::table const& t) {
 std::string stem_of(std::string const& file) { return fs::path(file).stem().string(); }
 
 py::dict run_study_py(fs::path const& study_file, fs::path const& cache,
-                      std::optional<qkgeom::analysis_options> const& options, unsigned jobs, std::int64_t context,
+                      std::optional<qkgeom::analysis_options> const& options, std::int64_t jobs, std::int64_t context,
                       std::int64_t window) {
-    if (context < 0) qkgeom::detail::fail_arg("qkgeom.run_study", "context must be >= 0 (0 = the capture's)", context);
-    if (window < -1)
-        qkgeom::detail::fail_arg("qkgeom.run_study", "window must be >= 0, or -1 (the capture's)", window);
+    unsigned const threads = checked_run_args("run_study", jobs, context, window, -1);
     st::study_run_options o;
-    o.analysis = options.value_or(qkgeom::analysis_options{});
-    o.jobs = jobs;
+    o.analysis = options_or_default(options, "run_study");
+    o.jobs = threads;
     o.context = context;
     o.window = window;
     o.cache = cache;
-    o.analyzer = analyze_matrix_head;  // common.hpp: the module's one analyze_head instantiation
+    std::atomic<bool> stop{false};
+    o.analyzer = interruptible_analyzer(stop);  // common.hpp: the module's one analyze_head instantiation
     st::study_result result;
     std::vector<st::table> tables;
-    {
-        py::gil_scoped_release nogil;
+    run_interruptible(stop, [&] {
         result = st::run_study(st::read_study(study_file), o);
         tables = st::study_tables(result);
-    }
+        return true;
+    });
     py::dict out_tables;
     for (auto const& t : tables) out_tables[py::str(stem_of(t.file))] = table_object(t);
     py::list runs;

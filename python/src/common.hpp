@@ -16,11 +16,18 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -127,6 +134,77 @@ qkgeom::bucket_scheme scheme_of(std::string_view s);
 /// "full_attention_only" | "all_layers".
 qkgeom::layer_eligibility eligibility_of(std::string_view s);
 
+// --- validation (bind_options.cpp): the program's checks (qkgeom/core/validate.hpp) -------
+
+/// ValueError "where: Options.<name> = <value>: expected <range>" when an
+/// option is outside its documented range or low > high (NaN refused).
+void check_options(qkgeom::analysis_options const& o, std::string_view where);
+/// `jobs` (0: every core, else 1..4096), `context` (0..2^62; 0 = the capture's)
+/// and `window` (0..2^62; `none_value` = the capture's) as the program's
+/// -j, --context and --window (qkgeom/core/validate.hpp): ValueError naming
+/// `where`, the argument and its range.
+unsigned checked_run_args(std::string_view where, std::int64_t jobs, std::int64_t context, std::int64_t window,
+                          std::int64_t none_value);
+/// The options given (or the defaults), checked as check_options.
+qkgeom::analysis_options options_or_default(std::optional<qkgeom::analysis_options> const& o, std::string_view where);
+
+// --- interruption (KeyboardInterrupt) -------------------------------------------
+
+/// Thrown by a head analyzer at a safe point (a head's start) once a signal
+/// has arrived: not a std::exception, so the libraries' per-head handlers
+/// (which record a std::exception as the head's failure) let it through and
+/// the run unwinds as the program's does on SIGINT.
+struct stop_requested {};
+
+/// \brief Runs `work()` (GIL released, on a worker thread) while the calling
+/// thread waits, taking the GIL every 50 ms to run Python's signal handlers
+/// (PyErr_CheckSignals). When a handler raises (Ctrl-C: KeyboardInterrupt),
+/// `stop` is set, so the work's safe points throw stop_requested and the heads
+/// in progress end; then that exception is raised and the result dropped.
+/// Otherwise returns work()'s result, or rethrows what it threw. Only the
+/// main thread runs signal handlers: called from another thread it just waits.
+template <class F>
+auto run_interruptible(std::atomic<bool>& stop, F&& work) -> decltype(work()) {
+    using result_t = decltype(work());
+    std::optional<result_t> result;
+    std::exception_ptr failure;
+    std::optional<py::error_already_set> raised;
+    {
+        py::gil_scoped_release nogil;
+        std::mutex mu;
+        std::condition_variable cv;
+        bool done = false;
+        std::thread worker([&] {
+            try {
+                result.emplace(work());
+            } catch (...) {
+                failure = std::current_exception();
+            }
+            std::lock_guard lock(mu);
+            done = true;
+            cv.notify_all();
+        });
+        for (;;) {
+            std::unique_lock lock(mu);
+            if (cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; })) break;
+            lock.unlock();
+            if (raised) continue;
+            py::gil_scoped_acquire gil;
+            if (PyErr_CheckSignals() != 0) {
+                raised.emplace();  // fetches the exception (KeyboardInterrupt)
+                stop = true;
+            }
+        }
+        worker.join();
+    }
+    if (raised) throw std::move(*raised);
+    if (failure) std::rethrow_exception(failure);
+    return std::move(*result);
+}
+
+/// MemoryError "what: out of memory (...)" in place of a bare std::bad_alloc.
+[[noreturn]] void out_of_memory(std::string const& what);
+
 // --- the analyses over zero-copy rows (analysis_rows.cpp; the caller
 // releases the GIL) -----------------------------------------------------------
 
@@ -143,6 +221,10 @@ qkgeom::head_analysis analyze_moment_rows(qkgeom::head_moments const& hm, qkgeom
 /// (bind_dataset.cpp).
 qkgeom::head_analysis analyze_matrix_head(qkgeom::head_capture<qkgeom::row_matrix> const& h,
                                           qkgeom::analysis_options const& opt);
+/// analyze_matrix_head with a safe point before each head: throws
+/// stop_requested once `stop` is set (run_interruptible). `stop` outlives it.
+std::function<qkgeom::head_analysis(qkgeom::head_capture<qkgeom::row_matrix> const&, qkgeom::analysis_options const&)>
+interruptible_analyzer(std::atomic<bool> const& stop);
 
 // --- registration, one per translation unit --------------------------------
 void bind_errors(py::module_& m);

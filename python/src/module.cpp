@@ -11,12 +11,20 @@
 #include <qkgeom/core/errors.hpp>
 
 #include <filesystem>
+#include <string>
 
 #ifndef QKGEOM_PY_VERSION
 #define QKGEOM_PY_VERSION "unknown"
 #endif
 
 namespace qkgeom_py {
+
+void out_of_memory(std::string const& what) {
+    PyErr_SetString(PyExc_MemoryError, (what + ": out of memory (std::bad_alloc): the rows, the d x d work matrices "
+                                               "or the plasticity buffers did not fit")
+                                           .c_str());
+    throw py::error_already_set();
+}
 
 void bind_errors(py::module_& m) {
     static py::handle input_error;  // the module keeps the class alive

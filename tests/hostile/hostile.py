@@ -189,13 +189,19 @@ class Ctx:
         os.makedirs(self.tmp, exist_ok=True)
         self.case_dir = None
         self.max_wall = self.max_rss = 0.0  # of the program runs of the current case
+        self.python, self.python_path = sys.executable, None  # the class `python` (--python-path)
         Ctx.current = self
 
     # -- the program ------------------------------------------------------
     def run(self, *args, timeout=None, check_bounds=True, rss_limit_mb=None, user=None):
+        return self.run_argv([self.qkgeom] + [str(a) for a in args], timeout=timeout, check_bounds=check_bounds,
+                             rss_limit_mb=rss_limit_mb, user=user)
+
+    def run_argv(self, argv, timeout=None, check_bounds=True, rss_limit_mb=None, user=None):
+        """Runs argv (the program, or python for the class `python`) with the bounds of a case."""
+        args = argv[1:] if argv[0] == self.qkgeom else [os.path.basename(argv[0]), "-c", "SCRIPT"]
         timeout = timeout or self.hard_timeout
-        r = run_child([self.qkgeom] + [str(a) for a in args], cwd=self.case_dir or self.work, timeout=timeout,
-                      user=user)
+        r = run_child(argv, cwd=self.case_dir or self.work, timeout=timeout, user=user)
         self.last_err = r.err
         self.max_wall = max(self.max_wall, r.wall)
         self.max_rss = max(self.max_rss, r.rss_mb)
@@ -3577,6 +3583,117 @@ def _(ctx):
         raise Fail("scores %s" % score)
 
 
+
+# ---- python: the Python package refuses what the program refuses (issue 31, classes 2, 7, 10) ----
+_PY_PRELUDE = """import sys
+sys.path.insert(0, %r)
+import numpy as np
+import qkgeom as q
+rng = np.random.default_rng(0)
+spec = q.BucketSpec("uniform", 64, 1.0)
+"""
+
+
+def _py(ctx, body, timeout=None):
+    """Runs `body` in a python child with the qkgeom package (bounds as the program's runs): its
+    stdout's last line, e.g. 'RAISED ValueError <message>' or 'ACCEPTED'."""
+    if not ctx.python_path:
+        raise Skip("no --python-path (the qkgeom package was not built)")
+    script = (_PY_PRELUDE % ctx.python_path) + "try:\n" + "".join("    " + ln + "\n" for ln in body.splitlines()) + \
+        "    print('ACCEPTED')\nexcept Exception as e:\n" \
+        "    print('RAISED', type(e).__name__, str(e).replace(chr(10), ' '))\n"
+    r = ctx.run_argv([ctx.python, "-c", script], timeout=timeout)
+    if r.rc != 0:
+        raise Fail("python exited %s: %r" % (r.rc, r.err[-400:]))
+    lines = r.out.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def _py_refused(body, exc, kws):
+    """The call in `body` raises `exc` whose message has every keyword (within the bounds)."""
+    def fn(ctx):
+        line = _py(ctx, body)
+        if not line.startswith("RAISED " + exc + " "):
+            raise Fail("expected %s, got %r" % (exc, line[:400]))
+        miss = missing_keywords(line, kws)
+        if miss:
+            raise Fail("the message lacks %s: %r" % (miss, line[:400]))
+    return fn
+
+
+_ROWS = "Q = rng.standard_normal((600, 16)).astype(np.float32)\npos = np.arange(600) % 400\n"
+case("python", "analyze_head_4_rows_of_d_30000")(_py_refused(
+    "x = rng.standard_normal((4, 30000)).astype(np.float32)\n"
+    "q.analyze_head(x, np.arange(4), x, np.arange(4), buckets=spec)",
+    "ValueError", ["queries", "d = 30000", "4096"]))
+case("python", "head_moments_of_d_200000")(_py_refused(
+    "q.HeadMoments(200000)", "ValueError", ["HeadMoments", "200000", "4096"]))
+case("python", "analyze_moments_keys_of_d_30000")(_py_refused(
+    "m = q.HeadMoments(16)\nx = rng.standard_normal((4, 30000)).astype(np.float32)\n"
+    "q.analyze_moments(m, x, np.arange(4), buckets=spec)", "ValueError", ["keys", "30000", "4096"]))
+for _name, _v, _r in [("rank_sets", "10**12", "1..1000000"), ("samples", "10**12", "1..1000000000"),
+                      ("empirical_budget", "10**12", "4..1000000000"), ("seed", "2**64", "0..9223372036854775807"),
+                      ("components", "0", "1..4096")]:
+    case("python", "options_%s_%s" % (_name, _v.replace("**", "^")))(_py_refused(
+        "q.Options(%s=%s)" % (_name, _v), "ValueError", ["Options." + _name, str(eval(_v)), _r]))
+case("python", "options_low_above_high")(_py_refused(
+    "q.Options(low=0.8, high=0.2)", "ValueError", ["low", "high", "0.8", "0.2"]))
+case("python", "options_nan_threshold")(_py_refused("q.Options(high=float('nan'))", "ValueError", ["Options.high", "nan"]))
+case("python", "options_nan_ks_alpha")(_py_refused("q.Options(ks_alpha=float('nan'))", "ValueError", ["ks_alpha", "nan"]))
+case("python", "options_string_for_a_boolean")(_py_refused(
+    "q.Options(diagnostics='no')", "TypeError", ["Options.diagnostics", "str", "'no'"]))
+case("python", "contradiction_set_by_attribute_refused_at_use")(_py_refused(
+    _ROWS + "o = q.Options()\no.low = 0.9\nq.analyze_head(Q, pos, Q, pos, buckets=spec, options=o)",
+    "ValueError", ["analyze_head", "low", "high", "0.9", "0.7"]))
+case("python", "context_length_below_largest_position")(_py_refused(
+    _ROWS + "q.analyze_head(Q, pos, Q, pos, buckets=spec, context_length=300)",
+    "ValueError", ["q_positions", "context_length", "399", "300"]))
+case("python", "analyze_moments_with_another_heads_keys")(_py_refused(
+    _ROWS + "m = q.HeadMoments(16)\nb = q.bucket_of(spec, pos)\nm.add('q', Q, pos, b)\nm.add('k', Q, pos, b)\n"
+    "q.analyze_moments(m, rng.standard_normal((600, 16)).astype(np.float32), pos, buckets=spec)",
+    "ValueError", ["keys", "not the rows the key moments were reduced from"]))
+case("python", "bucket_spec_width_0")(_py_refused("q.BucketSpec('uniform', 0)", "ValueError", ["BucketSpec", "width", "0"]))
+case("python", "bucket_spec_rate_negative")(_py_refused("q.BucketSpec('log', 64, -1.0)", "ValueError", ["rate", "-1"]))
+case("python", "bucket_spec_width_set_to_0")(_py_refused("s = q.BucketSpec()\ns.width = 0", "ValueError", ["width", "0"]))
+case("python", "positions_beyond_int64")(_py_refused(
+    _ROWS + "q.analyze_head(Q[:2], [0, 2**70], Q[:2], [0, 1], buckets=spec)",
+    "ValueError", ["q_positions", str(2**70), "int64"]))
+case("python", "analyze_dataset_jobs_4294967297")(_py_refused(
+    "q.analyze_dataset('nowhere', jobs=4294967297)", "ValueError", ["jobs", "4294967297", "1..4096"]))
+
+
+@case("python", "writer_close_after_a_failed_write_writes_no_manifest")
+def _(ctx):
+    w = os.path.join(ctx.case_dir, "cap")
+    line = _py(ctx, (
+        "import resource, signal\nfrom qkgeom.capture import manifest_for\n"
+        "man = manifest_for(q.ModelLayout(16, [1], [1]), model='m', buckets=spec, context_length=512, seed=0)\n"
+        "w = q.DatasetWriter(%r, man, buffer_bytes=1)\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\nresource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "try:\n    w.append(0, 'q', 0, np.ones((400, 16), np.float32), np.arange(400), np.zeros(400, np.int64))\n"
+        "except OSError:\n    pass\n"
+        "w.close()") % w)
+    if not line.startswith("RAISED OSError") or missing_keywords(line, ["earlier write failed", "manifest.json"]):
+        raise Fail("close() after a failed write: %r" % line[:400])
+    if os.path.exists(os.path.join(w, "manifest.json")):
+        raise Fail("a manifest.json was written for a capture that lacks rows")
+
+
+@case("python", "sigint_during_analyze_dataset_raises_keyboard_interrupt")
+def _(ctx):
+    cap = _big(ctx)[0]
+    line = _py(ctx, (
+        "import os, signal, threading, time\n"
+        "threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\nt0 = time.monotonic()\n"
+        "try:\n    q.analyze_dataset(%r, q.Options(rank_sets=1000), jobs=1)\n    print('DONE')\n"
+        "except KeyboardInterrupt:\n    print('INTERRUPTED %%.3f' %% (time.monotonic() - t0 - 0.5))\n"
+        "raise SystemExit(0)") % cap)
+    if not line.startswith("INTERRUPTED"):
+        raise Fail("no KeyboardInterrupt: %r" % line[:300])
+    if float(line.split()[1]) > 1.0:
+        raise Fail("KeyboardInterrupt %s s after SIGINT (after the heads in progress: < 1 s)" % line.split()[1])
+
+
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
@@ -3619,7 +3736,8 @@ def main():
     ap.add_argument("--qkgeom", required=False)
     ap.add_argument("--work", required=False)
     ap.add_argument("--class", dest="cls", action="append",
-                    help="class to run: 1..8, manifest, formats, inputs, signals, merge, options, study_cache, study_numbers "
+                    help="class to run: 1..8, manifest, formats, inputs, signals, merge, options, study_cache, study_numbers, "
+                    "python "
                     "(repeatable; default all)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("-k", dest="substr", action="append", help="run only cases whose name contains this")
@@ -3630,6 +3748,9 @@ def main():
                     "(by default only failing cases' folders stay under WORK/cases)")
     ap.add_argument("--sanitized", action="store_true",
                     help="sanitizer build: no RSS bound, wall-time bound 30 s")
+    ap.add_argument("--python-path", help="folder holding the qkgeom package (the class `python`; "
+                    "without it those cases SKIP)")
+    ap.add_argument("--python", help="interpreter of the class `python` (default: this one)")
     a = ap.parse_args()
     sel = []
     want = None if not a.cls else {("class" + c if c.isdigit() else c) for c in a.cls}
@@ -3652,6 +3773,8 @@ def main():
     sanitized = a.sanitized or bool(os.environ.get("QKGEOM_SANITIZE"))
     ctx = Ctx(a.qkgeom, a.work, sanitized, a.bases)
     ctx.keep = a.keep
+    ctx.python_path = os.path.abspath(a.python_path) if a.python_path else None
+    ctx.python = a.python or sys.executable
     t0 = time.monotonic()
     if a.setup_only:
         try:

@@ -155,6 +155,6 @@ bad[17, 2] = np.nan
 check.raises(ValueError, lambda: m.add("k", bad, pos, bkt), ["17"], "NaN row named")
 check(m.rows("q") == 0 and m.rows("k") == 0, "rejected input adds nothing")
 check.raises(q.InputError, lambda: q.load_moments(f"{args.work}/missing.qkm"), ["missing.qkm"], "missing shard")
-check.raises(ValueError, lambda: q.HeadMoments(0), ["d must be >= 1"], "dim 0")
+check.raises(ValueError, lambda: q.HeadMoments(0), ["HeadMoments(dim)", "d = 0", "1..4096"], "dim 0")
 
 check.finish("python.module.moments")

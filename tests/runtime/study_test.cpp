@@ -456,6 +456,14 @@ TEST_CASE("study file errors name the file, the field and the value", "[study]")
     CHECK(e.value() == "\"pairwise\"");
     e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "options": {"low": 0.8, "high": 0.2}})");
     CHECK(e.field() == "options.low, options.high");
+    // Integer options take the program's ranges (core/validate.hpp): work stays bounded.
+    e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "options": {"rank_sets": 1000000000000}})");
+    CHECK(e.field() == "options.rank_sets");
+    CHECK(std::string(e.what()).find("[1, 1000000]") != std::string::npos);
+    e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "options": {"samples": 1000000000001}})");
+    CHECK(e.field() == "options.samples");
+    e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "options": {"components": 4097}})");
+    CHECK(e.field() == "options.components");
     e = error_of(R"({"runs": []})");
     CHECK(e.field() == "runs");
     e = error_of(R"({"runs": [{"name": "a", "metrics": {"ap_drop": 0.1}}], "token_edges": [0, 10, 10]})");

@@ -7,6 +7,7 @@
 
 #include <qkgeom/core/buckets.hpp>
 #include <qkgeom/core/errors.hpp>
+#include <qkgeom/core/validate.hpp>
 #include <qkgeom/io/npy.hpp>
 #include <qkgeom/stats/moments.hpp>
 
@@ -39,8 +40,9 @@ inline constexpr std::uint32_t moments_format_version = 2;
 /// The shard format version without a bucket scheme (still read and written).
 inline constexpr std::uint32_t moments_format_version_without_scheme = 1;
 
-/// Largest head dimension a shard may declare (guards allocations on bad input).
-inline constexpr std::uint64_t moments_max_dim = 4096;
+/// Largest head dimension a shard may declare (guards allocations on bad input):
+/// the limit of every analysis entry point, qkgeom::max_head_dim (core/validate.hpp).
+inline constexpr std::uint64_t moments_max_dim = static_cast<std::uint64_t>(max_head_dim);
 
 /// \brief A shard as stored: the moments, the bucket scheme their bucket ids
 /// were computed with (format version 2; nullopt for a version 1 shard, which

@@ -7,6 +7,7 @@
 
 #include <qkgeom/analysis/policy_names.hpp>
 #include <qkgeom/core/errors.hpp>
+#include <qkgeom/core/validate.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/io/json.hpp>
 #include <qkgeom/run/study_read.hpp>
@@ -79,6 +80,9 @@ struct spec_reader {
         double const x = v.as_double();
         if (!std::isfinite(x)) fail(field, shown(v), "must be finite");
         return x;
+    }
+    std::int64_t integer(json::value const& v, std::string const& field, option_range const& r) const {
+        return integer(v, field, r.lo, r.hi);
     }
     std::int64_t integer(json::value const& v, std::string const& field, std::int64_t lo, std::int64_t hi) const {
         if (!v.is_int()) fail(field, shown(v), "expected an integer");
@@ -274,8 +278,9 @@ inline void apply_options(spec_reader const& rd, json::value const& v, analysis_
         return x.as_bool();
     };
     auto& p = o.plasticity;
+    namespace R = option_ranges;  // the ranges of the program and Python (core/validate.hpp)
     for (auto const& [k, x] : v.as_object()) {
-        if (k == "components") o.pca.n_components = rd.integer(x, f("components"), 1, 1 << 20);
+        if (k == "components") o.pca.n_components = rd.integer(x, f("components"), R::components);
         else if (k == "sign") o.pca.sign = policy_option<sign_policy>(rd, x, f("sign"));
         else if (k == "low") o.pca.thresholds.low = rd.number(x, f("low"));
         else if (k == "high") o.pca.thresholds.high = rd.number(x, f("high"));
@@ -286,28 +291,26 @@ inline void apply_options(spec_reader const& rd, json::value const& v, analysis_
         else if (k == "pairs") p.pairs = policy_option<pair_policy>(rd, x, f("pairs"));
         else if (k == "weighting") p.weighting = policy_option<ap_weighting>(rd, x, f("weighting"));
         else if (k == "enumeration") p.enumeration = policy_option<enumeration_policy>(rd, x, f("enumeration"));
-        else if (k == "max_exact_pairs") p.max_exact_pairs = rd.integer(x, f("max_exact_pairs"), 0, INT64_MAX);
-        else if (k == "samples") p.samples_per_cell = rd.integer(x, f("samples"), 1, INT64_MAX);
-        else if (k == "seed") p.seed = static_cast<std::uint64_t>(rd.integer(x, f("seed"), 0, INT64_MAX));
+        else if (k == "max_exact_pairs") p.max_exact_pairs = rd.integer(x, f("max_exact_pairs"), R::max_exact_pairs);
+        else if (k == "samples") p.samples_per_cell = rd.integer(x, f("samples"), R::samples);
+        else if (k == "seed") p.seed = static_cast<std::uint64_t>(rd.integer(x, f("seed"), R::seed));
         else if (k == "empirical_check") p.empirical_check = policy_option<empirical_policy>(rd, x, f("empirical_check"));
-        else if (k == "empirical_budget") p.empirical_budget = rd.integer(x, f("empirical_budget"), 4, 1000000000);
+        else if (k == "empirical_budget") p.empirical_budget = rd.integer(x, f("empirical_budget"), R::empirical_budget);
         else if (k == "empirical_max_exact")
-            p.empirical_max_exact = rd.integer(x, f("empirical_max_exact"), 0, INT64_MAX);
+            p.empirical_max_exact = rd.integer(x, f("empirical_max_exact"), R::empirical_max_exact);
         else if (k == "split") p.split_profile = boolean(x, "split");
         else if (k == "ranks") o.ranks_on = boolean(x, "ranks");
-        else if (k == "rank_keys") o.ranks.keys_per_set = rd.integer(x, f("rank_keys"), 2, 64);
-        else if (k == "rank_sets") o.ranks.sets_per_bucket = rd.integer(x, f("rank_sets"), 1, INT64_MAX);
+        else if (k == "rank_keys") o.ranks.keys_per_set = rd.integer(x, f("rank_keys"), R::rank_keys);
+        else if (k == "rank_sets") o.ranks.sets_per_bucket = rd.integer(x, f("rank_sets"), R::rank_sets);
         else if (k == "rank_draw") o.ranks.keys = policy_option<rank_key_policy>(rd, x, f("rank_draw"));
-        else if (k == "rope_bands") o.rope.n_bands = rd.integer(x, f("rope_bands"), 1, 1 << 20);
-        else if (k == "window") window = rd.integer(x, f("window"), 0, INT64_MAX);
-        else context = rd.integer(x, f("context"), 0, INT64_MAX);
+        else if (k == "rope_bands") o.rope.n_bands = rd.integer(x, f("rope_bands"), R::rope_bands);
+        else if (k == "window") window = rd.integer(x, f("window"), R::window);
+        else context = rd.integer(x, f("context"), R::context);
     }
     auto const& t = o.pca.thresholds;
-    if (!(t.low >= 0 && t.low <= t.high && t.high <= 1))
-        rd.fail("options.low, options.high", json::dump(json::value(t.low)) + ", " + json::dump(json::value(t.high)),
-                "need 0 <= low <= high <= 1");
-    if (!(o.ks_alpha > 0 && o.ks_alpha < 1))
-        rd.fail("options.ks_alpha", json::dump(json::value(o.ks_alpha)), "need 0 < ks_alpha < 1");
+    if (auto const q = thresholds_problem(t.low, t.high))
+        rd.fail("options.low, options.high", q->value, "need " + q->expected);
+    if (auto const q = ks_alpha_problem(o.ks_alpha)) rd.fail("options.ks_alpha", q->value, "need " + q->expected);
 }
 
 inline void read_settings(spec_reader const& rd, json::value const& root, study_spec& s) {
