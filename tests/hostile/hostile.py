@@ -2812,6 +2812,88 @@ case("signals", "sigkill_after_0.3s_next_run_cleans_up")(_interrupt_case([signal
 case("signals", "second_sigint_stops_at_once")(_interrupt_case([signal.SIGINT, signal.SIGINT], 0.3))
 
 
+def _study_three(ctx):
+    """Three captures (steady, moderate, steep; 2 layers x 8 heads), a study of them and its
+    clean report; made once per binary. A run takes ~1.6 s with QKGEOM_TEST_FAULT=slow."""
+    root = os.path.join(ctx.bases_dir, "study_three")
+    st, clean, stamp = os.path.join(root, "study.json"), os.path.join(root, "clean"), os.path.join(root, "ok")
+    if not (os.path.exists(stamp) and open(stamp).read() == ctx.stamp()):
+        shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(root)
+        save, ctx.case_dir = ctx.case_dir, root
+        try:
+            for fam in ("steady", "moderate", "steep"):
+                r = ctx.run("synth", os.path.join(root, fam), "--family", fam, "--layers", 2, "--quiet",
+                            check_bounds=False)
+                if r.rc != 0:
+                    raise Fail("setup: qkgeom synth --family %s: %s" % (fam, r.brief()))
+                if ctx.sanitized:
+                    thin_capture(os.path.join(root, fam))
+            _study(ctx, st, [{"name": n, "capture": f} for n, f in (("a", "steady"), ("b", "moderate"),
+                                                                     ("c", "steep"))])
+            r = ctx.run("study", st, "-o", clean, "-j", 1, "--quiet", check_bounds=False)
+            if r.rc != 0:
+                raise Fail("setup: the clean study: " + r.brief())
+        finally:
+            ctx.case_dir = save
+        with open(stamp, "w") as f:
+            f.write(ctx.stamp())
+    return st, clean
+
+
+def _study_interrupt_case(sig, delay):
+    """`study` stopped by a signal at some point (0.4 s: in the first run; 2.2 s and 3.8 s: in a
+    later one at the usual speed, ~1.6 s a run with QKGEOM_TEST_FAULT=slow): the old
+    report is left as it was, nothing is left next to OUT (SIGINT, SIGTERM) or what a
+    SIGKILL left is removed by the rerun, which completes with a clean run's numbers."""
+    def fn(ctx):
+        st, clean = _study_three(ctx)
+        out = os.path.join(ctx.case_dir, "out")
+        shutil.copytree(clean, out)
+        shutil.rmtree(os.path.join(out, "cache"))  # an older report: every run is analysed again
+        with open(os.path.join(out, "summary.txt"), "a") as f:
+            f.write("# the old report\n")
+        old = snapshot(out)
+        p, err = _popen(ctx, ["study", st, "-o", out, "-j", 1, "--quiet"],
+                        env=dict(os.environ, QKGEOM_TEST_FAULT="slow"))
+        time.sleep(delay)
+        p.send_signal(sig)
+        rc, msg = _wait(ctx, p, err)
+        want = -signal.SIGKILL if sig == signal.SIGKILL else 128 + sig
+        if rc == 0:
+            raise Fail("the study ended (exit 0) before the signal at %.1f s" % delay)
+        if rc != want:
+            raise Fail("expected exit %d, got %d: %r" % (want, rc, msg[-300:]))
+        if snapshot(out) != old:
+            raise Fail("the old OUT changed after %s" % signal.Signals(sig).name)
+        left = _case_siblings(ctx, ("out",))
+        if want > 0:
+            miss = missing_keywords(msg, [signal.Signals(sig).name, "interrupt", Num(want)])
+            if miss:
+                raise Fail("the message lacks %s: %r" % (miss, msg[-300:]))
+            if left:
+                raise Fail("left next to OUT: %s" % left)
+        elif not any(n.startswith(".out.staging-") for n in left):
+            raise Fail("no staging folder left by the killed study (killed before it made one?)")
+        r = ctx.run("study", st, "-o", out, "-j", 1, "--quiet")
+        if r.rc != 0:
+            raise Fail("the rerun: " + r.brief())
+        if _case_siblings(ctx, ("out",)):
+            raise Fail("left next to OUT after the rerun: %s" % _case_siblings(ctx, ("out",)))
+        if _models(out) != _models(clean):
+            raise Fail("the rerun's study_models.csv differs from a clean study's")
+        if "# the old report" in open(os.path.join(out, "summary.txt")).read():
+            raise Fail("the rerun did not replace the old report")
+    return fn
+
+
+case("signals", "study_sigint_after_0.4s_old_out_intact")(_study_interrupt_case(signal.SIGINT, 0.4))
+case("signals", "study_sigint_after_2.2s_old_out_intact")(_study_interrupt_case(signal.SIGINT, 2.2))
+case("signals", "study_sigterm_after_3.8s_exit_143")(_study_interrupt_case(signal.SIGTERM, 3.8))
+case("signals", "study_sigkill_after_0.4s_next_run_cleans_up")(_study_interrupt_case(signal.SIGKILL, 0.4))
+case("signals", "study_sigkill_after_2.2s_next_run_cleans_up")(_study_interrupt_case(signal.SIGKILL, 2.2))
+
+
 def _owner_record(pid, start):
     boot = open("/proc/sys/kernel/random/boot_id").read().strip()
     return "qkgeom staging folder\npid %d\nstart %s\nboot %s\npidns %s\n" % (
