@@ -3213,6 +3213,42 @@ case("options", "synth_heads_beyond_one_layer")(_usage_case(
     lambda cap, out: ["synth", out, "--layers", 1, "--heads", 9, "--quiet"], ["--heads", Num(9), Num(8)]))
 
 
+def _one_bucket_capture(path, n, d=32):
+    """One head whose n query and n key rows all lie in one bucket of one example (the
+    worst case for anything quadratic in the rows of a bucket); n * d * 8 bytes in all."""
+    os.makedirs(path)
+    with open(os.path.join(path, "manifest.json"), "w") as f:
+        json.dump({"format": "qkgeom-dataset", "version": 1, "model": "one-bucket", "n_layers": 1,
+                   "n_q_heads": [1], "n_kv_heads": [1], "head_dim": d, "context_length": 32768,
+                   "buckets": {"scheme": "uniform", "width": 32768}}, f)
+    rng = np.random.default_rng(n)
+    for k in "qk":
+        sub = os.path.join(path, "l00h00" + k)
+        os.makedirs(sub)
+        np.save(os.path.join(sub, "vectors.npy"), rng.standard_normal((n, d)).astype(np.float32))
+        np.save(os.path.join(sub, "position.npy"), np.sort(rng.choice(32768, n, replace=False)).astype(np.int64))
+        np.save(os.path.join(sub, "bucket.npy"), np.zeros(n, np.int64))
+        np.save(os.path.join(sub, "example_id.npy"), np.zeros(n, np.int64))
+
+
+@case("options", "rows_per_bucket_peak_memory_grows_linearly")
+def _(ctx):
+    # Three sizes, doubling: the growth from 2n to 4n rows must stay near twice the growth
+    # from n to 2n (linear); a quadratic cost would make it four times.
+    rss = []
+    for n in (5000, 10000, 20000):
+        cap, out = os.path.join(ctx.case_dir, "cap%d" % n), os.path.join(ctx.case_dir, "out%d" % n)
+        _one_bucket_capture(cap, n)
+        r = ctx.analyze(cap, out, "--no-pictures")
+        if r.rc != 0:
+            raise Fail("n = %d: %s" % (n, r.brief()))
+        rss.append(r.rss_mb)
+    g1, g2 = rss[1] - rss[0], rss[2] - rss[1]
+    if g2 > 3.0 * max(g1, 1.0):
+        raise Fail("peak memory %.1f / %.1f / %.1f MB at 5000 / 10000 / 20000 rows of one bucket: growth %.1f then "
+                   "%.1f MB, not linear" % (rss[0], rss[1], rss[2], g1, g2))
+
+
 @case("options", "synth_heads_all_of_one_layer_is_honoured")
 def _(ctx):
     out = os.path.join(ctx.case_dir, "cap")
