@@ -251,4 +251,33 @@ print("elapsed %.3f" % (time.monotonic() - t0))
     lines, err = child_run("study", study_file, 0)
     check(lines and lines[0] == clean, f"the rerun after the interruption: {lines} (clean run: {clean}) {err[-300:]}")
 
+# ---- class 9: rows read without the GIL are held: resizing them from another thread is refused ----
+import threading
+import time
+
+big = np.random.default_rng(5).standard_normal((300000, 64))
+bpos = np.arange(big.shape[0]) % 4096
+outcome = []
+
+
+def _resize_during_call():
+    time.sleep(0.05)
+    try:
+        big.resize((10, 64))  # refcheck (NumPy's default): refused while a call holds the array
+        outcome.append("resized")
+    except ValueError as e:
+        outcome.append("refused: %s" % e)
+
+
+hm_gil = q.HeadMoments(64)
+th = threading.Thread(target=_resize_during_call)
+th.start()
+t0 = time.time()
+while th.is_alive() or time.time() - t0 < 0.2:
+    hm_gil.add("query", big, bpos, bpos // 256)
+th.join()
+check(outcome and outcome[0].startswith("refused"),
+      f"resizing rows from another thread while a call reads them is refused, not a crash: {outcome}")
+check(big.shape == (300000, 64), "the rows keep their shape")
+
 check.finish("python.module.validation")
