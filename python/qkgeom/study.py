@@ -12,6 +12,7 @@ float64.
 from __future__ import annotations
 
 import os
+import warnings
 
 from . import _qkgeom
 
@@ -36,7 +37,7 @@ DEFAULT_CACHE = ".qkgeom-study-cache"
 class Study:
     """A computed study: ``tables`` ({name: DataFrame}, names as in :data:`TABLES`), also as
     attributes (``st.models``, ``st.correlations``, ...); ``runs`` ([{"name", "status",
-    "message"}], study file order; status "analysed", "cached", "read", "given" or "failed");
+    "message", "note"}], study file order; status "analysed", "cached", "read", "given" or "failed");
     ``title``; ``cache`` (the cache folder used)."""
 
     def __init__(self, tables, runs, title="", cache=""):
@@ -83,6 +84,7 @@ def study(study_file, cache=None, options=None, jobs=0, context=0, window=-1) ->
         capture's). window: sliding window for heads whose capture records none (-1: the capture's).
 
     A broken run does not stop the study: its status is "failed" with its message (``st.failed``).
+    A damaged cache entry is analysed again and said: a warning, and the run's "note".
     Raises qkgeom.InputError (.source, .field, .value) for a bad study file or score file.
     The GIL is released while the study runs.
     """
@@ -93,6 +95,9 @@ def study(study_file, cache=None, options=None, jobs=0, context=0, window=-1) ->
         cache = os.path.join(os.path.dirname(os.path.abspath(study_file)), DEFAULT_CACHE)
     cache = os.fspath(cache)
     r = _qkgeom.run_study(study_file, cache, options, jobs=jobs, context=context, window=window)
+    for run in r["runs"]:
+        if run.get("note"):  # a damaged cache entry analysed again: said, as the program says it on stderr
+            warnings.warn(f"qkgeom.study: run {run['name']}: {run['note']}", stacklevel=2)
     tables = {}
     for stem, t in r["tables"].items():
         name = stem[len("study_"):] if stem.startswith("study_") else stem

@@ -82,6 +82,7 @@ py::dict run_study_py(fs::path const& study_file, fs::path const& cache,
         d["name"] = r.spec.name;
         d["status"] = std::string(st::to_string(r.status));
         d["message"] = r.message;
+        d["note"] = r.note;  // a damaged cache entry analysed again (qkgeom.study warns)
         runs.append(std::move(d));
     }
     py::dict out;
@@ -99,7 +100,7 @@ void bind_study(py::module_& m) {
           "Run a study file (docs/study.md): every run's analysis from the cache, its analysis folder or the file, "
           "or analysed from its capture (with `options`, on `jobs` threads, 0: every core) and cached in `cache`; "
           "GIL released. Returns {'title': str, 'tables': {file stem: {'columns': [names], 'data': [one list per "
-          "column]}}, 'runs': [{'name', 'status', 'message'}]}. qkgeom.study() wraps it in DataFrames.");
+          "column]}}, 'runs': [{'name', 'status', 'message', 'note'}]}. qkgeom.study() wraps it in DataFrames.");
 }
 
 }  // namespace qkgeom_py

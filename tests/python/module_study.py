@@ -180,6 +180,21 @@ else:
             ta, tb = ta.drop(columns="status"), tb.drop(columns="status")
         check(ta.equals(tb) or (len(ta) == len(tb) == 0 and list(ta.columns) == list(tb.columns)),
               f"cached == analysed: {name}")
+    check(all(r["note"] == "" for r in b.runs), f"no note for a sound cache entry: {b.runs}")
+    # A damaged cache entry (a cached CSV edited by hand) is analysed again and said: a warning
+    # and the run's note, as the program says it on stderr; the numbers are a clean run's.
+    csv = os.path.join(cache, entries[0], "head_metrics.csv")
+    with open(csv, "a") as fh:
+        fh.write("\n")
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h = q.study(path2, jobs=2)
+    check(h.runs[0]["status"] == "analysed" and "damaged" in h.runs[0]["note"], f"damaged entry: {h.runs[0]}")
+    check(any("run steep" in str(w.message) and "damaged" in str(w.message) for w in caught),
+          f"a warning names the run and the damage: {[str(w.message) for w in caught]}")
+    check(h.models.drop(columns="status").equals(a.models.drop(columns="status")), "healed == analysed: models")
     c = q.study(path2, cache=os.path.join(W, "other_cache"), options=q.Options(seed=7), jobs=2)
     check(c.runs[0]["status"] == "analysed", f"another cache and seed: {c.runs[0]}")
     # A broken capture: failed, the other run goes on.

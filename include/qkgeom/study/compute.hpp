@@ -361,6 +361,7 @@ inline void head_trajectories(study_spec const& spec, std::vector<run_outcome> c
         s.spec = spec.runs[i];
         s.status = outcomes[i].status;
         s.message = outcomes[i].message;
+        s.note = outcomes[i].note;
         if (s.status == run_status::given) detail::summarise_given(s.spec, r.token_edges, s);
         else if (s.status != run_status::failed) detail::summarise_heads(spec, i, outcomes[i].heads, r.token_edges, s);
         for (auto const& b : spec.benchmarks)

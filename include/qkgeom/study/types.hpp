@@ -141,6 +141,7 @@ struct run_summary {
     run_spec spec;
     run_status status = run_status::failed;
     std::string message;             ///< why it failed; else empty
+    std::string note;                ///< what the cache found and did besides (run_outcome::note); else empty
     std::int64_t n_heads = 0;
     std::int64_t n_layers = 0;
     std::map<std::string, estimate> metrics;  ///< every study metric name (study_metric_names)
