@@ -34,6 +34,37 @@ std::string number(double x, char const* fmt) {
     return b;
 }
 
+/// run_all; when a signal stops it and OUT is an earlier qkgeom report, the
+/// cache entries of the runs finished so far are moved into OUT/cache (whole
+/// entries only; the report files are left as they were), so the next study
+/// into OUT serves them as `cached` instead of analysing them again.
+std::vector<st::run_outcome> run_keeping_finished(st::study_spec const& spec, st::study_run_options const& o,
+                                                  output_folder const& folder) {
+    try {
+        return st::run_all(spec, o);
+    } catch (interrupted const&) {
+        std::error_code ec;
+        if (!fs::exists(folder.target() / report_marker, ec)) throw;
+        fs::path const keep = folder.target() / "cache";
+        std::size_t kept = 0;
+        for (fs::directory_iterator it(o.cache, ec), end; !ec && it != end; it.increment(ec)) {
+            std::string const name = it->path().filename().string();
+            if (name.empty() || name[0] == '.' || name.find(".partial-") != std::string::npos) continue;
+            if (!fs::is_regular_file(it->path() / "study_key.json", ec)) continue;  // not a whole entry
+            fs::create_directories(keep, ec);
+            if (fs::exists(keep / name, ec)) continue;
+            fs::rename(it->path(), keep / name, ec);
+            if (!ec) ++kept;
+            ec.clear();
+        }
+        if (kept > 0)
+            std::cerr << "qkgeom: kept the analyses of " << kept << " finished run" << (kept == 1 ? "" : "s") << " in "
+                      << one_line(keep.string()) << " (the report is unchanged); the next study into "
+                      << one_line(folder.target().string()) << " reuses them\n";
+        throw;
+    }
+}
+
 /// The run table of summary.txt and stdout: one line per run.
 std::string run_table(st::study_result const& r) {
     std::string text = "run                  status    heads  ap_overall  ap_first_20pct  ap_last_20pct  ap_drop  "
@@ -151,7 +182,7 @@ int run_study_command(cli const& given) {
         std::cerr << "qkgeom: run " << spec.runs[i].name << ": " << st::to_string(r.status)
                   << (r.message.empty() ? "" : " (" + one_line(r.message) + ")") << "\n";
     };
-    auto const outcomes = st::run_all(spec, o);
+    auto const outcomes = run_keeping_finished(spec, o, folder);
     std::string const intro = "qkgeom study of " + c.dir.string() + ": " + std::to_string(spec.runs.size()) + " runs.";
     return write_study_report(c, spec, outcomes, folder, intro);
 }

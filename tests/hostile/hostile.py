@@ -2845,7 +2845,9 @@ def _study_interrupt_case(sig, delay):
     """`study` stopped by a signal at some point (0.4 s: in the first run; 2.2 s and 3.8 s: in a
     later one at the usual speed, ~1.6 s a run with QKGEOM_TEST_FAULT=slow): the old
     report is left as it was, nothing is left next to OUT (SIGINT, SIGTERM) or what a
-    SIGKILL left is removed by the rerun, which completes with a clean run's numbers."""
+    SIGKILL left is removed by the rerun, which completes with a clean run's numbers. Runs
+    finished before SIGINT / SIGTERM are kept in OUT/cache (said on stderr) and served by the
+    rerun as cached."""
     def fn(ctx):
         st, clean = _study_three(ctx)
         out = os.path.join(ctx.case_dir, "out")
@@ -2864,8 +2866,14 @@ def _study_interrupt_case(sig, delay):
             raise Fail("the study ended (exit 0) before the signal at %.1f s" % delay)
         if rc != want:
             raise Fail("expected exit %d, got %d: %r" % (want, rc, msg[-300:]))
-        if snapshot(out) != old:
-            raise Fail("the old OUT changed after %s" % signal.Signals(sig).name)
+        now = snapshot(out)
+        kept = sorted(n for n in (os.listdir(os.path.join(out, "cache")) if os.path.isdir(os.path.join(out, "cache"))
+                                  else []))
+        if {k: v for k, v in now.items() if k != "cache" and not k.startswith("cache/")} != old:
+            raise Fail("the old report changed after %s" % signal.Signals(sig).name)
+        if kept and (want < 0 or "kept the analyses of %d finished run" % len(kept) not in msg):
+            raise Fail("%d cache entries in OUT/cache after %s, message %r" % (len(kept), signal.Signals(sig).name,
+                                                                               msg[-300:]))
         left = _case_siblings(ctx, ("out",))
         if want > 0:
             miss = missing_keywords(msg, [signal.Signals(sig).name, "interrupt", Num(want)])
@@ -2875,9 +2883,11 @@ def _study_interrupt_case(sig, delay):
                 raise Fail("left next to OUT: %s" % left)
         elif not any(n.startswith(".out.staging-") for n in left):
             raise Fail("no staging folder left by the killed study (killed before it made one?)")
-        r = ctx.run("study", st, "-o", out, "-j", 1, "--quiet")
+        r = ctx.run("study", st, "-o", out, "-j", 1)
         if r.rc != 0:
             raise Fail("the rerun: " + r.brief())
+        if r.err.count(": cached") != len(kept):  # the finished runs kept are served, the others analysed
+            raise Fail("%d runs kept, the rerun says: %r" % (len(kept), r.err[-400:]))
         if _case_siblings(ctx, ("out",)):
             raise Fail("left next to OUT after the rerun: %s" % _case_siblings(ctx, ("out",)))
         if _models(out) != _models(clean):
