@@ -582,6 +582,31 @@ TEST_CASE("the cache is verified: a damaged entry is analysed again and said", "
     CHECK(tree_bytes(tmp.path / "cap0") == caps);  // the capture is only read
 }
 
+TEST_CASE("a killed writer's partial and stale folders are removed once a day old, never a live one's",
+          "[study][cache]") {
+    temp_dir tmp;
+    st::study_spec spec = captures_in(tmp.path, 1, 40);
+    st::study_run_options o;
+    o.jobs = 1;
+    o.cache = tmp.path / "cache";
+    fs::create_directories(o.cache);
+    auto const old_time = fs::file_time_type::clock::now() - st::cache_debris_age - std::chrono::hours(1);
+    for (auto const* name : {"k1.partial-dead", "k2.stale-dead"}) {
+        fs::create_directories(o.cache / name);
+        write_file(o.cache / name / "head_metrics.csv", "x\n");
+        fs::last_write_time(o.cache / name, old_time);
+    }
+    fs::create_directories(o.cache / "k3.partial-live");  // a concurrent writer's, just made
+    fs::create_directories(o.cache / "k4-not-debris");    // not named as debris, however old
+    fs::last_write_time(o.cache / "k4-not-debris", old_time);
+    auto const out = st::run_all(spec, o);
+    CHECK(out[0].status == st::run_status::analysed);
+    CHECK(!fs::exists(o.cache / "k1.partial-dead"));
+    CHECK(!fs::exists(o.cache / "k2.stale-dead"));
+    CHECK(fs::exists(o.cache / "k3.partial-live"));
+    CHECK(fs::exists(o.cache / "k4-not-debris"));
+}
+
 TEST_CASE("the cache follows links, reads only what the analysis reads, and sees writes during a run",
           "[study][cache]") {
     temp_dir tmp;

@@ -80,6 +80,11 @@ struct study_run_options {
 
 /// \brief The cache's record of an entry, written last into the entry.
 inline constexpr std::string_view cache_key_file = "study_key.json";
+/// \brief How old a `KEY.partial-*` / `KEY.stale-*` folder of a study cache
+/// must be (last modified) before a study removes it as a killed writer's
+/// debris: one day (a writer fills and renames its own within one capture's
+/// analysis).
+inline constexpr std::chrono::hours cache_debris_age{24};
 
 /// \brief Files of a capture larger than this (1 GiB) are fingerprinted by
 /// their metadata, not their bytes (capture_fingerprint): a 64 GB sparse
@@ -529,6 +534,25 @@ inline run_heads read_entry(std::filesystem::path const& entry, std::string cons
     }
 }
 
+/// Removes what a killed writer left in a cache folder: `KEY.partial-*` and
+/// `KEY.stale-*` folders last modified more than `cache_debris_age` ago (a live
+/// writer fills and renames its own within the analysis of one capture).
+/// Errors are ignored: the sweep is housekeeping, never a reason to fail.
+inline void sweep_cache_debris(std::filesystem::path const& cache) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    auto const now = fs::file_time_type::clock::now();
+    std::vector<fs::path> old;
+    for (fs::directory_iterator it(cache, ec), end; !ec && it != end; it.increment(ec)) {
+        std::string const name = it->path().filename().string();
+        if (name.find(".partial-") == std::string::npos && name.find(".stale-") == std::string::npos) continue;
+        std::error_code tec;
+        auto const t = fs::last_write_time(it->path(), tec);
+        if (!tec && now - t > cache_debris_age) old.push_back(it->path());
+    }
+    for (auto const& p : old) fs::remove_all(p, ec);
+}
+
 /// A run with a capture: from the cache (an entry checked whole), or
 /// analysed and cached. A damaged entry is said in the outcome's note and
 /// analysed again.
@@ -538,6 +562,7 @@ run_outcome capture_run(run_spec const& r, study_run_options const& o) {
         throw std::invalid_argument("qkgeom::study::run_study: run '" + r.name +
                                     "' has a capture but study_run_options::cache is empty");
     std::filesystem::create_directories(o.cache);
+    sweep_cache_debris(o.cache);
     std::string const options = run_options_text(o);
     auto const before = capture_state(r.capture);
     std::string const fp = capture_fingerprint(r.capture);
