@@ -3241,6 +3241,37 @@ def _one_bucket_capture(path, n, d=32):
         np.save(os.path.join(sub, "example_id.npy"), np.zeros(n, np.int64))
 
 
+@case("inputs", "entry_too_big_for_memory_named_with_its_size")
+def _(ctx):
+    # An entry of 2^25 x 64 f32 rows (8 GiB on disk, sparse: a few kB used) read under a 2 GiB
+    # address-space limit: the head fails naming the entry and its size, never a bare bad_alloc.
+    if ctx.sanitized:
+        raise Skip("an address-space limit and the sanitizers' shadow memory do not mix")
+    base, cap, out = setup_copy(ctx)
+    name = "l00h02q"  # a query entry of the base capture's head sample
+    p = entry_path(cap, name)
+    n, d = 2 ** 25, int(json.load(open(os.path.join(cap, "manifest.json")))["head_dim"])
+    with open(p, "wb") as f:
+        f.write(npy_header_bytes("<f4", (n, d)))
+        off = f.tell()
+    os.truncate(p, off + n * d * 4)
+    for member in ("position", "bucket", "example_id"):  # sparse too: n zeros (position 0, bucket 0)
+        q = entry_path(cap, name, member)
+        with open(q, "wb") as f:
+            f.write(npy_header_bytes("<i8", (n,)))
+            off = f.tell()
+        os.truncate(q, off + n * 8)
+    r = ctx.run_argv(["/bin/sh", "-c", 'ulimit -v 2000000 && exec "$0" "$@"', ctx.qkgeom, "analyze", cap, "-o", out,
+                      "-j", "1", "--quiet", "--no-pictures"], check_bounds=False)
+    if r.rc != 3:
+        raise Fail("expected exit 3 (the head fails, the others go on): " + r.brief())
+    text = failures_text(out)
+    size = sum(os.path.getsize(os.path.join(os.path.dirname(p), f)) for f in os.listdir(os.path.dirname(p)))
+    miss = missing_keywords(text, [name, "does not fit in memory", str(size)])
+    if miss or "std::bad_alloc" in text:
+        raise Fail("failures.txt lacks %s: %r" % (miss, text[-400:]))
+
+
 @case("options", "rows_per_bucket_peak_memory_grows_linearly")
 def _(ctx):
     # Three sizes, doubling: the growth from 2n to 4n rows must stay near twice the growth

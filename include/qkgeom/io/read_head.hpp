@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -223,6 +224,24 @@ inline void read_st_entry(std::filesystem::path const& st, manifest const& m, bo
     validate_read(r, m, [&](std::string_view) { return s; });
 }
 
+/// The bytes of an entry on disk (a file, or the files of an entry folder);
+/// 0 where a size cannot be read.
+inline std::uintmax_t entry_bytes_on_disk(std::filesystem::path const& p) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::is_directory(p, ec)) {
+        auto const n = fs::file_size(p, ec);
+        return ec ? 0 : n;
+    }
+    std::uintmax_t total = 0;
+    for (fs::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
+        std::error_code fec;
+        auto const n = fs::file_size(it->path(), fec);
+        if (!fec) total += n;
+    }
+    return total;
+}
+
 /// read_head, the rows kept in single precision (entry_read::v32) when
 /// `single` and the stored dtype is f32, f16 or bf16.
 inline entry_read read_entry(std::filesystem::path const& dir, manifest const& m, std::int64_t layer, std::int64_t head,
@@ -269,9 +288,17 @@ inline entry_read read_entry(std::filesystem::path const& dir, manifest const& m
     }
     if (!is_npy && !is_st && !is_npz)
         fail_input(sub.string(), "entry", name, "head entry not found (no directory, no .safetensors, no .npz)");
-    if (is_npz) read_npz_entry(nz, m, single, r);
-    else if (is_npy) read_npy_entry(sub, name, m, single, r);
-    else read_st_entry(st, m, single, r);
+    fs::path const at = is_npz ? nz : is_npy ? sub : st;
+    try {
+        if (is_npz) read_npz_entry(nz, m, single, r);
+        else if (is_npy) read_npy_entry(sub, name, m, single, r);
+        else read_st_entry(st, m, single, r);
+    } catch (std::bad_alloc const&) {  // a bare bad_alloc names nothing: say which entry, how big
+        r = entry_read{};
+        fail_input(at.string(), "entry", name,
+                   "does not fit in memory (" + std::to_string(entry_bytes_on_disk(at)) +
+                       " bytes on disk; rows are held as float, f64 rows as double)");
+    }
     return r;
 }
 

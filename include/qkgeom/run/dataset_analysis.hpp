@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -268,6 +269,11 @@ template <class One>
         } else {
             try {
                 results[i] = std::make_unique<head_analysis>(one(dir, run.m, t));
+            } catch (std::bad_alloc const&) {  // never a bare "std::bad_alloc": say what did not fit
+                std::string const why = "out of memory analysing this head (its rows, with head_dim " +
+                                        std::to_string(run.m.head_dim) + ", and the analysis's work matrices)";
+                if (opt.strict) strict_fail(why);
+                errors[i] = std::make_unique<std::string>(why);
             } catch (std::exception const& e) {
                 if (opt.strict) strict_fail(e.what());
                 errors[i] = std::make_unique<std::string>(e.what());
