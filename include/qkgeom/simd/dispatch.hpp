@@ -29,7 +29,7 @@
 // QKGEOM_COMPILED defined in every translation unit of a program
 // (the CMake target qkgeom::kernels does that), the kernel headers of
 // include/qkgeom/simd/ declare their dispatching entry points only and do
-// not include <immintrin.h>; one translation unit, src/qkgeom_compiled.cpp
+// not parse the kernels; one translation unit, src/qkgeom_compiled.cpp
 // (the library of qkgeom::kernels), defines them. Without it (the default)
 // every entry point is an inline function of the headers. A program uses
 // one mode in all its translation units.
@@ -55,9 +55,6 @@
 
 #if !defined(QKGEOM_NO_SIMD_DISPATCH) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define QKGEOM_SIMD_X86 1
-#if QKGEOM_COMPILED_BODIES
-#include <immintrin.h>
-#endif
 /// Compile one function for an instruction set (GCC/Clang `target` attribute).
 #define QKGEOM_TARGET(isa_string) __attribute__((target(isa_string)))
 /// Inline a shared kernel body into each target-specific wrapper.

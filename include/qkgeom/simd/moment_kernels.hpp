@@ -36,10 +36,15 @@
 
 #include <qkgeom/core/config.hpp>
 #include <qkgeom/simd/dispatch.hpp>
+#include <qkgeom/simd/vec.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#if QKGEOM_SIMD_X86 && QKGEOM_COMPILED_BODIES
+#include <emmintrin.h>  // probe_sse2 (SSE2: cheap, and <Eigen/Dense> includes it anyway)
+#endif
 
 namespace qkgeom {
 namespace detail {
@@ -134,83 +139,52 @@ namespace mom {
 #if QKGEOM_SIMD_X86
 
 /// The vector operations of the dispatched kernels (moments here, the RoPE
-/// bands in rope_kernels.hpp), for zmm (8 doubles).
-struct vec512 {
-    using type = __m512d;
+/// bands in rope_kernels.hpp), for zmm (8 doubles): simd/vec.hpp's, and the
+/// partial loads and masked accumulation of the kernels.
+struct vec512 : vx::f64v8 {
     static constexpr int w = 8;
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type zero() noexcept { return _mm512_setzero_pd(); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type set1(double v) noexcept { return _mm512_set1_pd(v); }
     /// The first n lanes (1 ≤ n ≤ 8) from p, zeros past them.
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type load_n(double const* p, index_t n) noexcept {
-        return n >= 8 ? _mm512_loadu_pd(p) : _mm512_maskz_loadu_pd(static_cast<__mmask8>((1u << n) - 1u), p);
+        return n >= 8 ? loadu(p) : maskz_loadu(static_cast<vx::mask8>((1u << n) - 1u), p);
     }
     /// The first n floats (1 ≤ n ≤ 8) from p, widened; zeros past them.
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type load_n(float const* p, index_t n) noexcept {
-        __m256 f;
-        if (n >= 8) {
-            f = _mm256_loadu_ps(p);
-        } else {
-            __m256i const lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            f = _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane));
-        }
-        return _mm512_maskz_cvtps_pd(0xff, f);  // maskz: GCC 12 warns on the undefined source of _mm512_cvtps_pd
-    }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type load(double const* p) noexcept { return _mm512_load_pd(p); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE void store(double* p, type v) noexcept { _mm512_store_pd(p, v); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type loadu(double const* p) noexcept { return _mm512_loadu_pd(p); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE void storeu(double* p, type v) noexcept { _mm512_storeu_pd(p, v); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type div(type a, type b) noexcept { return _mm512_div_pd(a, b); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm512_add_pd(a, b); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm512_sub_pd(a, b); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm512_mul_pd(a, b); }
-    QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE type fmadd(type a, type b, type c) noexcept {
-        return _mm512_fmadd_pd(a, b, c);
+        using f8 = vx::f32v8;
+        return widen(n >= 8 ? f8::loadu(p) : f8::maskload(p, f8::first(static_cast<int>(n))));
     }
     /// p[l] += v[l] for the lanes l set in the bit mask m (unaligned p).
     QKGEOM_TARGET("avx512f") static QKGEOM_ALWAYS_INLINE void add_to(double* p, unsigned m, type v) noexcept {
         if (m == 0xffu) {
-            _mm512_storeu_pd(p, _mm512_add_pd(_mm512_loadu_pd(p), v));
+            storeu(p, add(loadu(p), v));
         } else if (m != 0u) {
-            auto const mk = static_cast<__mmask8>(m);
-            _mm512_mask_storeu_pd(p, mk, _mm512_add_pd(_mm512_maskz_loadu_pd(mk, p), v));
+            auto const mk = static_cast<vx::mask8>(m);
+            mask_storeu(p, mk, add(maskz_loadu(mk, p), v));
         }
     }
 };
 
 /// The same for ymm (4 doubles, AVX2 + FMA).
-struct vec256 {
-    using type = __m256d;
+struct vec256 : vx::f64v4 {
     static constexpr int w = 4;
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type zero() noexcept { return _mm256_setzero_pd(); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type set1(double v) noexcept { return _mm256_set1_pd(v); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type load_n(double const* p, index_t n) noexcept {
-        if (n >= 4) return _mm256_loadu_pd(p);
-        __m256i const lane = _mm256_setr_epi64x(0, 1, 2, 3);
-        return _mm256_maskload_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), lane));
+        if (n >= 4) return loadu(p);
+        return maskload(p, vx::i64x4{n, n, n, n} > vx::i64x4{0, 1, 2, 3});
     }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type load_n(float const* p, index_t n) noexcept {
-        if (n >= 4) return _mm256_cvtps_pd(_mm_loadu_ps(p));
-        __m128i const lane = _mm_setr_epi32(0, 1, 2, 3);
-        return _mm256_cvtps_pd(_mm_maskload_ps(p, _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(n)), lane)));
+        using f4 = vx::f32v4;
+        if (n >= 4) return f4::widen(f4::loadu(p));
+        return f4::widen(f4::load_first(p, static_cast<int>(n)));
     }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type load(double const* p) noexcept { return _mm256_load_pd(p); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE void store(double* p, type v) noexcept { _mm256_store_pd(p, v); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type loadu(double const* p) noexcept { return _mm256_loadu_pd(p); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE void storeu(double* p, type v) noexcept { _mm256_storeu_pd(p, v); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type div(type a, type b) noexcept { return _mm256_div_pd(a, b); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type add(type a, type b) noexcept { return _mm256_add_pd(a, b); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type sub(type a, type b) noexcept { return _mm256_sub_pd(a, b); }
-    QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type mul(type a, type b) noexcept { return _mm256_mul_pd(a, b); }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE type fmadd(type a, type b, type c) noexcept {
-        return _mm256_fmadd_pd(a, b, c);
+        return vx::fmadd(a, b, c);
     }
     QKGEOM_TARGET("avx2,fma") static QKGEOM_ALWAYS_INLINE void add_to(double* p, unsigned m, type v) noexcept {
         if (m == 0xfu) {
-            _mm256_storeu_pd(p, _mm256_add_pd(_mm256_loadu_pd(p), v));
+            storeu(p, add(loadu(p), v));
         } else if (m != 0u) {
-            __m256i const mk = _mm256_setr_epi64x(-std::int64_t(m & 1u), -std::int64_t((m >> 1) & 1u),
-                                                  -std::int64_t((m >> 2) & 1u), -std::int64_t((m >> 3) & 1u));
-            _mm256_maskstore_pd(p, mk, _mm256_add_pd(_mm256_maskload_pd(p, mk), v));
+            vx::i64x4 const mk = {-static_cast<long long>(m & 1u), -static_cast<long long>((m >> 1) & 1u),
+                                  -static_cast<long long>((m >> 2) & 1u), -static_cast<long long>((m >> 3) & 1u)};
+            maskstore(p, mk, add(maskload(p, mk), v));
         }
     }
 };
@@ -373,14 +347,14 @@ QKGEOM_MOM_SYRK(syrk_avx2, "avx2,fma", 4, tile_avx2)
 QKGEOM_TARGET("avx512f")
 inline void widen_avx512(float const* p, double* out, index_t n) noexcept {
     index_t j = 0;
-    for (; j + 8 <= n; j += 8) _mm512_storeu_pd(out + j, _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(p + j)));  // maskz: GCC 12 warns on the undefined source of _mm512_cvtps_pd
+    for (; j + 8 <= n; j += 8) vx::f64v8::storeu(out + j, vx::f64v8::widen(vx::f32v8::loadu(p + j)));
     for (; j < n; ++j) out[j] = static_cast<double>(p[j]);
 }
 
 QKGEOM_TARGET("avx2,fma")
 inline void widen_avx2(float const* p, double* out, index_t n) noexcept {
     index_t j = 0;
-    for (; j + 4 <= n; j += 4) _mm256_storeu_pd(out + j, _mm256_cvtps_pd(_mm_loadu_ps(p + j)));
+    for (; j + 4 <= n; j += 4) vx::f64v4::storeu(out + j, vx::f32v4::widen(vx::f32v4::loadu(p + j)));
     for (; j < n; ++j) out[j] = static_cast<double>(p[j]);
 }
 
@@ -388,14 +362,15 @@ inline void widen_avx2(float const* p, double* out, index_t n) noexcept {
 /// f32 that is exactly "outside |x| < 2¹²⁸" (every finite f32 is below it).
 QKGEOM_TARGET("avx512f")
 inline bool any_nonfinite_f32_avx512(float const* p, index_t n) noexcept {
-    __m512i const e = _mm512_set1_epi32(0x7f800000);
-    __mmask16 bad = 0;
+    using V = vx::i32v16;
+    int const e = 0x7f800000;
+    V::type const ev = {e, e, e, e, e, e, e, e, e, e, e, e, e, e, e, e};
+    vx::mask16 bad = 0;
     index_t j = 0;
-    for (; j + 16 <= n; j += 16)
-        bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512(p + j), e), e);
+    for (; j + 16 <= n; j += 16) bad |= V::eq(0xffffu, V::loadu(p + j) & e, ev);
     if (j < n) {
-        auto const m = static_cast<__mmask16>((1u << (n - j)) - 1u);
-        bad |= _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(m, p + j), e), e);
+        auto const m = static_cast<vx::mask16>((1u << (n - j)) - 1u);
+        bad |= V::eq(m, V::maskz_loadu(m, p + j) & e, ev);
     }
     return bad != 0;
 }

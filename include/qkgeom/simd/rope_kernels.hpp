@@ -23,6 +23,7 @@
 #include <qkgeom/core/config.hpp>
 #include <qkgeom/simd/dispatch.hpp>
 #include <qkgeom/simd/moment_kernels.hpp>
+#include <qkgeom/simd/vec.hpp>
 
 #include <cstdint>
 
@@ -232,13 +233,13 @@ inline void NAME(double const* x, index_t ldx, index_t m, index_t d, double* mu,
         for (index_t i = 0; i < m; ++i) s += x[i * ldx + j];                                                          \
         mu[j] = s / static_cast<double>(m);                                                                           \
     }                                                                                                                 \
-    __m256d const sc = _mm256_set1_pd(scale);                                                                         \
+    using Q = vx::f64v4;                                                                                              \
+    Q::type const sc = Q::set1(scale);                                                                                \
     for (index_t q = 0; q < nq; ++q) {                                                                                \
-        __m256d const mq = _mm256_loadu_pd(mu + src[q]);                                                              \
+        Q::type const mq = Q::loadu(mu + src[q]);                                                                     \
         double const* xq = x + src[q];                                                                                \
         double* o = out + dst[q];                                                                                     \
-        for (index_t i = 0; i < m; ++i)                                                                               \
-            _mm256_storeu_pd(o + i * stride, _mm256_mul_pd(_mm256_sub_pd(_mm256_loadu_pd(xq + i * ldx), mq), sc));   \
+        for (index_t i = 0; i < m; ++i) Q::storeu(o + i * stride, Q::mul(Q::sub(Q::loadu(xq + i * ldx), mq), sc));   \
     }                                                                                                                 \
 }
 QKGEOM_ROPEK_GROUP(centre_group_avx512, "avx512f", rv512)

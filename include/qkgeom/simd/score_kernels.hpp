@@ -37,6 +37,7 @@
 
 #include <qkgeom/core/config.hpp>
 #include <qkgeom/simd/dispatch.hpp>
+#include <qkgeom/simd/vec.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -168,36 +169,38 @@ QKGEOM_ALWAYS_INLINE bool decided(float si, float sj, double tol) noexcept {
 /// The register block of one query panel (32 rows) and one column block (14
 /// columns): 28 zmm accumulators over the whole d loop.
 QKGEOM_TARGET("avx512f")
-QKGEOM_ALWAYS_INLINE void panel_block_avx512(float const* qp, float const* kb, index_t d, __m512 (&acc)[14][2]) {
+QKGEOM_ALWAYS_INLINE void panel_block_avx512(float const* qp, float const* kb, index_t d, vx::f32x16 (&acc)[14][2]) {
+    using V = vx::f32v16;
 #pragma GCC unroll 14
-    for (int j = 0; j < 14; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    for (int j = 0; j < 14; ++j) acc[j][0] = acc[j][1] = V::zero();
     for (index_t l = 0; l < d; ++l) {
-        __m512 const a0 = _mm512_loadu_ps(qp + l * 32);
-        __m512 const a1 = _mm512_loadu_ps(qp + l * 32 + 16);
+        V::type const a0 = V::loadu(qp + l * 32);
+        V::type const a1 = V::loadu(qp + l * 32 + 16);
         float const* kl = kb + l * 14;
 #pragma GCC unroll 14
         for (int j = 0; j < 14; ++j) {
-            __m512 const b = _mm512_set1_ps(kl[j]);
-            acc[j][0] = _mm512_fmadd_ps(a0, b, acc[j][0]);
-            acc[j][1] = _mm512_fmadd_ps(a1, b, acc[j][1]);
+            V::type const b = V::set1(kl[j]);
+            acc[j][0] = V::fmadd(a0, b, acc[j][0]);
+            acc[j][1] = V::fmadd(a1, b, acc[j][1]);
         }
     }
 }
 
 /// The same for AVX2 + FMA: 16 rows × 6 columns, 12 ymm accumulators.
 QKGEOM_TARGET("avx2,fma")
-QKGEOM_ALWAYS_INLINE void panel_block_avx2(float const* qp, float const* kb, index_t d, __m256 (&acc)[6][2]) {
+QKGEOM_ALWAYS_INLINE void panel_block_avx2(float const* qp, float const* kb, index_t d, vx::f32x8 (&acc)[6][2]) {
+    using V = vx::f32v8;
 #pragma GCC unroll 6
-    for (int j = 0; j < 6; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int j = 0; j < 6; ++j) acc[j][0] = acc[j][1] = V::zero();
     for (index_t l = 0; l < d; ++l) {
-        __m256 const a0 = _mm256_loadu_ps(qp + l * 16);
-        __m256 const a1 = _mm256_loadu_ps(qp + l * 16 + 8);
+        V::type const a0 = V::loadu(qp + l * 16);
+        V::type const a1 = V::loadu(qp + l * 16 + 8);
         float const* kl = kb + l * 6;
 #pragma GCC unroll 6
         for (int j = 0; j < 6; ++j) {
-            __m256 const b = _mm256_broadcast_ss(kl + j);
-            acc[j][0] = _mm256_fmadd_ps(a0, b, acc[j][0]);
-            acc[j][1] = _mm256_fmadd_ps(a1, b, acc[j][1]);
+            V::type const b = V::set1(kl[j]);
+            acc[j][0] = vx::fmadd(a0, b, acc[j][0]);
+            acc[j][1] = vx::fmadd(a1, b, acc[j][1]);
         }
     }
 }
@@ -206,26 +209,26 @@ QKGEOM_ALWAYS_INLINE void panel_block_avx2(float const* qp, float const* kb, ind
 /// keys).
 QKGEOM_TARGET("avx512f")
 inline void micro_avx512(float const* qp, float const* kb, index_t d, float* s, index_t lds, index_t nvalid) {
-    __m512 acc[14][2];
+    vx::f32x16 acc[14][2];
     panel_block_avx512(qp, kb, d, acc);
 #pragma GCC unroll 14
     for (int j = 0; j < 14; ++j) {
         if (j >= nvalid) break;
-        _mm512_storeu_ps(s + j * lds, acc[j][0]);
-        _mm512_storeu_ps(s + j * lds + 16, acc[j][1]);
+        vx::f32v16::storeu(s + j * lds, acc[j][0]);
+        vx::f32v16::storeu(s + j * lds + 16, acc[j][1]);
     }
 }
 
 /// The same for AVX2 + FMA: 16 rows × 6 keys.
 QKGEOM_TARGET("avx2,fma")
 inline void micro_avx2(float const* qp, float const* kb, index_t d, float* s, index_t lds, index_t nvalid) {
-    __m256 acc[6][2];
+    vx::f32x8 acc[6][2];
     panel_block_avx2(qp, kb, d, acc);
 #pragma GCC unroll 6
     for (int j = 0; j < 6; ++j) {
         if (j >= nvalid) break;
-        _mm256_storeu_ps(s + j * lds, acc[j][0]);
-        _mm256_storeu_ps(s + j * lds + 8, acc[j][1]);
+        vx::f32v8::storeu(s + j * lds, acc[j][0]);
+        vx::f32v8::storeu(s + j * lds + 8, acc[j][1]);
     }
 }
 
@@ -240,23 +243,19 @@ QKGEOM_TARGET("avx512f,popcnt")
 inline void pair_micro_avx512(float const* qp, float const* qn, float const* db, float const* kk, float ka,
                               index_t d, std::uint32_t valid, std::int32_t* wins, std::uint32_t* und,
                               index_t nvalid) {
-    __m512 acc[14][2];
+    using V = vx::f32v16;
+    V::type acc[14][2];
     panel_block_avx512(qp, db, d, acc);
-    __m512 const n0 = _mm512_loadu_ps(qn), n1 = _mm512_loadu_ps(qn + 16), kav = _mm512_set1_ps(ka);
-    __m512 const sign = _mm512_set1_ps(-0.0f);
+    V::type const n0 = V::loadu(qn), n1 = V::loadu(qn + 16), kav = V::set1(ka);
 #pragma GCC unroll 14
     for (int j = 0; j < 14; ++j) {
         if (j >= nvalid) break;
-        __m512 const f = _mm512_set1_ps(kk[j]);
-        __m512 const t0 = _mm512_fmadd_ps(n0, f, kav), t1 = _mm512_fmadd_ps(n1, f, kav);
-        __mmask16 const w0 = _mm512_cmp_ps_mask(acc[j][0], t0, _CMP_GT_OQ);
-        __mmask16 const w1 = _mm512_cmp_ps_mask(acc[j][1], t1, _CMP_GT_OQ);
-        __mmask16 const l0 = _mm512_cmp_ps_mask(acc[j][0], _mm512_castsi512_ps(_mm512_xor_si512(
-                                                               _mm512_castps_si512(t0), _mm512_castps_si512(sign))),
-                                                _CMP_LT_OQ);
-        __mmask16 const l1 = _mm512_cmp_ps_mask(acc[j][1], _mm512_castsi512_ps(_mm512_xor_si512(
-                                                               _mm512_castps_si512(t1), _mm512_castps_si512(sign))),
-                                                _CMP_LT_OQ);
+        V::type const f = V::set1(kk[j]);
+        V::type const t0 = V::fmadd(n0, f, kav), t1 = V::fmadd(n1, f, kav);
+        vx::mask16 const w0 = V::gt(0xffffu, acc[j][0], t0);
+        vx::mask16 const w1 = V::gt(0xffffu, acc[j][1], t1);
+        vx::mask16 const l0 = V::lt(0xffffu, acc[j][0], V::negate(t0));
+        vx::mask16 const l1 = V::lt(0xffffu, acc[j][1], V::negate(t1));
         std::uint32_t const won = std::uint32_t(w0) | (std::uint32_t(w1) << 16);
         std::uint32_t const lost = std::uint32_t(l0) | (std::uint32_t(l1) << 16);
         wins[j] += __builtin_popcount(won & valid);
@@ -268,19 +267,18 @@ inline void pair_micro_avx512(float const* qp, float const* qn, float const* db,
 QKGEOM_TARGET("avx2,fma,popcnt")
 inline void pair_micro_avx2(float const* qp, float const* qn, float const* db, float const* kk, float ka, index_t d,
                             std::uint32_t valid, std::int32_t* wins, std::uint32_t* und, index_t nvalid) {
-    __m256 acc[6][2];
+    using V = vx::f32v8;
+    V::type acc[6][2];
     panel_block_avx2(qp, db, d, acc);
-    __m256 const n0 = _mm256_loadu_ps(qn), n1 = _mm256_loadu_ps(qn + 8), kav = _mm256_set1_ps(ka);
-    __m256 const sign = _mm256_set1_ps(-0.0f);
+    V::type const n0 = V::loadu(qn), n1 = V::loadu(qn + 8), kav = V::set1(ka);
 #pragma GCC unroll 6
     for (int j = 0; j < 6; ++j) {
         if (j >= nvalid) break;
-        __m256 const f = _mm256_set1_ps(kk[j]);
-        __m256 const t0 = _mm256_fmadd_ps(n0, f, kav), t1 = _mm256_fmadd_ps(n1, f, kav);
-        auto const w0 = std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(acc[j][0], t0, _CMP_GT_OQ)));
-        auto const w1 = std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(acc[j][1], t1, _CMP_GT_OQ)));
-        auto const l0 = std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(acc[j][0], _mm256_xor_ps(t0, sign), _CMP_LT_OQ)));
-        auto const l1 = std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(acc[j][1], _mm256_xor_ps(t1, sign), _CMP_LT_OQ)));
+        V::type const f = V::set1(kk[j]);
+        V::type const t0 = vx::fmadd(n0, f, kav), t1 = vx::fmadd(n1, f, kav);
+        std::uint32_t const w0 = V::bits(V::gt(acc[j][0], t0)), w1 = V::bits(V::gt(acc[j][1], t1));
+        std::uint32_t const l0 = V::bits(V::lt(acc[j][0], V::negate(t0)));
+        std::uint32_t const l1 = V::bits(V::lt(acc[j][1], V::negate(t1)));
         std::uint32_t const won = w0 | (w1 << 8), lost = l0 | (l1 << 8);
         wins[j] += __builtin_popcount(won & valid);
         und[j] = ~(won | lost) & valid;
@@ -398,22 +396,21 @@ inline counts count_generic(float const* si, float const* sj, float const* qn, f
 QKGEOM_TARGET("avx2,fma,popcnt")
 inline counts count_avx2(float const* si, float const* sj, float const* qn, float kk, float ka, index_t n,
                          std::uint32_t* und) noexcept {
-    __m256 const kkv = _mm256_set1_ps(kk), kav = _mm256_set1_ps(ka);
-    __m256 const inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
-    __m256 const abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256i const lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    using V = vx::f32v8;
+    V::type const kkv = V::set1(kk), kav = V::set1(ka);
+    V::type const inf = V::set1(std::numeric_limits<float>::infinity());
     if (und != nullptr) std::fill(und, und + mask_words(n), 0u);
     std::int64_t wins = 0, decided = 0;
     for (index_t r = 0; r < n; r += 8) {
         // the last block: masked loads (lanes past n read 0 and are not counted)
-        __m256i const in = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<index_t>(n - r, 8))), lane);
-        __m256 const a = _mm256_maskload_ps(si + r, in), b = _mm256_maskload_ps(sj + r, in);
-        __m256 const d = _mm256_and_ps(_mm256_sub_ps(a, b), abs_mask);
-        __m256 const thr = _mm256_fmadd_ps(kkv, _mm256_maskload_ps(qn + r, in), kav);
-        __m256 const ok = _mm256_and_ps(_mm256_cmp_ps(d, thr, _CMP_GT_OQ), _mm256_cmp_ps(d, inf, _CMP_LT_OQ));
-        auto const inm = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(in)));
-        auto const okm = static_cast<unsigned>(_mm256_movemask_ps(ok)) & inm;
-        auto const winm = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ))) & okm;
+        vx::i32x8 const in = V::first(static_cast<int>(std::min<index_t>(n - r, 8)));
+        V::type const a = V::maskload(si + r, in), b = V::maskload(sj + r, in);
+        V::type const d = V::abs(V::sub(a, b));
+        V::type const thr = vx::fmadd(kkv, V::maskload(qn + r, in), kav);
+        V::type const ok = V::both(V::gt(d, thr), V::lt(d, inf));
+        unsigned const inm = V::bits(in);
+        unsigned const okm = V::bits(ok) & inm;
+        unsigned const winm = V::bits(V::gt(a, b)) & okm;
         decided += __builtin_popcount(okm);
         wins += __builtin_popcount(winm);
         if (und != nullptr) und[r >> 5] |= (inm & ~okm) << (r & 31);
@@ -423,18 +420,19 @@ inline counts count_avx2(float const* si, float const* sj, float const* qn, floa
 QKGEOM_TARGET("avx512f,popcnt")
 inline counts count_avx512(float const* si, float const* sj, float const* qn, float kk, float ka, index_t n,
                            std::uint32_t* und) noexcept {
-    __m512 const kkv = _mm512_set1_ps(kk), kav = _mm512_set1_ps(ka);
-    __m512 const inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+    using V = vx::f32v16;
+    V::type const kkv = V::set1(kk), kav = V::set1(ka);
+    V::type const inf = V::set1(std::numeric_limits<float>::infinity());
     if (und != nullptr) std::fill(und, und + mask_words(n), 0u);
     std::int64_t wins = 0, decided = 0;
     for (index_t r = 0; r < n; r += 16) {
-        auto const m = static_cast<__mmask16>(n - r >= 16 ? 0xffffu : (1u << (n - r)) - 1u);
-        __m512 const a = _mm512_maskz_loadu_ps(m, si + r), b = _mm512_maskz_loadu_ps(m, sj + r);
-        __m512 const d = _mm512_abs_ps(_mm512_sub_ps(a, b));
-        __m512 const thr = _mm512_fmadd_ps(kkv, _mm512_maskz_loadu_ps(m, qn + r), kav);
-        __mmask16 const ok = _mm512_mask_cmp_ps_mask(_mm512_mask_cmp_ps_mask(m, d, thr, _CMP_GT_OQ), d, inf, _CMP_LT_OQ);
+        auto const m = static_cast<vx::mask16>(n - r >= 16 ? 0xffffu : (1u << (n - r)) - 1u);
+        V::type const a = V::maskz_loadu(m, si + r), b = V::maskz_loadu(m, sj + r);
+        V::type const d = V::abs(V::sub(a, b));
+        V::type const thr = V::fmadd(kkv, V::maskz_loadu(m, qn + r), kav);
+        vx::mask16 const ok = V::lt(V::gt(m, d, thr), d, inf);
         decided += __builtin_popcount(ok);
-        wins += __builtin_popcount(_mm512_mask_cmp_ps_mask(ok, a, b, _CMP_GT_OQ));
+        wins += __builtin_popcount(V::gt(ok, a, b));
         if (und != nullptr) und[r >> 5] |= static_cast<std::uint32_t>(m & ~ok & 0xffffu) << (r & 31);
     }
     return {wins, n - decided};
@@ -458,20 +456,21 @@ QKGEOM_COMPILED_API counts count_wins(simd::isa level, float const* si, float co
 QKGEOM_TARGET("avx512f,popcnt")
 inline void panel_counts_avx512(float const* s, float const* qn, std::uint32_t valid, pair_columns const* pc, float ka,
                                 index_t npairs, std::int32_t* wins, std::vector<undecided_panel>& und) {
-    __m512 const n0 = _mm512_loadu_ps(qn), n1 = _mm512_loadu_ps(qn + 16), kav = _mm512_set1_ps(ka);
-    __m512 const inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+    using V = vx::f32v16;
+    V::type const n0 = V::loadu(qn), n1 = V::loadu(qn + 16), kav = V::set1(ka);
+    V::type const inf = V::set1(std::numeric_limits<float>::infinity());
     for (index_t k = 0; k < npairs; ++k) {
         float const* a = s + std::size_t(pc[k].i) * 32;
         float const* b = s + std::size_t(pc[k].j) * 32;
-        __m512 const a0 = _mm512_loadu_ps(a), a1 = _mm512_loadu_ps(a + 16);
-        __m512 const b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-        __m512 const f = _mm512_set1_ps(pc[k].kk);
-        __m512 const d0 = _mm512_abs_ps(_mm512_sub_ps(a0, b0)), d1 = _mm512_abs_ps(_mm512_sub_ps(a1, b1));
-        __m512 const t0 = _mm512_fmadd_ps(f, n0, kav), t1 = _mm512_fmadd_ps(f, n1, kav);
-        __mmask16 const ok0 = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(d0, t0, _CMP_GT_OQ), d0, inf, _CMP_LT_OQ);
-        __mmask16 const ok1 = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(d1, t1, _CMP_GT_OQ), d1, inf, _CMP_LT_OQ);
-        __mmask16 const w0 = _mm512_mask_cmp_ps_mask(ok0, a0, b0, _CMP_GT_OQ);
-        __mmask16 const w1 = _mm512_mask_cmp_ps_mask(ok1, a1, b1, _CMP_GT_OQ);
+        V::type const a0 = V::loadu(a), a1 = V::loadu(a + 16);
+        V::type const b0 = V::loadu(b), b1 = V::loadu(b + 16);
+        V::type const f = V::set1(pc[k].kk);
+        V::type const d0 = V::abs(V::sub(a0, b0)), d1 = V::abs(V::sub(a1, b1));
+        V::type const t0 = V::fmadd(f, n0, kav), t1 = V::fmadd(f, n1, kav);
+        vx::mask16 const ok0 = V::lt(V::gt(0xffffu, d0, t0), d0, inf);
+        vx::mask16 const ok1 = V::lt(V::gt(0xffffu, d1, t1), d1, inf);
+        vx::mask16 const w0 = V::gt(ok0, a0, b0);
+        vx::mask16 const w1 = V::gt(ok1, a1, b1);
         std::uint32_t const ok = std::uint32_t(ok0) | (std::uint32_t(ok1) << 16);
         std::uint32_t const won = std::uint32_t(w0) | (std::uint32_t(w1) << 16);
         wins[k] += __builtin_popcount(won & valid);
@@ -482,23 +481,20 @@ inline void panel_counts_avx512(float const* s, float const* qn, std::uint32_t v
 QKGEOM_TARGET("avx2,fma,popcnt")
 inline void panel_counts_avx2(float const* s, float const* qn, std::uint32_t valid, pair_columns const* pc, float ka,
                               index_t npairs, std::int32_t* wins, std::vector<undecided_panel>& und) {
-    __m256 const n0 = _mm256_loadu_ps(qn), n1 = _mm256_loadu_ps(qn + 8), kav = _mm256_set1_ps(ka);
-    __m256 const inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
-    __m256 const abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    using V = vx::f32v8;
+    V::type const n0 = V::loadu(qn), n1 = V::loadu(qn + 8), kav = V::set1(ka);
+    V::type const inf = V::set1(std::numeric_limits<float>::infinity());
     for (index_t k = 0; k < npairs; ++k) {
         float const* a = s + std::size_t(pc[k].i) * 16;
         float const* b = s + std::size_t(pc[k].j) * 16;
-        __m256 const a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8);
-        __m256 const b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-        __m256 const f = _mm256_set1_ps(pc[k].kk);
-        __m256 const d0 = _mm256_and_ps(_mm256_sub_ps(a0, b0), abs_mask);
-        __m256 const d1 = _mm256_and_ps(_mm256_sub_ps(a1, b1), abs_mask);
-        __m256 const t0 = _mm256_fmadd_ps(f, n0, kav), t1 = _mm256_fmadd_ps(f, n1, kav);
-        __m256 const ok0 = _mm256_and_ps(_mm256_cmp_ps(d0, t0, _CMP_GT_OQ), _mm256_cmp_ps(d0, inf, _CMP_LT_OQ));
-        __m256 const ok1 = _mm256_and_ps(_mm256_cmp_ps(d1, t1, _CMP_GT_OQ), _mm256_cmp_ps(d1, inf, _CMP_LT_OQ));
-        auto const ok = std::uint32_t(_mm256_movemask_ps(ok0)) | (std::uint32_t(_mm256_movemask_ps(ok1)) << 8);
-        auto const gt = std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a0, b0, _CMP_GT_OQ))) |
-                        (std::uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a1, b1, _CMP_GT_OQ))) << 8);
+        V::type const a0 = V::loadu(a), a1 = V::loadu(a + 8);
+        V::type const b0 = V::loadu(b), b1 = V::loadu(b + 8);
+        V::type const f = V::set1(pc[k].kk);
+        V::type const d0 = V::abs(V::sub(a0, b0)), d1 = V::abs(V::sub(a1, b1));
+        V::type const t0 = vx::fmadd(f, n0, kav), t1 = vx::fmadd(f, n1, kav);
+        V::type const ok0 = V::both(V::gt(d0, t0), V::lt(d0, inf)), ok1 = V::both(V::gt(d1, t1), V::lt(d1, inf));
+        std::uint32_t const ok = V::bits(ok0) | (V::bits(ok1) << 8);
+        std::uint32_t const gt = V::bits(V::gt(a0, b0)) | (V::bits(V::gt(a1, b1)) << 8);
         wins[k] += __builtin_popcount(gt & ok & valid);
         if (std::uint32_t const u = ~ok & valid; u != 0) und.push_back({static_cast<std::int32_t>(k), u});
     }

@@ -12,6 +12,7 @@
 
 #include <qkgeom/core/config.hpp>
 #include <qkgeom/simd/dispatch.hpp>
+#include <qkgeom/simd/vec.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -166,10 +167,7 @@ QKGEOM_ALWAYS_INLINE void split_sse2(double const* a, double const* b, double co
 #if QKGEOM_SIMD_X86 && QKGEOM_COMPILED_BODIES
 /// (x0 + x2) + (x1 + x3): the SSE2 body's reduction of its pair (x0, x1), (x2, x3).
 QKGEOM_TARGET("avx2")
-QKGEOM_ALWAYS_INLINE double fold4(__m256d x) noexcept {
-    __m128d const s = _mm_add_pd(_mm256_castpd256_pd128(x), _mm256_extractf128_pd(x, 1));
-    return _mm_cvtsd_f64(s) + _mm_cvtsd_f64(_mm_unpackhi_pd(s, s));
-}
+QKGEOM_ALWAYS_INLINE double fold4(vx::f64x4 x) noexcept { return vx::f64v4::fold(x); }
 
 /// The AVX body of `diag_pair_moments_split`: each 4-wide accumulator holds
 /// the SSE2 body's pair side by side (M = (m0, m1), CM = (cm0, m1), …), so
@@ -180,35 +178,36 @@ template <bool Frozen>
 QKGEOM_TARGET("avx2")
 inline void split_avx2(double const* a, double const* b, double const* w, double const* s2, double const* wf,
                        double const* s2f, index_t d, double& m_out, double& v_out, double c[4]) noexcept {
+    using Y = vx::f64v4;
     double m = 0, v = 0;
     c[0] = c[1] = c[2] = c[3] = 0;
     index_t l = 0;
-    __m256d const zero = _mm256_setzero_pd();
-    __m256d M = zero, V = zero, CM = zero, CV = zero, FM = zero, FV = zero;
+    Y::type const zero = Y::zero();
+    Y::type M = zero, V = zero, CM = zero, CV = zero, FM = zero, FV = zero;
     if (d >= 4) {
-        __m256d const keep = _mm256_castsi256_pd(_mm256_set_epi64x(-1LL, -1LL, -1LL, 0LL));  // all but lane 0
-        __m256d const d0 = _mm256_sub_pd(_mm256_loadu_pd(a), _mm256_loadu_pd(b));
-        __m256d const q0 = _mm256_mul_pd(d0, d0);
+        vx::i64x4 const keep = {0LL, -1LL, -1LL, -1LL};  // all but lane 0
+        Y::type const d0 = Y::sub(Y::loadu(a), Y::loadu(b));
+        Y::type const q0 = Y::mul(d0, d0);
         // 0 + p as the SSE2 body (−0 becomes +0); the content sums without lane 0 (l = 0)
-        M = _mm256_add_pd(zero, _mm256_mul_pd(_mm256_loadu_pd(w), d0));
-        V = _mm256_add_pd(zero, _mm256_mul_pd(_mm256_loadu_pd(s2), q0));
-        CM = _mm256_and_pd(M, keep);
-        CV = _mm256_and_pd(V, keep);
+        M = Y::add(zero, Y::mul(Y::loadu(w), d0));
+        V = Y::add(zero, Y::mul(Y::loadu(s2), q0));
+        CM = Y::and_mask(M, keep);
+        CV = Y::and_mask(V, keep);
         if constexpr (Frozen) {
-            FM = _mm256_add_pd(zero, _mm256_and_pd(_mm256_mul_pd(_mm256_loadu_pd(wf), d0), keep));
-            FV = _mm256_add_pd(zero, _mm256_and_pd(_mm256_mul_pd(_mm256_loadu_pd(s2f), q0), keep));
+            FM = Y::add(zero, Y::and_mask(Y::mul(Y::loadu(wf), d0), keep));
+            FV = Y::add(zero, Y::and_mask(Y::mul(Y::loadu(s2f), q0), keep));
         }
         for (l = 4; l + 4 <= d; l += 4) {
-            __m256d const dl = _mm256_sub_pd(_mm256_loadu_pd(a + l), _mm256_loadu_pd(b + l));
-            __m256d const ql = _mm256_mul_pd(dl, dl);
-            __m256d const pm = _mm256_mul_pd(_mm256_loadu_pd(w + l), dl), pv = _mm256_mul_pd(_mm256_loadu_pd(s2 + l), ql);
-            M = _mm256_add_pd(M, pm);
-            V = _mm256_add_pd(V, pv);
-            CM = _mm256_add_pd(CM, pm);
-            CV = _mm256_add_pd(CV, pv);
+            Y::type const dl = Y::sub(Y::loadu(a + l), Y::loadu(b + l));
+            Y::type const ql = Y::mul(dl, dl);
+            Y::type const pm = Y::mul(Y::loadu(w + l), dl), pv = Y::mul(Y::loadu(s2 + l), ql);
+            M = Y::add(M, pm);
+            V = Y::add(V, pv);
+            CM = Y::add(CM, pm);
+            CV = Y::add(CV, pv);
             if constexpr (Frozen) {
-                FM = _mm256_add_pd(FM, _mm256_mul_pd(_mm256_loadu_pd(wf + l), dl));
-                FV = _mm256_add_pd(FV, _mm256_mul_pd(_mm256_loadu_pd(s2f + l), ql));
+                FM = Y::add(FM, Y::mul(Y::loadu(wf + l), dl));
+                FV = Y::add(FV, Y::mul(Y::loadu(s2f + l), ql));
             }
         }
     }
@@ -281,18 +280,19 @@ inline void split_z_tail(split_z_args const& g, std::size_t i) noexcept {
 /// The AVX body of `split_z` (target "avx2" without "fma": no contraction).
 QKGEOM_TARGET("avx2")
 inline void split_z_avx2(split_z_args const& g) noexcept {
-    __m256d const alv = _mm256_set1_pd(g.al), w0v = _mm256_set1_pd(g.w0), s0v = _mm256_set1_pd(g.s0);
+    using Y = vx::f64v4;
+    Y::type const alv = Y::set1(g.al), w0v = Y::set1(g.w0), s0v = Y::set1(g.s0);
     std::size_t i = 0;
     for (; i + 4 <= g.k; i += 4) {
-        __m256d const tv = _mm256_loadu_pd(g.t + i);
-        __m256d const tt = _mm256_mul_pd(s0v, _mm256_mul_pd(tv, tv)), at = _mm256_mul_pd(alv, tv);
-        __m256d const vn = _mm256_add_pd(tt, _mm256_loadu_pd(g.vc + i));
-        _mm256_storeu_pd(g.zn + i, _mm256_div_pd(_mm256_add_pd(at, _mm256_loadu_pd(g.mc + i)), _mm256_sqrt_pd(vn)));
+        Y::type const tv = Y::loadu(g.t + i);
+        Y::type const tt = Y::mul(s0v, Y::mul(tv, tv)), at = Y::mul(alv, tv);
+        Y::type const vn = Y::add(tt, Y::loadu(g.vc + i));
+        Y::storeu(g.zn + i, Y::div(Y::add(at, Y::loadu(g.mc + i)), Y::sqrt(vn)));
         if (g.mf == nullptr) continue;
-        __m256d const r = _mm256_sqrt_pd(_mm256_add_pd(tt, _mm256_loadu_pd(g.vf + i)));
-        __m256d const mf = _mm256_loadu_pd(g.mf + i);
-        _mm256_storeu_pd(g.zf + i, _mm256_div_pd(_mm256_add_pd(_mm256_mul_pd(w0v, tv), mf), r));
-        _mm256_storeu_pd(g.ze + i, _mm256_div_pd(_mm256_add_pd(at, mf), r));
+        Y::type const r = Y::sqrt(Y::add(tt, Y::loadu(g.vf + i)));
+        Y::type const mf = Y::loadu(g.mf + i);
+        Y::storeu(g.zf + i, Y::div(Y::add(Y::mul(w0v, tv), mf), r));
+        Y::storeu(g.ze + i, Y::div(Y::add(at, mf), r));
     }
     split_z_tail(g, i);
 }
