@@ -26,7 +26,7 @@
 #pragma once
 
 #include <qkgeom/analysis/analyze.hpp>
-#include <qkgeom/analysis/model.hpp>
+#include <qkgeom/analysis/model_pictures.hpp>
 #include <qkgeom/report/csv.hpp>
 
 #include <Eigen/Core>
@@ -87,7 +87,7 @@ struct picture_options {
 };
 
 // ---------------------------------------------------------------------------
-// Compact picture data: the model-level data lives in analysis/model.hpp
+// Compact picture data: the model-level data lives in analysis/model_pictures.hpp
 // (namespace qkgeom); these names keep the report spellings working.
 // ---------------------------------------------------------------------------
 using qkgeom::band_picture;
