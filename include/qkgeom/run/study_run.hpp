@@ -562,7 +562,6 @@ run_outcome capture_run(run_spec const& r, study_run_options const& o) {
         throw std::invalid_argument("qkgeom::study::run_study: run '" + r.name +
                                     "' has a capture but study_run_options::cache is empty");
     std::filesystem::create_directories(o.cache);
-    sweep_cache_debris(o.cache);
     std::string const options = run_options_text(o);
     auto const before = capture_state(r.capture);
     std::string const fp = capture_fingerprint(r.capture);
@@ -593,6 +592,7 @@ run_outcome capture_run(run_spec const& r, study_run_options const& o) {
 template <class = void>
 [[nodiscard]] std::vector<run_outcome> run_all(study_spec const& spec, study_run_options o) {
     apply_study_options(spec, o.analysis, o.context, o.window);  // the file's options win
+    if (!o.cache.empty()) detail::sweep_cache_debris(o.cache);     // once per study (no cache yet: nothing)
     std::vector<run_outcome> out;
     for (std::size_t i = 0; i < spec.runs.size(); ++i) {
         auto const& r = spec.runs[i];
