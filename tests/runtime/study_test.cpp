@@ -9,6 +9,8 @@
 #include "temp_dir.hpp"
 
 #include <qkgeom/capture/synthetic.hpp>
+#include <qkgeom/core/bytes.hpp>
+#include <qkgeom/io/moments_io.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/report/csv.hpp>
 #include <qkgeom/report/study_tables.hpp>
@@ -21,11 +23,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <map>
+#include <optional>
+#include <sstream>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -768,6 +774,93 @@ TEST_CASE("study numbers: scores, model names, bins and given metrics are checke
     }
     CHECK(st::parse_study(R"({"runs": [{"name": "a", "metrics": {"ap_drop": -0.4, "n_q_tokens": 4096,
           "bias_strength": -3e5, "ap_overall": 1.0}}]})", "s.json").runs[0].metrics.size() == 4);
+}
+
+// --- results as bytes (core/bytes.hpp), the wire of the program under mpirun --
+
+TEST_CASE("a head's analysis travels as bytes bit for bit", "[bytes][scale]") {
+    planted const p{0.002, 0.004, 0.5, 1.0, 0.5};
+    auto const heads = syn::generate_layer(planted_layer(p, 0), planted_capture());
+    for (auto const& hc : heads) {
+        auto const h = qkgeom::analyze_head(hc);
+        std::string const b = qkgeom::to_bytes(h);
+        auto const back = qkgeom::from_bytes<qkgeom::head_analysis>(b);
+        CHECK(qkgeom::to_bytes(back) == b);  // every field, NaN payloads included
+        // the report a process writes from it: every head_metrics column
+        CHECK(back.id == h.id);
+        CHECK(back.plasticity.cells.size() == h.plasticity.cells.size());
+        REQUIRE(!h.plasticity.cells.empty());
+        CHECK(std::memcmp(&back.plasticity.ap_drop, &h.plasticity.ap_drop, sizeof(double)) == 0);
+        CHECK(back.plasticity.cells.back().empirical_se == h.plasticity.cells.back().empirical_se);
+        CHECK(back.householder.buckets.at(1).cov == h.householder.buckets.at(1).cov);
+        CHECK(back.rotation.a == h.rotation.a);
+        CHECK(back.rope.bands.size() == h.rope.bands.size());
+        CHECK(back.ranks.sets.size() == h.ranks.sets.size());
+        CHECK(back.flags == h.flags);
+        // a field changed after writing is not what comes back: the bytes carry it
+        auto changed = h;
+        changed.pca.q_pos_var_frac += 1.0;
+        CHECK(qkgeom::to_bytes(changed) != b);
+    }
+    auto const b = qkgeom::to_bytes(qkgeom::analyze_head(heads.front()));
+    // short, long and foreign bytes are errors naming the offset, never a value
+    for (std::size_t cut : {std::size_t{0}, std::size_t{7}, b.size() / 2, b.size() - 1})
+        CHECK_THROWS_AS(qkgeom::from_bytes<qkgeom::head_analysis>(std::string_view(b).substr(0, cut)),
+                        qkgeom::input_error);
+    CHECK_THROWS_WITH(qkgeom::from_bytes<qkgeom::head_analysis>(b + "x"), Catch::Contains("left over"));
+    std::string huge = qkgeom::to_bytes(std::vector<double>{1.0});
+    huge[3] = '\x7f';  // a count of ~2^31 elements in 16 bytes
+    CHECK_THROWS_WITH(qkgeom::from_bytes<std::vector<double>>(huge), Catch::Contains("needed at offset 8"));
+}
+
+TEST_CASE("shards merged per head under any head-to-process assignment give the same bits", "[bytes][scale][merge]") {
+    // Each head's shards are merged by one process in shard order; which
+    // process gets which head must not change a bit of what rank 0 gathers.
+    temp_dir tmp;
+    std::mt19937_64 rng(11);
+    std::normal_distribution<double> z;
+    int const n_heads = 5, n_shards = 4, d = 6;
+    std::vector<std::vector<fs::path>> files(n_heads);
+    for (int h = 0; h < n_heads; ++h)
+        for (int s = 0; s < n_shards; ++s) {
+            qkgeom::head_moments m(d, {0, h, h / 2});
+            int const n = 20 + 7 * s;
+            Eigen::MatrixXd q(n, d), k(n, d);
+            std::vector<std::int64_t> t(n), b(n);
+            for (int i = 0; i < n; ++i) {
+                t[i] = 64 * s + i;
+                b[i] = t[i] / 32;
+                for (int c = 0; c < d; ++c) q(i, c) = 1e3 + z(rng) + 1e-3 * t[i], k(i, c) = z(rng) * 1e-2;
+            }
+            m.add(qkgeom::kind::query, q, t, b);
+            m.add(qkgeom::kind::key, k, t, b);
+            files[h].push_back(tmp.path / ("h" + std::to_string(h) + "s" + std::to_string(s) + ".qkm"));
+            qkgeom::save_moments(files[h].back(), m);
+        }
+    auto merged_bytes = [&](int h) {  // the merged moments' shard bytes (every double of every bucket)
+        std::ostringstream os;
+        qkgeom::write_moments(os, qkgeom::merge_moment_files(files[h]), std::nullopt);
+        return os.str();
+    };
+    std::vector<std::string> one_process;
+    for (int h = 0; h < n_heads; ++h) one_process.push_back(merged_bytes(h));
+    for (int trial = 0; trial < 6; ++trial) {
+        int const processes = 1 + trial % 4;
+        std::vector<std::vector<int>> owned(processes);
+        for (int h = 0; h < n_heads; ++h) owned[rng() % static_cast<unsigned>(processes)].push_back(h);
+        std::vector<std::string> gathered(n_heads);
+        struct merged_head {
+            std::int64_t head;
+            std::string bytes;
+        };
+        for (auto const& heads : owned) {  // one process: its heads, then its bytes to rank 0
+            std::vector<merged_head> mine;
+            for (int h : heads) mine.push_back({h, merged_bytes(h)});
+            for (auto& m : qkgeom::from_bytes<std::vector<merged_head>>(qkgeom::to_bytes(mine)))
+                gathered[static_cast<std::size_t>(m.head)] = m.bytes;
+        }
+        CHECK(gathered == one_process);
+    }
 }
 
 }  // namespace qkgeom_tests_study_test

@@ -27,6 +27,8 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -90,6 +92,12 @@ struct dataset_run_options {
     /// missing) with its query entry name; calls are serialised (never two
     /// at once) but come from the worker threads. Empty = none.
     std::function<void(std::string const&)> on_head_done;
+    /// Which planned heads this process analyses (plan indices, each handed
+    /// out once across every process and thread; core/parallel.hpp). Empty =
+    /// every planned head. With a source, a head handed out elsewhere is in
+    /// none of dataset_run's lists: the program under mpirun gathers the
+    /// lists of every process (docs/scale.md).
+    task_source next_head;
 };
 
 /// \brief How analyze_dataset analyses one head (analyze_head by default; a
@@ -257,7 +265,7 @@ template <class One>
     std::vector<char> missing(tasks.size(), 0);
     std::mutex done_mutex;
     unsigned const jobs = opt.jobs > 0 ? opt.jobs : std::max(1u, std::thread::hardware_concurrency());
-    parallel_for(tasks.size(), jobs, [&](std::size_t i) {
+    auto const body = [&](std::size_t i) {
         auto const& t = tasks[i];
         std::string const name = head_entry_name(t.layer, t.q_head, kind::query);
         auto strict_fail = [&](std::string const& why) {
@@ -283,7 +291,18 @@ template <class One>
             std::lock_guard lock(done_mutex);
             opt.on_head_done(name);
         }
-    });
+    };
+    if (opt.next_head) {
+        parallel_for_handed(jobs, tasks.size(), [&]() -> std::optional<std::size_t> {
+            auto const i = opt.next_head();
+            if (i && *i >= tasks.size())
+                throw std::out_of_range("qkgeom::io::analyze_dataset: next_head handed out head " + std::to_string(*i) +
+                                        " of a plan of " + std::to_string(tasks.size()));
+            return i;
+        }, body);
+    } else {
+        parallel_for(tasks.size(), jobs, body);
+    }
     for (std::size_t i = 0; i < tasks.size(); ++i) {
         if (results[i]) run.heads.push_back(std::move(*results[i]));
         else if (missing[i]) run.missing.push_back(i);

@@ -583,6 +583,70 @@ run_outcome capture_run(run_spec const& r, study_run_options const& o) {
 
 }  // namespace detail
 
+/// \brief The cache key of a capture run: what run_one looks up in o.cache
+/// (reads every byte of the capture once, as capture_run does).
+/// \param[in] r the run (with a capture).
+/// \param[in] o the options (their analysis part is in the key).
+/// \returns the key.
+/// \throws qkgeom::input_error when the capture cannot be read.
+[[nodiscard]] inline std::string run_cache_key(run_spec const& r, study_run_options const& o) {
+    return cache_key(capture_fingerprint(r.capture), detail::run_options_text(o));
+}
+
+/// \brief The outcome of a capture run whose analysis another process has
+/// just put into o.cache under `key` (the program under mpirun): the entry
+/// read back, with the given status; the capture is not read again.
+/// \param[in] r the run.
+/// \param[in] o the options.
+/// \param[in] key the run's key (run_cache_key).
+/// \param[in] status the status to report (analysed, or cached).
+/// \returns the outcome; a run whose entry cannot be read back is `failed`.
+template <class = void>
+[[nodiscard]] run_outcome cached_run(run_spec const& r, study_run_options const& o, std::string const& key,
+                                     run_status status) {
+    run_outcome oc;
+    try {
+        oc.folder = o.cache / key;
+        oc.heads = detail::read_entry(oc.folder, key, r.capture);
+        oc.status = status;
+    } catch (std::exception const& e) {
+        oc = run_outcome{};
+        oc.status = run_status::failed;
+        oc.message = e.what();
+    }
+    return oc;
+}
+
+/// \brief One run of a study, as run_all does it (without the study file's
+/// options, which run_all applies first): its given metrics, its analysis
+/// folder read, or its capture from the cache or analysed and cached. A run
+/// that fails is an outcome with status `failed` and its message. The
+/// program under mpirun runs the captures of a study on several processes
+/// with it (docs/scale.md).
+/// \param[in] r the run.
+/// \param[in] o the options (o.cache required when the run has a capture).
+/// \returns the outcome.
+template <class = void>
+[[nodiscard]] run_outcome run_one(run_spec const& r, study_run_options const& o) {
+    run_outcome oc;
+    try {
+        if (!r.metrics.empty()) {
+            oc.status = run_status::given;
+        } else if (!r.analysis.empty()) {
+            oc.heads = read_analysis(r.analysis);
+            oc.folder = r.analysis;
+            oc.status = run_status::read;
+        } else {
+            oc = detail::capture_run(r, o);
+        }
+    } catch (std::exception const& e) {
+        oc = run_outcome{};
+        oc.status = run_status::failed;
+        oc.message = e.what();
+    }
+    return oc;
+}
+
 /// \brief Finds or makes every run's analysis. A run that fails (unreadable
 /// capture, a failed head, a bad analysis folder) is an outcome with status
 /// `failed` and its message; the others go on.
@@ -595,23 +659,7 @@ template <class = void>
     if (!o.cache.empty()) detail::sweep_cache_debris(o.cache);     // once per study (no cache yet: nothing)
     std::vector<run_outcome> out;
     for (std::size_t i = 0; i < spec.runs.size(); ++i) {
-        auto const& r = spec.runs[i];
-        run_outcome oc;
-        try {
-            if (!r.metrics.empty()) {
-                oc.status = run_status::given;
-            } else if (!r.analysis.empty()) {
-                oc.heads = read_analysis(r.analysis);
-                oc.folder = r.analysis;
-                oc.status = run_status::read;
-            } else {
-                oc = detail::capture_run(r, o);
-            }
-        } catch (std::exception const& e) {
-            oc = run_outcome{};
-            oc.status = run_status::failed;
-            oc.message = e.what();
-        }
+        run_outcome oc = run_one(spec.runs[i], o);
         if (o.on_run) o.on_run(i, oc);
         out.push_back(std::move(oc));
     }
