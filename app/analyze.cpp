@@ -2,13 +2,20 @@
 // capture directory (docs/dataset.md), streamed (one head per worker), with
 // the failures listed instead of aborting (docs/cli.md#reliability).
 #include "program.hpp"
+#include "ranks.hpp"
+
+#include <qkgeom/core/bytes.hpp>
 
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/run/dataset_analysis.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +62,43 @@ std::string failure_text(qkgeom::io::dataset_run const& run) {
     return out;
 }
 
+/// What one rank analysed of a dataset (the lists of its dataset_run).
+struct rank_share {
+    std::vector<qkgeom::head_analysis> heads;
+    std::vector<std::size_t> missing;
+    std::vector<qkgeom::io::dataset_failure> failures;
+};
+
+/// Rank 0: every rank's share (rank order) put into `run` in plan order, as
+/// one process would have listed them: the reports are the same bytes for
+/// any number of ranks.
+void in_plan_order(qkgeom::io::dataset_run& run, std::vector<std::string> const& parts) {
+    std::map<qkgeom::head_id, std::size_t> index;
+    for (std::size_t i = 0; i < run.planned.size(); ++i) index.emplace(run.planned[i], i);
+    std::vector<std::unique_ptr<qkgeom::head_analysis>> heads(run.planned.size());
+    std::vector<std::unique_ptr<qkgeom::io::dataset_failure>> failed(run.planned.size());
+    std::vector<char> missing(run.planned.size(), 0);
+    for (auto const& p : parts) {
+        auto share = qkgeom::from_bytes<rank_share>(p);
+        for (auto& h : share.heads) {
+            auto const it = index.find(h.id);
+            if (it == index.end()) throw run_error("a rank returned a head outside the plan");
+            heads[it->second] = std::make_unique<qkgeom::head_analysis>(std::move(h));
+        }
+        for (auto const i : share.missing) missing.at(i) = 1;
+        for (auto& f : share.failures) failed.at(f.index) = std::make_unique<qkgeom::io::dataset_failure>(std::move(f));
+    }
+    run.heads.clear();
+    run.missing.clear();
+    run.failures.clear();
+    for (std::size_t i = 0; i < run.planned.size(); ++i) {
+        if (heads[i]) run.heads.push_back(std::move(*heads[i]));
+        else if (missing[i]) run.missing.push_back(i);
+        else if (failed[i]) run.failures.push_back(std::move(*failed[i]));
+        else throw run_error("head " + qkgeom::io::dataset_head_label(run.planned[i]) + " was analysed by no rank");
+    }
+}
+
 /// The heads of a run through the program's analyze (analysis.cpp: the
 /// engines are instantiated there once), each read in its stored precision
 /// (f32 / f16 / bf16 rows stay floats; results bit-identical to double rows).
@@ -76,7 +120,20 @@ qkgeom::io::dataset_run analyze_folder(cli const& c, qkgeom::io::dataset_plan pl
             check_interrupted();
             return analyze(h, opt);
         }};
-    return qkgeom::io::analyze_dataset(std::move(plan), o, a);
+    if (ranks::size() == 1) return qkgeom::io::analyze_dataset(std::move(plan), o, a);
+    // Under mpirun: the heads handed out one at a time across the ranks;
+    // rank 0 gathers every rank's lists and puts them in plan order.
+    ranks::hand_out heads(plan.planned.size());
+    o.next_head = [&heads] { return heads.next(); };
+    qkgeom::io::dataset_run run;
+    auto const parts = ranks::gather_results([&] {
+        if (ranks::rank() == 1 && test_fault() == "rank-error")
+            throw run_error("the planted failure of QKGEOM_TEST_FAULT=rank-error");
+        run = qkgeom::io::analyze_dataset(std::move(plan), o, a);
+        return qkgeom::to_bytes(rank_share{std::move(run.heads), std::move(run.missing), std::move(run.failures)});
+    });
+    if (ranks::rank() == 0) in_plan_order(run, parts);
+    return run;
 }
 
 }  // namespace
@@ -86,10 +143,14 @@ int run_analyze(cli const& c) {
     // GQA mapping). A listed head whose entry is missing or bad is a failure,
     // never skipped; an entry outside the manifest is a failure too
     // (qkgeom/run/dataset_analysis.hpp).
-    auto plan = qkgeom::io::plan_dataset(c.dir);
-    output_folder folder(c.out, report_marker, "-o", {c.dir});  // checked before any analysis
-    progress bar(plan.planned.size(), c.quiet);
+    qkgeom::io::dataset_plan plan;
+    ranks::on_every_rank([&] { plan = qkgeom::io::plan_dataset(c.dir); });
+    std::optional<output_folder> out_folder;  // checked before any analysis, by rank 0
+    ranks::on_rank_zero([&] { out_folder.emplace(c.out, report_marker, "-o", std::vector<fs::path>{c.dir}); });
+    progress bar(plan.planned.size(), c.quiet || ranks::size() > 1);
     auto const run = analyze_folder(c, std::move(plan), bar);
+    if (ranks::rank() != 0) return 0;  // rank 0 writes the reports
+    output_folder& folder = *out_folder;
     auto const& heads = run.heads;
     std::size_t const planned = run.planned.size(), stray = run.stray.size();
     std::string const failures = failure_text(run);

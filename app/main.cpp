@@ -25,6 +25,7 @@
 //   analysis.cpp              analyze_head for the program's two row types
 //   (the analysis engines come from the compiled part, qkgeom::compiled)
 #include "program.hpp"
+#include "ranks.hpp"
 
 #include <qkgeom/analysis/policy_names.hpp>
 #include <qkgeom/core/config.hpp>
@@ -464,6 +465,9 @@ void apply_overrides(cli const& c, qkgeom::capture_facts& facts) {
 }
 
 int run_command(cli const& c) {
+    // Under mpirun, analyze and study share their work across the ranks; the
+    // other commands run on rank 0 alone (docs/scale.md).
+    if (ranks::rank() != 0 && c.command != "analyze" && c.command != "study") return 0;
     int rc = 1;
     try {
         if (c.command == "synth") rc = run_synth(c);
@@ -471,6 +475,8 @@ int run_command(cli const& c) {
         else if (c.command == "merge") rc = run_merge(c);
         else if (c.command == "study") rc = run_study_command(c);
         else rc = run_demo(c);
+    } catch (ranks::quiet_stop const& q) {
+        return q.status;  // rank 0 says why
     } catch (interrupted const& i) {
         std::cerr << "qkgeom: interrupted by " << signal_name(i.signal)
                   << ": stopped before writing; nothing was written and an earlier output was left as it was (exit "
@@ -498,6 +504,14 @@ int run_command(cli const& c) {
 int main(int argc, char** argv) {
     qkgeom_app::install_signal_handling();  // before any thread starts
     qkgeom_app::cli const c = qkgeom_app::parse(argc, argv);
-    qkgeom_app::set_signal_quiet(c.quiet);
-    return qkgeom_app::run_command(c);
+    try {
+        qkgeom_app::ranks::start(argc, argv);  // under mpirun only (ranks.hpp)
+    } catch (std::exception const& e) {
+        std::cerr << "qkgeom: error: " << qkgeom_app::one_line(e.what()) << "\n";
+        return 1;
+    }
+    qkgeom_app::set_signal_quiet(c.quiet || qkgeom_app::ranks::rank() != 0);
+    int const rc = qkgeom_app::run_command(c);
+    qkgeom_app::ranks::stop();
+    return rc;
 }

@@ -112,7 +112,8 @@ void check_interrupted();
 /// The fault the test suite asks for (QKGEOM_TEST_FAULT, docs/cli.md, empty
 /// outside the tests): "swap" fails the rename of the staging folder into
 /// place, "swap-stuck" fails the move back of the old folder too, "slow" waits
-/// 50 ms at every safe point (check_interrupted).
+/// 50 ms at every safe point (check_interrupted), "rank-error" fails rank 1's
+/// analysis under mpirun (ranks.hpp).
 std::string test_fault();
 /// The name of a signal ("SIGINT", "SIGTERM").
 std::string signal_name(int sig);

@@ -3,6 +3,9 @@
 // tables, pictures and one index.html (docs/study.md); and the report writer
 // the demo shares.
 #include "program.hpp"
+#include "ranks.hpp"
+
+#include <qkgeom/core/bytes.hpp>
 
 #include <qkgeom/report/csv.hpp>
 #include <qkgeom/report/study_html.hpp>
@@ -14,7 +17,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -63,6 +69,96 @@ std::vector<st::run_outcome> run_keeping_finished(st::study_spec const& spec, st
                       << one_line(folder.target().string()) << " reuses them\n";
         throw;
     }
+}
+
+/// What a rank did with one run of a study (mpirun): its cache key, or
+/// what its analysis ended with.
+struct run_done {
+    std::size_t index = 0;
+    std::string key;
+    st::run_status status = st::run_status::failed;
+    std::string note, message;
+};
+
+/// Every rank's records of one phase (gather_results), by run index.
+std::map<std::size_t, run_done> by_index(std::vector<std::string> const& parts) {
+    std::map<std::size_t, run_done> done;
+    for (auto const& p : parts)
+        for (auto& r : qkgeom::from_bytes<std::vector<run_done>>(p)) done[r.index] = std::move(r);
+    return done;
+}
+
+/// `step` on the runs `which`, handed out across the ranks; rank 0 gets the records.
+std::map<std::size_t, run_done> on_runs(std::vector<std::size_t> const& which,
+                                        std::function<run_done(std::size_t)> const& step) {
+    ranks::hand_out runs(which.size());
+    return by_index(ranks::gather_results([&] {
+        std::vector<run_done> mine;
+        while (auto const k = runs.next()) {
+            mine.push_back(step(which[*k]));
+            check_interrupted();
+        }
+        return qkgeom::to_bytes(mine);
+    }));
+}
+
+/// The runs of a study. One process: run_all (run_keeping_finished). Under
+/// mpirun (docs/scale.md): (1) the capture runs' cache keys, handed out
+/// across the ranks; (2) the first run of each key in study order analysed
+/// on the ranks, into the one cache in OUT's staging folder (a file system
+/// every rank sees); (3) rank 0 goes through the study in order as one
+/// process would: each capture run's entry read back with the status its
+/// rank recorded, a later run of the same key `cached`, so the report is the
+/// same bytes for any number of ranks. The other ranks get no outcomes.
+std::vector<st::run_outcome> run_study_ranks(st::study_spec const& spec, st::study_run_options o,
+                                             std::optional<output_folder> const& folder) {
+    if (ranks::size() == 1) return run_keeping_finished(spec, o, *folder);
+    st::apply_study_options(spec, o.analysis, o.context, o.window);  // as run_all: the file's options win
+    std::vector<std::size_t> captures;
+    for (std::size_t i = 0; i < spec.runs.size(); ++i)
+        if (spec.runs[i].metrics.empty() && spec.runs[i].analysis.empty()) captures.push_back(i);
+    auto const keys = on_runs(captures, [&](std::size_t i) {
+        run_done d{i, {}, st::run_status::analysed, {}, {}};
+        try {
+            d.key = st::run_cache_key(spec.runs[i], o);
+        } catch (std::exception const&) {  // the analysis says why
+        }
+        return d;
+    });
+    std::vector<std::size_t> first;  // the first run of each key (rank 0 decides, every rank learns)
+    std::map<std::string, std::size_t> seen;
+    for (auto const& [i, d] : keys)
+        if (d.key.empty() || seen.emplace(d.key, i).second) first.push_back(i);
+    first = qkgeom::from_bytes<std::vector<std::size_t>>(ranks::broadcast(qkgeom::to_bytes(first)));
+    auto const done = on_runs(first, [&](std::size_t i) {
+        auto const oc = st::run_one(spec.runs[i], o);
+        return run_done{i, oc.folder.filename().string(), oc.status, oc.note, oc.message};
+    });
+    if (ranks::rank() != 0) return {};
+    std::vector<st::run_outcome> out;
+    for (std::size_t i = 0; i < spec.runs.size(); ++i) {
+        st::run_outcome oc;
+        auto const k = keys.find(i);
+        auto const it = k == keys.end() || k->second.key.empty() ? done.find(i) : done.find(seen.at(k->second.key));
+        if (k == keys.end()) {
+            oc = st::run_one(spec.runs[i], o);  // given metrics or an analysis folder: cheap
+        } else if (it == done.end() || it->second.status == st::run_status::failed) {
+            if (it != done.end() && it->first == i) {
+                oc.status = st::run_status::failed;
+                oc.message = it->second.message;
+            } else {
+                oc = st::run_one(spec.runs[i], o);  // as one process: the earlier run of its key failed
+            }
+        } else if (it->first == i) {
+            oc = st::cached_run(spec.runs[i], o, it->second.key, it->second.status);
+            oc.note = it->second.note;
+        } else {
+            oc = st::cached_run(spec.runs[i], o, it->second.key, st::run_status::cached);
+        }
+        if (o.on_run) o.on_run(i, oc);
+        out.push_back(std::move(oc));
+    }
+    return out;
 }
 
 /// The run table of summary.txt and stdout: one line per run.
@@ -127,11 +223,12 @@ int write_study_report(cli const& c, st::study_spec const& spec, std::vector<st:
 }
 
 int run_study_command(cli const& given) {
-    auto const spec = st::read_study(given.dir);
+    st::study_spec spec;
+    ranks::on_every_rank([&] { spec = st::read_study(given.dir); });
     // A run's model that a benchmark does not score: its score is NaN and it
     // is left out of that benchmark's correlations; said, never silent.
     for (auto const& b : spec.benchmarks) {
-        if (b.overall_file.empty()) continue;
+        if (b.overall_file.empty() || ranks::rank() != 0) continue;
         std::set<std::string> missing;
         for (auto const& r : spec.runs)
             if (!b.overall.count(r.model)) missing.insert(r.model);
@@ -152,17 +249,18 @@ int run_study_command(cli const& given) {
     for (auto const& b : spec.benchmarks)
         for (auto const& p : {b.overall_file, b.by_length_file})
             if (!p.empty()) inputs.push_back(p);
-    output_folder folder(c.out, report_marker, "-o", inputs);  // checked before any analysis
+    std::optional<output_folder> folder;  // checked before any analysis, by rank 0
+    ranks::on_rank_zero([&] { folder.emplace(c.out, report_marker, "-o", inputs); });
     st::study_run_options o;
     o.analysis = c.opt;
     o.jobs = c.jobs;
     o.context = c.context;
     o.window = c.window;
-    o.cache = folder.staging() / "cache";
+    o.cache = ranks::broadcast(folder ? (folder->staging() / "cache").string() : std::string());
     // The report this one replaces (output_folder checked its marker): its
     // cache entries are reused when their key matches.
     std::error_code ec;
-    if (fs::is_directory(folder.target() / "cache", ec)) o.previous_caches.push_back(folder.target() / "cache");
+    if (fs::is_directory(c.out / "cache", ec)) o.previous_caches.push_back(c.out / "cache");
     o.analyzer = [](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& opt) {
         check_interrupted();  // the safe points: each head's start and end, each run's end
         return analyze(h, opt);
@@ -182,9 +280,10 @@ int run_study_command(cli const& given) {
         std::cerr << "qkgeom: run " << spec.runs[i].name << ": " << st::to_string(r.status)
                   << (r.message.empty() ? "" : " (" + one_line(r.message) + ")") << "\n";
     };
-    auto const outcomes = run_keeping_finished(spec, o, folder);
+    auto const outcomes = run_study_ranks(spec, o, folder);
+    if (ranks::rank() != 0) return 0;  // rank 0 writes the report
     std::string const intro = "qkgeom study of " + c.dir.string() + ": " + std::to_string(spec.runs.size()) + " runs.";
-    return write_study_report(c, spec, outcomes, folder, intro);
+    return write_study_report(c, spec, outcomes, *folder, intro);
 }
 
 }  // namespace qkgeom_app

@@ -31,6 +31,7 @@ TEST_PACKAGES=(
   libtorch-dev                  # LibTorch 1.13 CPU (adapters/torch, qkgeom::torch)
   chromium                      # headless render of the HTML report (one test)
   time                          # /usr/bin/time -v: peak memory in scripts/bench.sh
+  libopenmpi-dev openmpi-bin    # Open MPI: the program under mpirun (QKGEOM_WITH_MPI, docs/scale.md; tests scale.mpi.*)
   pmccabe                       # function lengths (scripts/function_lengths.sh, CTest lint.function_lengths)
 )
 
