@@ -12,17 +12,17 @@ from . import _qkgeom as _ext
 from .study import Study, study  # (pandas imported on the first call; rebinds qkgeom.study to the function)
 
 __all__ = [n for n in dir(_ext) if not n.startswith("_")] + [
-    "_columns", "frames", "Recorder", "Study", "study", "__version__"]
+    "_columns", "frames", "distributed", "Recorder", "Study", "study", "__version__"]
 _columns = _ext._columns
 
 
 def __getattr__(name):
-    # Submodules needing optional packages are imported on first use: frames (pandas) and the
-    # capture (Recorder).
+    # Submodules needing optional packages are imported on first use: frames (pandas), the
+    # capture (Recorder) and the capture across processes (distributed: torch.distributed).
     import importlib
 
-    if name == "frames":
-        return importlib.import_module(".frames", __name__)
+    if name in ("frames", "distributed"):
+        return importlib.import_module("." + name, __name__)
     if name == "Recorder":
         return importlib.import_module(".capture", __name__).Recorder
     raise AttributeError(f"module 'qkgeom' has no attribute {name!r}")

@@ -25,7 +25,10 @@ Steps: a step is one forward pass (one batch). It ends at ``step()`` /
 ``flush()``, at ``set_batch()``, at the end of a ``patch`` context, or when a
 layer is recorded a second time (a new forward; an error when the ending step's
 tokens came from ``set_batch``, which applies to one forward only). Example ids default to a
-running counter: the B sequences of a step get ids n, n+1, ..., n+B-1.
+running counter: the B sequences of a step get ids n, n+1, ..., n+B-1. The counter starts at 0 in
+every process, so a capture split across processes (``qkgeom.distributed``) builds its Recorders
+with ``explicit_example_ids=True``: every step must then give its global example ids (the token
+sampler draws by example id, so the ids decide which tokens are kept).
 
 Padding: ``mask`` ([B, T], nonzero = real token; an HF ``attention_mask``)
 excludes padded tokens before sampling -- they are never recorded. Positions
@@ -114,11 +117,15 @@ class Recorder:
       rope_applied    per-layer list (True = post-RoPE rows) declared up front, or None; a
                       record(..., rope_applied=...) that contradicts it raises.
       model           model name (recorded by ``manifest()``).
+      explicit_example_ids  True: every step must give its example ids (record / set_batch
+                      ``example_ids``); the running counter is refused. For captures split across
+                      processes, where the counter would repeat ids (qkgeom.distributed).
+      example_id_range (lo, hi): every example id must lie in [lo, hi) (a shard's examples), or None.
     """
 
     def __init__(self, layout, *, buckets, seed=0, heads=None, head_count=None, head_seed=0,
                  eligibility="full_attention_only", sink="moments", context_length, rope_applied=None,
-                 model="model"):
+                 model="model", explicit_example_ids=False, example_id_range=None):
         if isinstance(sink, str) and sink != "moments":
             raise ValueError(f"sink: 'moments' or a DatasetWriter (value {sink!r})")
         if int(context_length) < 1:
@@ -159,6 +166,13 @@ class Recorder:
         self._next_example = 0
         self._rows_recorded = {"query": 0, "key": 0}
         self._closed = False
+        self.explicit_example_ids = bool(explicit_example_ids)
+        self.example_id_range = None
+        if example_id_range is not None:
+            lo, hi = (int(x) for x in example_id_range)
+            if not 0 <= lo <= hi:
+                raise ValueError(f"example_id_range: expected 0 <= lo <= hi (value {(lo, hi)})")
+            self.example_id_range = (lo, hi)
 
     # ------------------------------------------------------------------ plan
     def layers(self) -> List[int]:
@@ -280,11 +294,23 @@ class Recorder:
         elif self._step_b != b:
             raise ValueError(f"record: batch size {b} differs from this step's {self._step_b}")
         if example_ids is None:
+            if self.explicit_example_ids:
+                raise ValueError("example_ids: this Recorder takes explicit example ids (explicit_example_ids=True, "
+                                 "e.g. one shard of a capture split across processes): pass the batch's global "
+                                 "example indices to set_batch(..., example_ids=...) or record(..., example_ids=...); "
+                                 "the running counter restarts at 0 in every process and would give two examples "
+                                 "one id")
             ex = np.arange(self._next_example, self._next_example + b, dtype=np.int64)
         else:
             ex = _host_int64(example_ids, "example_ids").reshape(-1)
             if ex.shape != (b,):
                 raise ValueError(f"example_ids: shape {ex.shape}, expected ({b},) (one id per sequence)")
+        if self.example_id_range is not None and ex.size:
+            lo, hi = self.example_id_range
+            bad = ex[(ex < lo) | (ex >= hi)]
+            if bad.size:
+                raise ValueError(f"example_ids: id {int(bad[0])} outside this recorder's examples [{lo}, {hi}) "
+                                 "(example_id_range: a shard's examples)")
         valid = pos if msk is None else pos[msk]
         if valid.size and (valid.min() < 0 or valid.max() >= self.context_length):
             bad = int(valid.min()) if valid.min() < 0 else int(valid.max())

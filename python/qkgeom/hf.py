@@ -1,6 +1,12 @@
 """Hugging Face transformers (4.4x and 5) glue for qkgeom.capture.Recorder.
 
     python3 -m qkgeom.hf MODEL -o DIR [--revision R] [--context N] [--heads N] ...
+    torchrun --nproc-per-node W -m qkgeom.hf MODEL -o OUT --shards S [--merge-to DIR] ...
+
+With --shards S the examples are split into S logical shards (contiguous blocks of the prompt file)
+and rank r of torchrun's W processes captures shards r, r + W, ... into OUT/shard-SSSSS/ (dataset
+parts); rank 0 writes OUT/manifest.json last, after every rank reported success
+(qkgeom.distributed, docs/capture.md). The result depends on S, never on W.
 
 Verified against the real transformers source (random small ``from_config`` models, CPU): the
 harness tests/python/capture/hf_real.py compares every stored row with an independent recomputation
@@ -772,7 +778,16 @@ def _args(argv, prog="python3 -m qkgeom.hf"):
     ap.add_argument("--seed", type=int, default=0, help="token sampling seed")
     ap.add_argument("--dtype", choices=("f32", "f16", "bf16", "f64"), default="f32", help="stored vector dtype")
     ap.add_argument("--torch-dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16")
-    ap.add_argument("--device", default=None, help="torch device (default: cuda when available)")
+    ap.add_argument("--device", default=None, help="torch device (default: cuda when available; under torchrun "
+                    "cuda:LOCAL_RANK)")
+    if prog.endswith(".hf"):
+        ap.add_argument("--shards", type=int, default=None, metavar="S",
+                        help="split the examples into S logical shards (independent of the number of processes); "
+                        "under torchrun rank r captures shards r, r+W, ...; -o is then a sharded capture folder")
+        ap.add_argument("--merge-to", default=None, metavar="DIR",
+                        help="with --shards: rank 0 joins the dataset parts into one dataset DIR after success")
+        ap.add_argument("--timeout", type=float, default=1800.0,
+                        help="with --shards: seconds the ranks wait for the slowest at the end (default 1800)")
     return ap.parse_args(argv)
 
 
@@ -845,6 +860,9 @@ def capture_loaded(model, tok, config, a, model_name: str, device) -> int:
         tok.pad_token = tok.eos_token
     tok.padding_side = "right"
     prompts = read_prompts(a.prompts, a.max_examples)
+    if getattr(a, "shards", None) is not None:
+        extra = {"rope": {"attention_factor": factor}} if rope is not None and factor != 1.0 else None
+        return _capture_sharded(model, tok, plan, m, prompts, a, device, extra)
     tmp = _partial_dir(a.out)
     try:
         rec = Recorder(layout, buckets=buckets, seed=a.seed, head_count=a.heads, head_seed=a.head_seed,
@@ -869,6 +887,58 @@ def capture_loaded(model, tok, config, a, model_name: str, device) -> int:
         raise
     print(f"{len(rec.heads)} planned heads, rows {rec.rows_recorded()} written to {a.out}")
     return 0
+
+
+def _capture_sharded(model, tok, plan, m, prompts, a, device, extra) -> int:
+    """capture_loaded with --shards: this rank's shards of the prompts (contiguous blocks, global example
+    ids = line numbers among the examples), dataset parts, rank 0's manifest last (qkgeom.distributed)."""
+    import torch  # noqa: PLC0415
+
+    from .distributed import ShardedCapture, merge_sharded_dataset  # noqa: PLC0415
+
+    if a.shards < 1:
+        raise CaptureConfigError(f"--shards: must be >= 1 (value {a.shards})")
+    with ShardedCapture(a.out, n_shards=a.shards, manifest=m, sink="dataset", dtype=a.dtype,
+                        n_examples=len(prompts), timeout_s=a.timeout, manifest_extra=extra) as run:
+        for shard in run.shards():
+            ex = run.examples(shard)
+            with run.recorder(shard) as rec:
+                with HFCapture(model, rec, plan) as cap:
+                    for start in range(ex.start, ex.stop, a.batch_size):
+                        stop = min(start + a.batch_size, ex.stop)
+                        enc = tok(prompts[start:stop], return_tensors="pt", padding=True, truncation=True,
+                                  max_length=a.context)
+                        cap.run(enc["input_ids"], enc["attention_mask"], device,
+                                example_ids=torch.arange(start, stop, dtype=torch.int64))
+            print(f"rank {run.rank}: shard {shard} (examples {ex.start}..{ex.stop - 1}) written", file=sys.stderr)
+    if run.rank == 0:
+        print(f"{len(run.heads)} planned heads, {a.shards} shards by {run.world} process(es) written to {a.out}")
+        if getattr(a, "merge_to", None):
+            merge_sharded_dataset(a.out, a.merge_to)
+            print(f"dataset parts joined into {a.merge_to}")
+    return 0
+
+
+def init_distributed(device_arg: Optional[str]):
+    """Under torchrun (WORLD_SIZE > 1 in the environment): initialises the default process group when the
+    caller has not (NCCL for a CUDA device, else gloo) and returns the device of this rank
+    (cuda:LOCAL_RANK when CUDA is available and --device is not given)."""
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_arg is not None:
+        device = device_arg
+    elif torch.cuda.is_available():
+        device = f"cuda:{local}"
+    else:
+        device = "cpu"
+    if str(device).startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    if not dist.is_initialized():
+        backend = "nccl" if str(device).startswith("cuda") and dist.is_nccl_available() else "gloo"
+        dist.init_process_group(backend=backend, init_method="env://")
+    return device
 
 
 def load_model(transformers, name: str, load: dict):
@@ -899,8 +969,18 @@ def main(argv=None) -> int:
     config = transformers.AutoConfig.from_pretrained(a.model, revision=a.revision)
     apply_overrides(config, a.config_override)
     capture_plan_of(config)  # refuse a config the capture cannot record before loading any weights
-    _partial_dir(a.out)      # and an output folder it would not write into
-    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if a.shards is None:
+        if world > 1:
+            raise CaptureConfigError(f"WORLD_SIZE = {world} (torchrun) but no --shards: every process would capture "
+                                     "every example into one -o; pass --shards S (docs/capture.md)")
+        _partial_dir(a.out)  # an output folder it would not write into
+        device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        if a.merge_to is not None:
+            _partial_dir(a.merge_to)
+        device = init_distributed(a.device) if world > 1 else (a.device or ("cuda" if torch.cuda.is_available()
+                                                                           else "cpu"))
     tok = transformers.AutoTokenizer.from_pretrained(a.model, revision=a.revision)
     load = dict(config=config, revision=a.revision, torch_dtype=getattr(torch, a.torch_dtype))
     model = load_model(transformers, a.model, load)
@@ -910,8 +990,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from .distributed import ShardedCaptureError
+
     try:
         sys.exit(main())
-    except CaptureConfigError as e:
+    except (CaptureConfigError, ShardedCaptureError) as e:
         print(f"qkgeom.hf: error: {e}", file=sys.stderr)
         sys.exit(1)
