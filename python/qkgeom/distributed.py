@@ -345,7 +345,7 @@ class ShardedCapture:
             rec.close()
             if self.sink == "moments":
                 for hid, mom in rec.moments().items():
-                    mom.save(os.path.join(tmp, moments_file_name(hid)))
+                    mom.save(os.path.join(tmp, moments_file_name(hid)), buckets=m.buckets)
             elif self.manifest_extra:
                 path = os.path.join(tmp, MANIFEST)
                 with open(path, encoding="utf-8") as f:
@@ -572,8 +572,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     merged = load_sharded_moments(a.out)
     os.makedirs(a.dest, exist_ok=True)
+    buckets = sharded_manifest(a.out).buckets
     for h, m in merged.items():
-        m.save(os.path.join(a.dest, moments_file_name(h)))
+        m.save(os.path.join(a.dest, moments_file_name(h)), buckets=buckets)
     print(f"{len(merged)} heads merged into {a.dest}")
     return 0
 

@@ -2,6 +2,7 @@
 // moments (HeadMoments, shard files).
 #include "common.hpp"
 
+#include <optional>
 #include <qkgeom/core/validate.hpp>
 #include <qkgeom/io/moments_io.hpp>
 
@@ -10,6 +11,7 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <filesystem>
+#include <optional>
 
 namespace qkgeom_py {
 
@@ -33,7 +35,12 @@ void bind_head_id(py::module_& m) {
         .def("__iter__", [](head_id const& h) { return py::iter(py::make_tuple(h.layer, h.q_head, h.k_head)); })
         .def("__len__", [](head_id const&) { return 3; })
         .def("__getitem__",
-             [](head_id const& h, py::ssize_t i) { return py::make_tuple(h.layer, h.q_head, h.k_head)[i]; })
+             [](head_id const& h, py::ssize_t i) {
+                 std::int64_t const v[3] = {h.layer, h.q_head, h.k_head};
+                 py::ssize_t const at = i < 0 ? i + 3 : i;
+                 if (at < 0 || at >= 3) throw py::index_error("HeadId index " + std::to_string(i) + " out of range");
+                 return v[at];
+             })
         .def("__hash__", [](head_id const& h) { return py::hash(py::make_tuple(h.layer, h.q_head, h.k_head)); })
         .def("__repr__", &id_repr)
         .def(py::self == py::self)
@@ -170,12 +177,16 @@ void bind_head_moments(py::module_& m) {
             py::return_value_policy::reference_internal)
         .def(
             "save",
-            [](head_moments const& hm, fs::path const& path) {
+            [](head_moments const& hm, fs::path const& path, std::optional<qkgeom::bucket_spec> const& buckets) {
                 py::gil_scoped_release nogil;
                 std::lock_guard lock(object_lock(&hm));
-                qkgeom::save_moments(path, hm);
+                qkgeom::save_moments(path, hm, buckets);
             },
-            py::arg("path"), "Write a shard file (qkgeom merge reads it).")
+            py::arg("path"), py::arg("buckets") = py::none(),
+            "Write a shard file (qkgeom merge reads it). With buckets (the BucketSpec the rows were "
+            "bucketed with), format version 2: the scheme is recorded and every bucket's positions are "
+            "checked to lie in its id under it, so shards of different schemes are refused at merge; "
+            "without, version 1 (no scheme recorded).")
         .def("__repr__", [](head_moments const& hm) {
             return "HeadMoments(dim=" + std::to_string(hm.d) + ", head=" + id_repr(hm.id) +
                    ", query_rows=" + std::to_string(hm.q.count()) + ", key_rows=" + std::to_string(hm.k.count()) +

@@ -114,6 +114,30 @@ other.save(po)
 check.raises(ValueError, lambda: q.merge_moment_files([pa, po]), ["q_head", po], "merge of another head's shard")
 check.raises(ValueError, lambda: first.merge(other), ["q_head mismatch"], "merge of another head")
 
+# --- save(path, buckets=BucketSpec): format version 2, the scheme recorded and checked at merge ---
+pv2a, pv2b = f"{args.work}/a2.qkm", f"{args.work}/b2.qkm"
+first.save(pv2a, buckets=spec)
+second.save(pv2b, buckets=spec)
+with open(pv2a, "rb") as f:
+    check(int.from_bytes(f.read(12)[8:12], "little") == 2, "save(buckets=...): format version 2")
+with open(pa, "rb") as f:
+    check(int.from_bytes(f.read(12)[8:12], "little") == 1, "save(): format version 1")
+stats_equal(q.merge_moment_files([pv2a, pv2b]), merged, True, "version 2 shards merge as version 1")
+wide = q.BucketSpec(spec.scheme, spec.width * 2, spec.rate)
+pv2w = f"{args.work}/wide.qkm"
+check.raises(ValueError, lambda: second.save(pv2w, buckets=wide), ["bucket"], "save: buckets outside the scheme")
+other2 = q.HeadMoments(d, q.HeadId(3, 5, 1))
+other2.add("q", X[:10], pos[:10] * 0, bkt[:10] * 0)
+other2.save(pv2w, buckets=wide)
+check.raises(ValueError, lambda: q.merge_moment_files([pv2a, pv2w]), ["bucket", "wide.qkm"],
+             "merge of shards of two bucket schemes")
+
+# --- HeadId is a sequence of three integers ---------------------------------------------------
+hid = q.HeadId(1, 2, 1)
+check(list(hid) == [1, 2, 1] and hid[0] == 1 and hid[1] == 2 and hid[-1] == 1 and len(hid) == 3,
+      f"HeadId indexing: {[hid[i] for i in range(3)]}")
+check.raises(IndexError, lambda: hid[3], ["out of range"], "HeadId index 3")
+
 # --- analyze_moments == analyze_head on the closed forms ------------------------------------
 n_k = 2500
 Kr = (rng.standard_normal((n_k, d)) + np.outer(np.arange(n_k) % 1024 / 1024.0, rng.standard_normal(d))).astype(
