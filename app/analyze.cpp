@@ -132,7 +132,16 @@ qkgeom::io::dataset_run analyze_folder(cli const& c, qkgeom::io::dataset_plan pl
         run = qkgeom::io::analyze_dataset(std::move(plan), o, a);
         return qkgeom::to_bytes(rank_share{std::move(run.heads), std::move(run.missing), std::move(run.failures)});
     });
-    if (ranks::rank() == 0) in_plan_order(run, parts);
+    if (ranks::rank() != 0) return run;
+    in_plan_order(run, parts);
+    if (!c.quiet) {  // what crossed the network: the results, never rows (docs/scale.md)
+        std::size_t bytes = 0;
+        for (std::size_t r = 1; r < parts.size(); ++r) bytes += parts[r].size();
+        std::size_t const sent = run.heads.size() > 0 ? run.heads.size() : 1;
+        std::cerr << "qkgeom: " << run.planned.size() << " heads on " << ranks::size() << " ranks; rank 0 received "
+                  << bytes << " bytes of results from the others (" << (bytes + parts[0].size()) / sent
+                  << " bytes a head)\n";
+    }
     return run;
 }
 

@@ -153,6 +153,10 @@ demo, analyze and study:
       --quiet                no progress output (synth too)
 analyze only:
       --strict               stop at the first head that fails
+study only:
+      --cache DIR            keep the capture runs' analyses in DIR, outside OUT (default:
+                             OUT/cache): shared by studies, and kept when a study fails, is
+                             killed or loses a node, so the next study skips them
 demo and synth:
       --layers N             layers per demo/synth model, 1..1024 (4)
 synth only:
@@ -269,7 +273,7 @@ std::vector<option> const& options() {
         {"--no-ranks", "", report_cmds, T::nothing},          {"--rank-keys", "", report_cmds, T::value},
         {"--rank-sets", "", report_cmds, T::value},           {"--rank-draw", "", report_cmds, T::value},
         {"--rope-bands", "", report_cmds, T::value},          {"--window", "", report_cmds, T::value},
-        {"--context", "", report_cmds, T::value},
+        {"--context", "", report_cmds, T::value},             {"--cache", "", study_cmd, T::path},
     };
     return table;
 }
@@ -300,6 +304,7 @@ void apply_option(cli& c, std::string const& name, std::string const& a, std::st
     else if (name == "--quiet") c.quiet = true;
     else if (name == "--no-pictures") c.pictures = false;
     else if (name == "--strict") c.strict = true;
+    else if (name == "--cache") c.cache = v;
     else if (name == "--layers") c.layers = parse_int(a, v, 1, 1024);
     else if (name == "--family")
         c.family = parse_choice<std::string>(a, v, {{"steady", "steady"}, {"moderate", "moderate"}, {"steep", "steep"}});

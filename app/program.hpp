@@ -45,6 +45,7 @@ struct cli {
     std::int64_t window = -1;   ///< --window: sliding window for heads whose capture records none (-1: not given)
     std::int64_t context = 0;   ///< --context: context length overriding the capture's (0: not given)
     std::vector<std::filesystem::path> inputs;  ///< merge: the shard files
+    std::filesystem::path cache;  ///< study --cache: the cache kept outside OUT (empty: OUT/cache)
     std::string command_line;   ///< the whole command line, as recorded in summary.txt and index.html
 };
 

@@ -110,9 +110,11 @@ std::map<std::size_t, run_done> on_runs(std::vector<std::size_t> const& which,
 /// process would: each capture run's entry read back with the status its
 /// rank recorded, a later run of the same key `cached`, so the report is the
 /// same bytes for any number of ranks. The other ranks get no outcomes.
+/// `kept_cache`: o.cache is the user's (--cache), not OUT's, so nothing is
+/// moved on an interruption: its entries stay where they are.
 std::vector<st::run_outcome> run_study_ranks(st::study_spec const& spec, st::study_run_options o,
-                                             std::optional<output_folder> const& folder) {
-    if (ranks::size() == 1) return run_keeping_finished(spec, o, *folder);
+                                             std::optional<output_folder> const& folder, bool kept_cache) {
+    if (ranks::size() == 1) return kept_cache ? st::run_all(spec, o) : run_keeping_finished(spec, o, *folder);
     st::apply_study_options(spec, o.analysis, o.context, o.window);  // as run_all: the file's options win
     std::vector<std::size_t> captures;
     for (std::size_t i = 0; i < spec.runs.size(); ++i)
@@ -249,6 +251,7 @@ int run_study_command(cli const& given) {
     for (auto const& b : spec.benchmarks)
         for (auto const& p : {b.overall_file, b.by_length_file})
             if (!p.empty()) inputs.push_back(p);
+    if (!c.cache.empty()) inputs.push_back(c.cache);  // OUT is replaced whole: never around or inside the cache
     std::optional<output_folder> folder;  // checked before any analysis, by rank 0
     ranks::on_rank_zero([&] { folder.emplace(c.out, report_marker, "-o", inputs); });
     st::study_run_options o;
@@ -256,7 +259,8 @@ int run_study_command(cli const& given) {
     o.jobs = c.jobs;
     o.context = c.context;
     o.window = c.window;
-    o.cache = ranks::broadcast(folder ? (folder->staging() / "cache").string() : std::string());
+    o.cache = !c.cache.empty() ? c.cache
+                               : fs::path(ranks::broadcast(folder ? (folder->staging() / "cache").string() : std::string()));
     // The report this one replaces (output_folder checked its marker): its
     // cache entries are reused when their key matches.
     std::error_code ec;
@@ -280,7 +284,7 @@ int run_study_command(cli const& given) {
         std::cerr << "qkgeom: run " << spec.runs[i].name << ": " << st::to_string(r.status)
                   << (r.message.empty() ? "" : " (" + one_line(r.message) + ")") << "\n";
     };
-    auto const outcomes = run_study_ranks(spec, o, folder);
+    auto const outcomes = run_study_ranks(spec, o, folder, !c.cache.empty());
     if (ranks::rank() != 0) return 0;  // rank 0 writes the report
     std::string const intro = "qkgeom study of " + c.dir.string() + ": " + std::to_string(spec.runs.size()) + " runs.";
     return write_study_report(c, spec, outcomes, *folder, intro);

@@ -12,6 +12,9 @@ CASE:
   rank_error    rank 1 of 2 fails: exit 1, the message names the rank, OUT untouched
   rank_killed   rank 1 of 3 killed mid-run: non-zero exit, mpirun names the rank, OUT
                 untouched; the next run into OUT completes and leaves no debris
+  study_resume  a study with --cache DIR loses rank 1 (SIGKILL) after a run finished: OUT not
+                written; the rerun serves the finished runs from DIR as cached, and its tables equal
+                a clean run's
   isa_mix       rank 0 capped at generic, rank 1 not: every rank uses generic (said on
                 stderr) and the reports equal a one-process generic run
 
@@ -229,6 +232,71 @@ def case_rank_killed(a, work):
     same_tree(os.path.join(work, "snapshot"), os.path.join(d, "out"))
     print("rank_killed: exit %d, rank 1 named, the earlier report untouched; the rerun completes, no debris"
           % p.returncode)
+
+
+def whole_entries(cache):
+    return sorted(e for e in os.listdir(cache) if "." not in e and
+                  os.path.isfile(os.path.join(cache, e, "study_key.json"))) if os.path.isdir(cache) else []
+
+
+def tables_without_status(out):
+    """Every study_*.csv of a report, study_models.csv without its status column."""
+    import csv
+    got = {}
+    for f in sorted(os.listdir(out)):
+        if f.startswith("study_") and f.endswith(".csv"):
+            with open(os.path.join(out, f), newline="") as fh:
+                rows = list(csv.reader(fh))
+            if f == "study_models.csv":
+                k = rows[0].index("status")
+                rows = [r[:k] + r[k + 1:] for r in rows]
+            got[f] = rows
+    return got
+
+
+def case_study_resume(a, work):
+    for name, family in (("cap_a", "steep"), ("cap_b", "moderate"), ("cap_c", "steady")):
+        synth(a, work, name, "--layers", "2", "--family", family)
+    with open(os.path.join(work, "study.json"), "w") as f:
+        f.write('{"title": "resume", "runs": [' + ",".join(
+            '{"name": "%s", "family": "f", "model": "m%d", "checkpoint": {"step": 1, "order": 0}, "capture": "cap_%s"}'
+            % (x, i, x) for i, x in enumerate("abc")) + "]}")
+    clean = os.path.join(work, "clean")
+    os.makedirs(clean)
+    rc, _, err = run([a.qkgeom, "study", "../study.json", "-o", "out", "-j", "1", "--quiet", "--cache", "c"], clean)
+    if rc != 0:
+        raise Fail("clean run: " + err)
+    d = os.path.join(work, "run")
+    os.makedirs(d)
+    args = ["study", "../study.json", "-o", "out", "-j", "1", "--cache", "../cache"]
+    p = subprocess.Popen([a.mpirun, "--oversubscribe", "-x", "QKGEOM_TEST_FAULT", "-n", "2", a.qkgeom, *args], cwd=d,
+                         env=dict(ENV, QKGEOM_TEST_FAULT="slow"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cache = os.path.join(work, "cache")
+    deadline = time.time() + 60
+    while time.time() < deadline and not whole_entries(cache):
+        time.sleep(0.05)
+    pids = ranks_of(p.pid)
+    finished = whole_entries(cache)
+    if not finished or 1 not in pids:
+        p.kill()
+        raise Fail("no run finished before the kill, or rank 1 not found (%s, %s)" % (finished, pids))
+    os.kill(pids[1], signal.SIGKILL)  # a node lost
+    p.communicate(timeout=60)
+    if p.returncode == 0:
+        raise Fail("the study with a killed rank exited 0 (all its runs had finished: too fast to test)")
+    kept = whole_entries(cache)
+    if os.path.exists(os.path.join(d, "out")):
+        raise Fail("a failed study wrote OUT")
+    rc, _, err = run(mpi(a, 2, *args), d)
+    if rc != 0:
+        raise Fail("the resumed study: exit %d: %s" % (rc, err))
+    served = err.count(": cached")
+    if served < len(kept):
+        raise Fail("%d entries kept, %d runs served from the cache:\n%s" % (len(kept), served, err))
+    if tables_without_status(os.path.join(d, "out")) != tables_without_status(os.path.join(clean, "out")):
+        raise Fail("the resumed study's tables differ from a clean run's")
+    print("study_resume: rank 1 killed after %d run(s) finished; the rerun served %d from --cache and its "
+          "tables equal a clean run's" % (len(finished), served))
 
 
 def case_isa_mix(a, work):
