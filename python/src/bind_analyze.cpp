@@ -6,8 +6,10 @@
 // that are the moments' own.
 #include "common.hpp"
 
+#include <qkgeom/core/cancel.hpp>
 #include <qkgeom/core/validate.hpp>
 
+#include <atomic>
 #include <new>
 #include <optional>
 
@@ -89,8 +91,11 @@ qkgeom::head_analysis analyze_head_py(py::handle queries, py::handle q_positions
     check_context(fn, "q", head.queries.position, context_length);
     check_context(fn, "k", head.keys.position, context_length);
     try {
-        py::gil_scoped_release nogil;
-        return analyze_rows(head, opt);
+        std::atomic<bool> stop{false};  // Ctrl-C: KeyboardInterrupt at the next safe point (core/cancel.hpp)
+        return run_interruptible(stop, [&] {
+            qkgeom::scoped_cancel const guard(stop);
+            return analyze_rows(head, opt);
+        });
     } catch (std::bad_alloc const&) {
         out_of_memory("analyze_head of " + rows_text(q, "query") + " and " + rows_text(k, "key") + " of d = " +
                       std::to_string(q.view.cols()));
@@ -110,14 +115,17 @@ qkgeom::head_analysis analyze_moments_py(qkgeom::head_moments const& hm, py::han
     check_context(fn, "k", rows.position, context_length);
     capture_args const a{buckets, sliding_window, context_length};
     try {
-        py::gil_scoped_release nogil;
-        std::lock_guard lock(object_lock(&hm));
-        if (k.view.cols() == hm.d && k.view.rows() == hm.k.count() && rows.position.size() == k.view.rows() &&
-            rows.bucket.size() == k.view.rows()) {  // else analyze_head names the difference
-            if (auto const why = qkgeom::keys_moments_mismatch(hm.k, k.view, rows.position, rows.bucket))
-                throw py::value_error("analyze_moments: keys: " + *why);  // a plain C++ exception: no GIL needed
-        }
-        return analyze_moment_rows(hm, rows, facts_of(a), opt);
+        std::atomic<bool> stop{false};  // Ctrl-C: KeyboardInterrupt at the next safe point (core/cancel.hpp)
+        return run_interruptible(stop, [&] {
+            qkgeom::scoped_cancel const guard(stop);
+            std::lock_guard lock(object_lock(&hm));
+            if (k.view.cols() == hm.d && k.view.rows() == hm.k.count() && rows.position.size() == k.view.rows() &&
+                rows.bucket.size() == k.view.rows()) {  // else analyze_head names the difference
+                if (auto const why = qkgeom::keys_moments_mismatch(hm.k, k.view, rows.position, rows.bucket))
+                    throw py::value_error("analyze_moments: keys: " + *why);  // a plain C++ exception: no GIL needed
+            }
+            return analyze_moment_rows(hm, rows, facts_of(a), opt);
+        });
     } catch (std::bad_alloc const&) {
         out_of_memory("analyze_moments of " + rows_text(k, "key") + " of d = " + std::to_string(k.view.cols()));
     }

@@ -4,6 +4,7 @@
 // the heads in progress (run_interruptible, common.hpp).
 #include "common.hpp"
 
+#include <qkgeom/core/cancel.hpp>
 #include <qkgeom/run/dataset_analysis.hpp>
 
 #include <pybind11/stl/filesystem.h>
@@ -107,6 +108,7 @@ qkgeom::head_analysis analyze_matrix_head(qkgeom::head_capture<qkgeom::row_matri
 qkgeom::io::head_analyzer interruptible_analyzer(std::atomic<bool> const& stop) {
     return [&stop](qkgeom::head_capture<qkgeom::row_matrix> const& h, qkgeom::analysis_options const& opt) {
         if (stop.load()) throw stop_requested{};  // a safe point: before each head
+        qkgeom::scoped_cancel const guard(stop);  // and the head's own (core/cancel.hpp)
         return analyze_matrix_head(h, opt);
     };
 }

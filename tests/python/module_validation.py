@@ -11,7 +11,7 @@ or field and the value, fast and before anything large is allocated.
 - class 2 (unbounded work): d = 30,000 / 200,000 refused by HeadMoments and analyze_head /
   analyze_moments in well under a second and 100 MB (the shard files' limit 4096); options asking
   10^12 rank sets, samples or budgets, seeds >= 2^63, jobs / context / window outside the
-  program's ranges; Ctrl-C (SIGINT) during analyze_dataset and qkgeom.study raises
+  program's ranges; Ctrl-C (SIGINT) during one analyze_head call, analyze_dataset and qkgeom.study raises
   KeyboardInterrupt after the heads in progress, leaves the study cache without debris, and a
   rerun completes with the numbers of an uninterrupted run
 - class 10 (vague messages): positions beyond int64 name the argument and value (not "dtype
@@ -214,6 +214,13 @@ try:
     if what == "dataset":
         r = q.analyze_dataset(target, opts, jobs=1)
         print("done", len(r.heads))
+    elif what == "head":  # ONE call: 4096 rows a kind, 20000 rank sets a bucket (some seconds)
+        import numpy as np
+        rng = np.random.default_rng(1)
+        X, Y, p = rng.standard_normal((4096, 64)), rng.standard_normal((4096, 64)), np.arange(4096)
+        r = q.analyze_head(X, p, Y, p, buckets=q.BucketSpec("uniform", 256, 1.0), context_length=4096,
+                           options=q.Options(rank_sets=20000))
+        print("done", r.n_q_tokens)
     else:
         st = q.study(target, options=opts, jobs=1)
         print("done", [x["status"] for x in st.runs], st.models["ap_drop"].tolist())
@@ -236,6 +243,16 @@ print("elapsed %.3f" % (time.monotonic() - t0))
     check(late is not None, f"SIGINT during analyze_dataset raises KeyboardInterrupt: {lines} {err[-300:]}")
     check(late is not None and late < max(0.5, full / 3),
           f"KeyboardInterrupt {late} s after SIGINT (a full run takes {full:.2f} s)")
+
+    # one analyze_head call stops at its next safe point (core/cancel.hpp), not at its end
+    lines, err = child_run("head", "-", 0)
+    full_head = float(lines[-1].split()[1]) if lines and lines[-1].startswith("elapsed") else 0.0
+    check(lines and lines[0].startswith("done"), f"analyze_head of the large head: {lines} {err[-300:]}")
+    lines, err = child_run("head", "-", min(0.5, full_head / 4))
+    late = float(lines[0].split()[1]) if lines and lines[0].startswith("interrupted") else None
+    check(late is not None and late < max(0.3, full_head / 4),
+          f"SIGINT during one analyze_head call: KeyboardInterrupt {late} s after it (the call takes "
+          f"{full_head:.2f} s): {lines} {err[-300:]}")
 
     lines, err = child_run("study", study_file, 0)
     clean = lines[0] if lines else ""

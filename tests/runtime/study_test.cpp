@@ -10,6 +10,7 @@
 
 #include <qkgeom/capture/synthetic.hpp>
 #include <qkgeom/core/bytes.hpp>
+#include <qkgeom/core/cancel.hpp>
 #include <qkgeom/io/moments_io.hpp>
 #include <qkgeom/io/dataset.hpp>
 #include <qkgeom/report/csv.hpp>
@@ -861,6 +862,27 @@ TEST_CASE("shards merged per head under any head-to-process assignment give the 
         }
         CHECK(gathered == one_process);
     }
+}
+
+TEST_CASE("an analysis stops at a safe point once its thread's stop flag is set", "[cancel]") {
+    planted const p{0.002, 0.004, 0.5, 1.0, 0.5};
+    auto const hc = syn::generate_layer(planted_layer(p, 0), planted_capture()).front();
+    auto const clean = qkgeom::to_bytes(qkgeom::analyze_head(hc));
+    std::atomic<bool> stop{true}, idle{false};
+    {
+        qkgeom::scoped_cancel const guard(stop);
+        CHECK_THROWS_AS(qkgeom::analyze_head(hc), qkgeom::cancelled);
+        {
+            qkgeom::scoped_cancel const inner(idle);  // the innermost scope wins
+            CHECK(qkgeom::to_bytes(qkgeom::analyze_head(hc)) == clean);
+        }
+        CHECK_THROWS_AS(qkgeom::analyze_head(hc), qkgeom::cancelled);
+        // another thread watches nothing: the flag is per thread
+        std::string other;
+        std::thread([&] { other = qkgeom::to_bytes(qkgeom::analyze_head(hc)); }).join();
+        CHECK(other == clean);
+    }
+    CHECK(qkgeom::to_bytes(qkgeom::analyze_head(hc)) == clean);  // the scope ended: nothing watched
 }
 
 }  // namespace qkgeom_tests_study_test

@@ -4,6 +4,7 @@
 
 #include <qkgeom/beyond/ranks.hpp>
 #include <qkgeom/beyond/rope_bands.hpp>
+#include <qkgeom/core/cancel.hpp>
 #include <qkgeom/core/head.hpp>
 #include <qkgeom/core/tensor.hpp>
 #include <qkgeom/geometry/householder.hpp>
@@ -223,16 +224,20 @@ head_analysis analyze_head(head_capture<QM, KM> const& head, analysis_options co
     head_moments hm(qr.cols(), head.id);
     hm.add(kind::query, head.queries);
     hm.add(kind::key, head.keys);
+    check_cancelled();  // the safe points between the stages (core/cancel.hpp)
     head_analysis out = detail::closed_forms(hm, opt);
     // The rows were validated by the moments pass (hm.add) and the
     // annotations above: the later passes check shapes only.
     if (opt.diagnostics)
         out.diagnostics = detail::diagnostics_of(out.householder, head.queries.vectors, head.queries.position,
                                                  opt.ks_alpha, true);
+    check_cancelled();
     out.plasticity =
         detail::plasticity_of(out.householder, &head.queries, head.keys, head.facts, opt.plasticity, true, head.id);
+    check_cancelled();
     if (opt.ranks_on)
         out.ranks = detail::rank_stability_of(out.householder, head.keys, head.facts, head.id, opt.ranks, true);
+    check_cancelled();
     out.rope = detail::rope_bands_of(head, opt.rope, &hm.q, true);  // the query moments: no second pass over the rows
     out.flags = detail::flags_of(hm, out, opt.diagnostics);
     return out;

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <qkgeom/core/buckets.hpp>
+#include <qkgeom/core/cancel.hpp>
 #include <qkgeom/core/config.hpp>
 #include <qkgeom/core/errors.hpp>
 #include <qkgeom/core/head.hpp>
@@ -773,6 +774,7 @@ void rank_bucket_eval(rank_rows<Reader> const& ks, detail::dep_t<rank_key_index,
     OWork w;
     std::vector<double> t(static_cast<std::size_t>(o.keys_per_set));
     for (std::int64_t n = 0; n < o.sets_per_bucket; ++n) {
+        if ((n & 1023) == 1023) check_cancelled();  // up to 10^6 sets a bucket
         RSet set = draw_rank_set(ix, src, cum, o.keys_per_set, gen);
         set.q_bucket = bm.bucket;
         if (!set_scores(ks, bm, set.rows, V, s, C, K, W)) {
@@ -847,6 +849,7 @@ rank_result evaluate_ranks(householder_result const& model, rank_rows<Reader> co
     rank_lattice const lat(o.keys_per_set - 2, o.lattice_points, o.lattice_shifts);
     std::uint64_t const stream = rank_stream_seed(o.seed, id);
     for (auto const& bm : model.buckets) {
+        check_cancelled();  // a safe point (core/cancel.hpp)
         rank_bucket rb;
         rb.q_bucket = bm.bucket;
         rb.n_queries = bm.n_queries;

@@ -6,6 +6,7 @@
 // IWYU pragma: private, include <qkgeom/plasticity/attention_plasticity.hpp>
 #pragma once
 
+#include <qkgeom/core/cancel.hpp>
 #include <qkgeom/core/config.hpp>
 #include <qkgeom/core/head.hpp>
 #include <qkgeom/geometry/householder.hpp>
@@ -310,8 +311,10 @@ plasticity_result evaluate_plasticity(detail::dep_t<householder_result, Dep> con
     EmpCheck emp(ks, qs, plan, opt);
     PairEval ev(ks, res.heatmap, res.n_pairs_skipped, emp);
     SplitRef const ref = split_reference_of(model, ks, res.context_length, opt.split_profile);
-    for (std::size_t i = 0; i < model.buckets.size(); ++i)
+    for (std::size_t i = 0; i < model.buckets.size(); ++i) {
+        check_cancelled();  // a safe point (core/cancel.hpp)
         evaluate_query_bucket(ev, emp, model.buckets[i], plan.queries[i], plan, ks, opt, res, ref);
+    }
     aggregate(res, opt.weighting);
     aggregate_split(res, ref.on, ref.per_bucket || ref.n_buckets > 0, ref.n_buckets);
     return res;
