@@ -3272,6 +3272,27 @@ def _(ctx):
         raise Fail("failures.txt lacks %s: %r" % (miss, text[-400:]))
 
 
+@case("inputs", "entry_holding_one_token_twice_is_refused")
+def _(ctx):
+    # Two rows of one query entry with the same example id and position (a capture that ran a
+    # batch twice): the head fails naming the entry, the token and both rows; the others go on.
+    base, cap, out = setup_copy(ctx)
+    name = "l00h02q"
+    arrays = {m: np.load(entry_path(cap, name, m)) for m in ("position", "bucket", "example_id")}
+    for m, a in arrays.items():  # row 5 becomes the token of row 0 (position, bucket and example)
+        a[5] = a[0]
+        np.save(entry_path(cap, name, m), a)
+    ex, pos = arrays["example_id"], arrays["position"]
+    r = ctx.analyze(cap, out, "--no-pictures")
+    if r.rc != 3:
+        raise Fail("expected exit 3 (the head fails, the others go on): " + r.brief())
+    text = failures_text(out)
+    miss = missing_keywords(text, [name, "example %d, position %d is held twice" % (ex[0], pos[0]),
+                                   "rows 0 and 5", "example_id.npy"])
+    if miss:
+        raise Fail("failures.txt lacks %s: %r" % (miss, text[-400:]))
+
+
 @case("options", "rows_per_bucket_peak_memory_grows_linearly")
 def _(ctx):
     # Three sizes, doubling: the growth from 2n to 4n rows must stay near twice the growth

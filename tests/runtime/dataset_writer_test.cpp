@@ -323,6 +323,26 @@ TEST_CASE("dataset_writer: bad batches throw naming the field and change nothing
     CHECK(!fs::exists(t2.path / "d" / "l00h01q"));
 }
 
+TEST_CASE("read_head refuses an entry holding one token twice, naming the entry, example, position and rows",
+          "[dataset][io]") {
+    auto const m = writer_manifest();
+    Eigen::MatrixXd const rows = Eigen::MatrixXd::Constant(3, 5, 0.5);
+    temp_dir tmp;
+    io::dataset_writer w(tmp.path / "d", m, io::dtype::f32);
+    w.append(0, kind::query, 1, rows, std::vector<std::int64_t>{4, 4, 6}, std::vector<std::int64_t>{7, 8, 7});
+    w.append(0, kind::key, 0, rows, std::vector<std::int64_t>{4, 5, 6}, std::vector<std::int64_t>{7, 7, 7});
+    w.close();
+    CHECK(io::read_head(tmp.path / "d", 0, 1, kind::query).vectors.rows() == 3);  // distinct tokens: read
+    // the same example for rows 0 and 1 (both at position 4): one token twice
+    auto const ex = tmp.path / "d" / "l00h01q" / "example_id.npy";
+    io::write_npy(ex, std::vector<std::int64_t>{7, 7, 7}, {3});
+    CHECK_THROWS_WITH(io::read_head(tmp.path / "d", 0, 1, kind::query),
+                      Contains("l00h01q") && Contains("example 7, position 4 is held twice (rows 0 and 1") &&
+                          Contains("example_id.npy"));
+    io::write_npy(ex, std::vector<std::int64_t>{9, 7, 7}, {3});  // rows 0 and 1 apart again
+    CHECK(io::read_head(tmp.path / "d", 0, 1, kind::query).vectors.rows() == 3);
+}
+
 TEST_CASE("dataset_writer: one token appended twice is refused at close, naming it, with no manifest",
           "[dataset_writer][io]") {
     auto const m = writer_manifest();

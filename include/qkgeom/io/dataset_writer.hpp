@@ -432,18 +432,13 @@ private:
         if (e.on_disk < 2) return;
         auto const pos = npy_to_int64(read_npy(file(e, files_[1])), file(e, files_[1]).string());
         auto const ex = npy_to_int64(read_npy(file(e, files_[3])), file(e, files_[3]).string());
-        std::vector<std::pair<std::pair<std::int64_t, std::int64_t>, std::size_t>> tok(pos.size());
-        for (std::size_t i = 0; i < pos.size(); ++i) tok[i] = {{ex[i], pos[i]}, i};
-        std::sort(tok.begin(), tok.end());
-        for (std::size_t i = 1; i < tok.size(); ++i)
-            if (tok[i].first == tok[i - 1].first)
-                qkgeom::detail::fail_arg("qkgeom::io::dataset_writer::close (" + e.name + ")",
-                                         "example " + std::to_string(tok[i].first.first) + ", position " +
-                                             std::to_string(tok[i].first.second) + " appended twice (rows " +
-                                             std::to_string(tok[i - 1].second) + " and " +
-                                             std::to_string(tok[i].second) +
-                                             "): one token is one row; no manifest.json written; rows",
-                                         e.on_disk);
+        if (auto const r = detail::first_repeated_token(pos, ex))
+            qkgeom::detail::fail_arg("qkgeom::io::dataset_writer::close (" + e.name + ")",
+                                     "example " + std::to_string(r->example) + ", position " +
+                                         std::to_string(r->position) + " appended twice (rows " +
+                                         std::to_string(r->first_row) + " and " + std::to_string(r->second_row) +
+                                         "): one token is one row; no manifest.json written; rows",
+                                     e.on_disk);
     }
 
     std::filesystem::path dir_;

@@ -108,6 +108,37 @@ template <class Src>
 /// (held in e.vectors or elsewhere); `check_values()` throws for the first
 /// vector value outside the input limit, in its turn among the checks.
 /// `src(field)` names the file of a field.
+/// A token held in two rows of one entry: its example id, its position and
+/// the two rows (the first pair in (example, position) order).
+struct repeated_token {
+    std::int64_t example = 0, position = 0;
+    std::size_t first_row = 0, second_row = 0;
+};
+
+/// The first token an entry holds twice (the same example id and position in
+/// two rows: a capture that ran a batch twice or hooked a layer twice), or
+/// std::nullopt when each token is one row. Works in 24 bytes a row
+/// (sorted (example, position, row) triples). Shared by read_head and
+/// dataset_writer::close.
+template <class P, class E>
+std::optional<repeated_token> first_repeated_token(P const& position, E const& example_id) {
+    struct tok {
+        std::int64_t ex, pos;
+        std::size_t row;
+    };
+    std::vector<tok> t(static_cast<std::size_t>(position.size()));
+    for (std::size_t i = 0; i < t.size(); ++i)
+        t[i] = {static_cast<std::int64_t>(example_id[static_cast<index_t>(i)]),
+                static_cast<std::int64_t>(position[static_cast<index_t>(i)]), i};
+    std::sort(t.begin(), t.end(), [](tok const& a, tok const& b) {
+        return a.ex != b.ex ? a.ex < b.ex : a.pos != b.pos ? a.pos < b.pos : a.row < b.row;
+    });
+    for (std::size_t i = 1; i < t.size(); ++i)
+        if (t[i].ex == t[i - 1].ex && t[i].pos == t[i - 1].pos)
+            return repeated_token{t[i].ex, t[i].pos, t[i - 1].row, t[i].row};
+    return std::nullopt;
+}
+
 template <class Src, class Values>
 void validate_entry(head_entry const& e, index_t rows, index_t cols, manifest const& m, Src const& src,
                     Values const& check_values) {
@@ -144,6 +175,12 @@ void validate_entry(head_entry const& e, index_t rows, index_t cols, manifest co
                        "bucket inconsistent with position " + std::to_string(t) + " under the " +
                            bucket_scheme_name(m.buckets.scheme) + " scheme (expected " + std::to_string(b) + ")");
     }
+    if (auto const r = first_repeated_token(e.position, e.example_id))
+        fail_input(src("position"), "position[" + std::to_string(r->second_row) + "]", r->position,
+                   "example " + std::to_string(r->example) + ", position " + std::to_string(r->position) +
+                       " is held twice (rows " + std::to_string(r->first_row) + " and " +
+                       std::to_string(r->second_row) + "; example_id in " + src("example_id") +
+                       "): one token is one row (a capture that ran a batch twice or hooked a layer twice?)");
     if (e.sliding_window && *e.sliding_window < 1)
         fail_input(src("sliding_window"), "sliding_window", *e.sliding_window, "sliding window must be >= 1");
     if (!m.sliding_window.empty() && e.layer >= 0 && e.layer < static_cast<std::int64_t>(m.sliding_window.size())) {
