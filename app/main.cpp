@@ -488,7 +488,7 @@ int run_command(cli const& c) {
                   << "status " << 128 + i.signal << ")\n";
         return 128 + i.signal;
     } catch (std::exception const& e) {
-        std::cerr << "qkgeom: error: " << one_line(e.what()) << "\n";
+        std::cerr << "qkgeom: error: " << one_line(public_paths(e.what())) << "\n";
         rc = 1;
     }
     if (std::string const bad = finish_stdout(); !bad.empty()) {

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -284,6 +285,22 @@ void check_target(fs::path const& target, std::string const& marker, std::string
 
 }  // namespace output_impl
 
+namespace {
+/// The staging folder of this process's output folder and its target: what
+/// messages say instead of the staging name (public_paths).
+std::mutex staging_mutex;
+std::pair<std::string, std::string> staging_names;
+}  // namespace
+
+std::string public_paths(std::string msg) {
+    std::lock_guard lock(staging_mutex);
+    auto const& [from, to] = staging_names;
+    if (from.empty()) return msg;
+    for (std::size_t at = msg.find(from); at != std::string::npos; at = msg.find(from, at + to.size()))
+        msg.replace(at, from.size(), to);
+    return msg;
+}
+
 std::string test_fault() {
     char const* f = std::getenv("QKGEOM_TEST_FAULT");
     return f != nullptr ? std::string(f) : std::string();
@@ -305,6 +322,10 @@ output_folder::output_folder(fs::path const& out, std::string marker, std::strin
                             target_.parent_path().string() + ": " + why(ec));
     }
     staging_ = sibling(target_, "staging");
+    {
+        std::lock_guard lock(staging_mutex);
+        staging_names = {staging_.string(), target_.string()};
+    }
     if (!fs::create_directory(staging_, ec) || ec)
         throw run_error(flag + " " + target_.string() + ": cannot create a folder next to it (" + staging_.string() +
                         "): " + why(ec));

@@ -87,6 +87,11 @@ private:
     bool committed_ = false;
 };
 
+/// `msg` with this process's staging folder named as the output folder it
+/// stands for: a message about a report file that cannot be written names
+/// OUT/file, never the internal `.OUT.staging-*` name.
+std::string public_paths(std::string msg);
+
 /// \brief Thrown at a safe point once SIGINT or SIGTERM has arrived
 /// (interrupt.cpp). Deliberately not a std::exception: the library's
 /// per-head `catch (std::exception const&)` lets it through, so the run

@@ -926,6 +926,9 @@ def _zero_vectors(a):
 def _one_position(a):
     a["position"] = np.full_like(a["position"], 100)
     a["bucket"] = np.full_like(a["bucket"], 0)  # uniform buckets of 256: position 100 is in bucket 0
+    # one token per example (each row its own example at position 100): one example holding
+    # position 100 twice would be one token in two rows, which read_head refuses
+    a["example_id"] = np.arange(len(a["position"]), dtype=a["example_id"].dtype)
 
 
 def _one_row(a):
@@ -2767,6 +2770,31 @@ def _rerun_is_clean(ctx, cap, clean, out, keep=("out",)):
     if "# the old report" in open(os.path.join(out, "summary.txt")).read():
         raise Fail("the rerun did not replace the old report")
     return r
+
+
+@case("signals", "report_file_that_cannot_be_written_named_old_out_intact")
+def _(ctx):
+    # A write of a report file fails (a file size limit: the code path of a full disk, EFBIG
+    # here, ENOSPC there): exit 1, the message names the file under OUT (never the staging
+    # name) and the OS's reason, the old report is untouched and nothing is left next to it.
+    base, cap, _ = setup_copy(ctx)
+    clean = os.path.join(ctx.case_dir, "clean")
+    if ctx.analyze(cap, clean, "--no-pictures").rc != 0:
+        raise Fail("the clean run failed")
+    out, old = _old_report(ctx, clean)
+    r = ctx.run_argv(["/bin/sh", "-c", "trap '' XFSZ; ulimit -f 40 && exec \"$0\" \"$@\"", ctx.qkgeom, "analyze", cap,
+                      "-o", out, "-j", "1", "--quiet", "--no-pictures"], check_bounds=False)
+    msg = r.err
+    if r.rc != 1:
+        raise Fail("expected exit 1: " + r.brief())
+    miss = [] if os.path.join(out, "head_") in msg else [os.path.join(out, "head_*.csv")]
+    miss += missing_keywords(msg, [".csv", "File too large"])
+    if miss or ".staging" in msg:
+        raise Fail("the message lacks %s or names the staging folder: %r" % (miss, msg[-400:]))
+    if snapshot(out) != old:
+        raise Fail("the old OUT changed")
+    if _case_siblings(ctx, ("cap", "out", "clean")):
+        raise Fail("left next to OUT: %s" % _case_siblings(ctx, ("cap", "out", "clean")))
 
 
 def _interrupt_case(sigs, delay):

@@ -15,12 +15,15 @@
 #include <qkgeom/analysis/analyze.hpp>
 #include <qkgeom/analysis/gqa.hpp>
 #include <qkgeom/analysis/model.hpp>
+#include <qkgeom/core/errors.hpp>
 
 #include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -237,15 +240,35 @@ inline void summary_row(row_writer& w, head_set_summary const& s) {
     }
 }
 
-/// Open `path` for writing, call `body(stream)`, and throw std::runtime_error
-/// naming the path when it cannot be opened or written.
+/// The OS's reason for the last failed call ("No space left on device"),
+/// or a plain phrase when errno says nothing.
+inline std::string os_reason(int err) {
+    return err != 0 ? std::string(std::strerror(err)) : std::string("the stream failed");
+}
+
+/// Open `path` for writing, call `body(stream)`, and throw qkgeom::io_error
+/// naming the path and the OS's reason (ENOSPC: "No space left on device")
+/// when it cannot be opened or written.
 template <class F>
 void to_file(std::filesystem::path const& path, std::string_view fn, F&& body) {
+    errno = 0;
     std::ofstream f(path, std::ios::out | std::ios::trunc | std::ios::binary);
-    if (!f) throw std::runtime_error(std::string(fn) + ": cannot open '" + path.string() + "' for writing");
-    body(f);
-    f.flush();
-    if (!f) throw std::runtime_error(std::string(fn) + ": writing '" + path.string() + "' failed");
+    if (!f)
+        throw io_error(path.string(), std::string(fn) + ": cannot open '" + path.string() + "' for writing: " +
+                                          os_reason(errno));
+    errno = 0;
+    auto const failed = [&] {
+        int const err = errno;
+        return io_error(path.string(), std::string(fn) + ": writing '" + path.string() + "' failed: " + os_reason(err));
+    };
+    try {
+        body(f);
+        f.flush();
+    } catch (std::exception const&) {
+        if (!f) throw failed();  // a failed write: name the file, not only the stream
+        throw;
+    }
+    if (!f) throw failed();
 }
 
 }  // namespace detail

@@ -7,7 +7,9 @@
 #include <qkgeom/study/metrics.hpp>
 #include <qkgeom/study/types.hpp>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -211,6 +213,7 @@ inline table head_trajectory_table(study_result const& r) {
 /// \param[in] t the table.
 /// \throws qkgeom::io_error naming the file when it cannot be written.
 inline void write_table(std::filesystem::path const& path, table const& t) {
+    errno = 0;
     std::ofstream out(path, std::ios::binary);
     auto cellText = [](table::cell const& c) {
         if (auto const* s = std::get_if<std::string>(&c)) return report::csv_quote(*s);
@@ -223,8 +226,11 @@ inline void write_table(std::filesystem::path const& path, table const& t) {
         for (std::size_t i = 0; i < row.size(); ++i) out << (i ? "," : "") << cellText(row[i]);
         out << "\n";
     }
+    int const err = errno;
     out.close();
-    if (!out) throw io_error(path.string(), path.string() + ": cannot be written");
+    if (!out)
+        throw io_error(path.string(), path.string() + ": cannot be written: " +
+                                          (err != 0 ? std::string(std::strerror(err)) : std::string("the stream failed")));
 }
 
 }  // namespace study
