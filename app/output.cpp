@@ -238,7 +238,8 @@ std::vector<stale_folder> stale_folders(fs::path const& target, std::vector<fs::
 /// Removes what killed runs left next to `target`; when the target itself is
 /// missing (a run killed between the two renames of its swap), the newest
 /// old report it moved aside is put back first.
-void sweep_stale(fs::path const& target, std::string const& marker, std::vector<fs::path> const& inputs) {
+void sweep_stale(fs::path const& target, std::string const& marker, std::vector<fs::path> const& inputs,
+                 std::vector<fs::path>* with_cache) {
     auto stale = stale_folders(target, inputs);
     if (stale.empty()) return;
     std::sort(stale.begin(), stale.end(), [](auto const& a, auto const& b) { return a.when > b.when; });
@@ -255,8 +256,14 @@ void sweep_stale(fs::path const& target, std::string const& marker, std::vector<
             break;
         }
     std::size_t removed = 0;
-    for (auto const& s : stale)
-        if (!s.path.empty()) remove_owned(s.path), ++removed;
+    for (auto const& s : stale) {
+        if (s.path.empty()) continue;
+        if (with_cache != nullptr && !s.old && fs::is_directory(fs::symlink_status(s.path / "cache", ec))) {
+            with_cache->push_back(s.path);  // a killed study's staging: its finished entries are kept first
+            continue;
+        }
+        remove_owned(s.path), ++removed;
+    }
     if (removed > 0)
         std::cerr << "qkgeom: note: removed " << removed << " folder(s) next to " << target.string()
                   << " left by a qkgeom run that was killed\n";
@@ -283,6 +290,31 @@ void check_target(fs::path const& target, std::string const& marker, std::string
                         marker + " in it); refusing to replace it: name a new or empty folder");
 }
 
+/// Moves the whole entries (a key folder holding study_key.json; never a
+/// `.partial-` or `.stale-` folder) of each killed study's staging cache into
+/// `cache`, then removes the staging folder. The entries are checked whole
+/// before a study serves them (docs/study.md#caching). Returns how many.
+std::size_t keep_killed_caches(std::vector<fs::path> const& killed, fs::path const& cache) {
+    std::size_t kept = 0;
+    std::error_code ec;
+    for (auto const& k : killed) {
+        for (fs::directory_iterator it(k / "cache", ec), end; !ec && it != end; it.increment(ec)) {
+            std::string const name = it->path().filename().string();
+            std::error_code e2;
+            if (name.empty() || name.find('.') != std::string::npos ||
+                !fs::is_regular_file(fs::symlink_status(it->path() / "study_key.json", e2)))
+                continue;
+            fs::create_directories(cache, e2);
+            if (fs::exists(fs::symlink_status(cache / name, e2))) continue;
+            fs::rename(it->path(), cache / name, e2);
+            if (!e2) ++kept;
+        }
+        ec.clear();
+        remove_owned(k);
+    }
+    return kept;
+}
+
 }  // namespace output_impl
 
 namespace {
@@ -307,12 +339,13 @@ std::string test_fault() {
 }
 
 output_folder::output_folder(fs::path const& out, std::string marker, std::string flag,
-                             std::vector<fs::path> const& inputs)
+                             std::vector<fs::path> const& inputs, bool keep_study_cache)
     : marker_(std::move(marker)) {
     using namespace output_impl;
     target_ = normalised(out);
     check_inputs(target_, inputs, flag);
-    sweep_stale(target_, marker_, inputs);
+    std::vector<fs::path> killed;  // staging folders of killed studies that hold a cache
+    sweep_stale(target_, marker_, inputs, keep_study_cache ? &killed : nullptr);
     check_target(target_, marker_, flag);
     std::error_code ec;
     if (!target_.parent_path().empty()) {
@@ -335,6 +368,10 @@ output_folder::output_folder(fs::path const& out, std::string marker, std::strin
         fs::remove_all(staging_, ec);
         throw;
     }
+    if (std::size_t const kept = keep_killed_caches(killed, staging_ / "cache"); kept > 0)
+        std::cerr << "qkgeom: note: kept the analyses of " << kept << " finished run" << (kept == 1 ? "" : "s")
+                  << " of a study into " << target_.string()
+                  << " that was killed; they are checked whole before they are served\n";
 }
 
 output_folder::~output_folder() {

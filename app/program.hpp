@@ -66,14 +66,17 @@ struct run_error : std::runtime_error {
 /// foreign non-empty folder, an uncreatable parent) throws run_error. Staging
 /// and old folders next to the target left by a killed run (they carry the
 /// owner record `.qkgeom-owner` of a process that is gone) are removed, and
-/// an old report whose swap was cut short is put back first. The run writes
+/// an old report whose swap was cut short is put back first. With
+/// `keep_study_cache`, the whole cache entries in a killed study's staging
+/// folder are moved into the new staging folder's `cache` first, so a study
+/// killed even by SIGKILL keeps the runs it finished. The run writes
 /// into `staging()`, a fresh folder next to the target that carries its owner
 /// record; `commit()` swaps it in, so a folder never mixes two runs. A run
 /// that never commits leaves the target as it was.
 class output_folder {
 public:
     output_folder(std::filesystem::path const& target, std::string marker, std::string flag,
-                  std::vector<std::filesystem::path> const& inputs = {});
+                  std::vector<std::filesystem::path> const& inputs = {}, bool keep_study_cache = false);
     ~output_folder();
     output_folder(output_folder const&) = delete;
     output_folder& operator=(output_folder const&) = delete;

@@ -253,7 +253,8 @@ int run_study_command(cli const& given) {
             if (!p.empty()) inputs.push_back(p);
     if (!c.cache.empty()) inputs.push_back(c.cache);  // OUT is replaced whole: never around or inside the cache
     std::optional<output_folder> folder;  // checked before any analysis, by rank 0
-    ranks::on_rank_zero([&] { folder.emplace(c.out, report_marker, "-o", inputs); });
+    // without --cache, a killed study's finished entries in its staging folder are kept (output_folder)
+    ranks::on_rank_zero([&] { folder.emplace(c.out, report_marker, "-o", inputs, c.cache.empty()); });
     st::study_run_options o;
     o.analysis = c.opt;
     o.jobs = c.jobs;

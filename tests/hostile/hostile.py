@@ -2874,8 +2874,9 @@ def _study_interrupt_case(sig, delay):
     later one at the usual speed, ~1.6 s a run with QKGEOM_TEST_FAULT=slow): the old
     report is left as it was, nothing is left next to OUT (SIGINT, SIGTERM) or what a
     SIGKILL left is removed by the rerun, which completes with a clean run's numbers. Runs
-    finished before SIGINT / SIGTERM are kept in OUT/cache (said on stderr) and served by the
-    rerun as cached."""
+    finished before SIGINT / SIGTERM are kept in OUT/cache (said on stderr), runs finished
+    before SIGKILL are taken from the killed study's staging folder by the rerun (said on
+    stderr), and the rerun serves both as cached."""
     def fn(ctx):
         st, clean = _study_three(ctx)
         out = os.path.join(ctx.case_dir, "out")
@@ -2911,11 +2912,19 @@ def _study_interrupt_case(sig, delay):
                 raise Fail("left next to OUT: %s" % left)
         elif not any(n.startswith(".out.staging-") for n in left):
             raise Fail("no staging folder left by the killed study (killed before it made one?)")
+        # a SIGKILLed study's finished entries, in its staging folder's cache: the rerun keeps them
+        finished = [e for n in left if n.startswith(".out.staging-")
+                    for e in (os.listdir(os.path.join(ctx.case_dir, n, "cache"))
+                              if os.path.isdir(os.path.join(ctx.case_dir, n, "cache")) else [])
+                    if "." not in e and os.path.isfile(os.path.join(ctx.case_dir, n, "cache", e, "study_key.json"))]
         r = ctx.run("study", st, "-o", out, "-j", 1)
         if r.rc != 0:
             raise Fail("the rerun: " + r.brief())
-        if r.err.count(": cached") != len(kept):  # the finished runs kept are served, the others analysed
-            raise Fail("%d runs kept, the rerun says: %r" % (len(kept), r.err[-400:]))
+        if r.err.count(": cached") != len(kept) + len(finished):  # the finished runs are served, the others analysed
+            raise Fail("%d runs kept, %d finished in the killed study's staging folder, the rerun says: %r" % (
+                len(kept), len(finished), r.err[-400:]))
+        if finished and "kept the analyses of %d finished run" % len(finished) not in r.err:
+            raise Fail("the rerun does not say it kept the killed study's runs: %r" % r.err[-400:])
         if _case_siblings(ctx, ("out",)):
             raise Fail("left next to OUT after the rerun: %s" % _case_siblings(ctx, ("out",)))
         if _models(out) != _models(clean):
