@@ -9,9 +9,10 @@
 #   QKGEOM_SANITIZE  sanitizers, e.g. address,undefined
 #   QKGEOM_WERROR=1  warnings are errors (set by CI)
 #   QKGEOM_CTEST_ARGS extra ctest arguments (e.g. -E 'pattern')
-#   QKGEOM_CTEST_SKIP_LABEL the label of tests left out (default ^scale$: the runs
-#                    across processes, scale.mpi.* and python.capture.*sharded, which
-#                    CI runs in .ci/run step 3; set it empty to run them here too)
+#   QKGEOM_CTEST_SKIP_LABEL the labels of tests left out (default ^(scale|notebook)$:
+#                    the runs across processes, scale.mpi.* and python.capture.*sharded,
+#                    which .ci/run runs in step 3, and the example notebook, which step 2
+#                    runs against the installed package; set it empty to run them here too)
 #   JOBS             parallelism (default: every core)
 # Prints the build and test times at the end (docs/building.md, "Build budget").
 # The header tests (every public header compiled alone, header.*) are off here
@@ -41,7 +42,7 @@ cmake --build "$BUILD_DIR" -j "$JOBS"
 t1=$(date +%s)
 # shellcheck disable=SC2086  # QKGEOM_CTEST_ARGS is a list of words
 skip=()
-skip_label="${QKGEOM_CTEST_SKIP_LABEL-^scale\$}"
+skip_label="${QKGEOM_CTEST_SKIP_LABEL-^(scale|notebook)\$}"
 [ -n "$skip_label" ] && skip=(-LE "$skip_label")
 ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure "${skip[@]}" ${QKGEOM_CTEST_ARGS:-}
 t2=$(date +%s)

@@ -214,12 +214,12 @@ try:
     if what == "dataset":
         r = q.analyze_dataset(target, opts, jobs=1)
         print("done", len(r.heads))
-    elif what == "head":  # ONE call: 4096 rows a kind, 20000 rank sets a bucket (some seconds)
+    elif what == "head":  # ONE call: 4096 rows a kind, 12000 rank sets a bucket (a second or two)
         import numpy as np
         rng = np.random.default_rng(1)
         X, Y, p = rng.standard_normal((4096, 64)), rng.standard_normal((4096, 64)), np.arange(4096)
         r = q.analyze_head(X, p, Y, p, buckets=q.BucketSpec("uniform", 256, 1.0), context_length=4096,
-                           options=q.Options(rank_sets=20000))
+                           options=q.Options(rank_sets=12000))
         print("done", r.n_q_tokens)
     else:
         st = q.study(target, options=opts, jobs=1)
