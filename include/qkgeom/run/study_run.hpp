@@ -583,6 +583,22 @@ run_outcome capture_run(run_spec const& r, study_run_options const& o) {
 
 }  // namespace detail
 
+namespace detail {
+/// `make()`'s outcome, or a `failed` outcome carrying the message of the
+/// std::exception it threw (a run never stops the study).
+template <class F>
+run_outcome outcome_of(F const& make) {
+    try {
+        return make();
+    } catch (std::exception const& e) {
+        run_outcome oc;
+        oc.status = run_status::failed;
+        oc.message = e.what();
+        return oc;
+    }
+}
+}  // namespace detail
+
 /// \brief The cache key of a capture run: what run_one looks up in o.cache
 /// (reads every byte of the capture once, as capture_run does).
 /// \param[in] r the run (with a capture).
@@ -604,17 +620,13 @@ run_outcome capture_run(run_spec const& r, study_run_options const& o) {
 template <class = void>
 [[nodiscard]] run_outcome cached_run(run_spec const& r, study_run_options const& o, std::string const& key,
                                      run_status status) {
-    run_outcome oc;
-    try {
+    return detail::outcome_of([&] {
+        run_outcome oc;
         oc.folder = o.cache / key;
         oc.heads = detail::read_entry(oc.folder, key, r.capture);
         oc.status = status;
-    } catch (std::exception const& e) {
-        oc = run_outcome{};
-        oc.status = run_status::failed;
-        oc.message = e.what();
-    }
-    return oc;
+        return oc;
+    });
 }
 
 /// \brief One run of a study, as run_all does it (without the study file's
@@ -628,8 +640,8 @@ template <class = void>
 /// \returns the outcome.
 template <class = void>
 [[nodiscard]] run_outcome run_one(run_spec const& r, study_run_options const& o) {
-    run_outcome oc;
-    try {
+    return detail::outcome_of([&] {
+        run_outcome oc;
         if (!r.metrics.empty()) {
             oc.status = run_status::given;
         } else if (!r.analysis.empty()) {
@@ -639,12 +651,8 @@ template <class = void>
         } else {
             oc = detail::capture_run(r, o);
         }
-    } catch (std::exception const& e) {
-        oc = run_outcome{};
-        oc.status = run_status::failed;
-        oc.message = e.what();
-    }
-    return oc;
+        return oc;
+    });
 }
 
 /// \brief Finds or makes every run's analysis. A run that fails (unreadable

@@ -26,7 +26,7 @@ except ImportError as e:  # pragma: no cover
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _checks import check, finish, raises  # noqa: E402  (tests/python/capture/_checks.py)
+from _checks import check, files_of, finish, raises  # noqa: E402  (tests/python/capture/_checks.py)
 import hf_glue  # noqa: E402  (the stand-in model and tokenizer)
 from qkgeom import distributed as qd  # noqa: E402
 from qkgeom import hf  # noqa: E402
@@ -57,16 +57,6 @@ def worker(work):
         print(f"ShardedCaptureError: {e}")
         sys.exit(3)
     sys.exit(0)
-
-
-def files_of(folder):
-    out = {}
-    for base, _, names in os.walk(folder):
-        for n in names:
-            p = os.path.join(base, n)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, folder)] = f.read()
-    return out
 
 
 def main():

@@ -37,7 +37,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 DATA = os.path.join(ROOT, "tests", "data", "tiny_llama")
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples", "python"))
-from _checks import check, finish, raises  # noqa: E402  (tests/python/capture/_checks.py)
+from _checks import check, files_of, finish, raises  # noqa: E402  (tests/python/capture/_checks.py)
 import qkgeom  # noqa: E402
 from qkgeom import distributed as qd  # noqa: E402
 from qkgeom.capture import Recorder, manifest_for  # noqa: E402
@@ -261,16 +261,6 @@ def same_cell(a, b):
     if isinstance(a, float) and isinstance(b, float):
         return np.float64(a).tobytes() == np.float64(b).tobytes()
     return a == b
-
-
-def files_of(folder):
-    out = {}
-    for base, _, names in os.walk(folder):
-        for n in names:
-            p = os.path.join(base, n)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, folder)] = f.read()
-    return out
 
 
 def main():
