@@ -132,17 +132,19 @@ std::string trimmed(std::string s) {
     return s;
 }
 
-/// Field 22 (starttime) of /proc/PID/stat: the process's start in clock ticks since boot.
-std::string start_time(long pid) {
+/// Field `n` (3 = state, 22 = starttime in clock ticks since boot) of /proc/PID/stat.
+std::string stat_field(long pid, int n) {
     std::string const s = read_small("/proc/" + std::to_string(pid) + "/stat");
     auto const close = s.rfind(')');
     if (close == std::string::npos) return {};
     std::istringstream in(s.substr(close + 2));  // from field 3
     std::string f;
-    for (int i = 3; i <= 22 && (in >> f); ++i)
-        if (i == 22) return f;
+    for (int i = 3; i <= n && (in >> f); ++i)
+        if (i == n) return f;
     return {};
 }
+
+std::string start_time(long pid) { return stat_field(pid, 22); }
 
 owner_id self_owner() {
     owner_id me;
@@ -181,12 +183,17 @@ std::optional<owner_id> parse_owner(std::string const& text) {
 
 /// Whether the process that wrote `o` is certainly gone: same boot and pid
 /// namespace as this process (else nothing can be told), and no process
-/// with that id, or one started at another time (the id was reused).
+/// with that id, one that has exited and waits to be reaped (a zombie: an
+/// MPI rank whose launcher is gone, in a container whose init never reaps),
+/// or one started at another time (the id was reused).
 bool owner_gone(owner_id const& o, owner_id const& me) {
     if (o.boot != me.boot || o.pidns != me.pidns || o.pid == me.pid) return false;
     if (::kill(static_cast<pid_t>(o.pid), 0) != 0 && errno == ESRCH) return true;
     std::string const now = start_time(o.pid);
-    return !now.empty() && !o.start.empty() && now != o.start;
+    if (now.empty() || o.start.empty()) return false;
+    if (now != o.start) return true;
+    std::string const state = stat_field(o.pid, 3);
+    return state == "Z" || state == "X";
 }
 
 /// Removes a folder of ours, its owner record last (a removal cut short

@@ -2840,6 +2840,36 @@ case("signals", "sigkill_after_0.3s_next_run_cleans_up")(_interrupt_case([signal
 case("signals", "second_sigint_stops_at_once")(_interrupt_case([signal.SIGINT, signal.SIGINT], 0.3))
 
 
+@case("signals", "sigkill_unreaped_zombie_next_run_cleans_up")
+def _(ctx):
+    # A killed run that nobody has reaped yet (an MPI rank whose launcher returned first, a
+    # container whose init never reaps) still has a /proc entry with its start time: the next
+    # run must count it as gone and remove its staging folder.
+    cap, clean = _big(ctx)
+    out, old = _old_report(ctx, clean)
+    p, err = _popen(ctx, ["analyze", cap, "-o", out, "-j", 1, "--quiet"], env=dict(os.environ, QKGEOM_TEST_FAULT="slow"))
+    time.sleep(0.3)
+    os.kill(p.pid, signal.SIGKILL)  # not p.kill(), not waited: the child stays a zombie
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with open("/proc/%d/stat" % p.pid) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.01)
+    else:
+        raise Fail("the killed run did not become a zombie")
+    try:
+        if not any(n.startswith(".out.staging-") for n in _case_siblings(ctx, ("out",))):
+            raise Fail("no staging folder left by the killed run (killed before it made one?)")
+        if snapshot(out) != old:
+            raise Fail("the old OUT changed after SIGKILL")
+        r = _rerun_is_clean(ctx, cap, clean, out)
+        if "removed" not in r.err:
+            raise Fail("the rerun does not say it removed the zombie's folder: %r" % r.err[-300:])
+    finally:
+        _wait(ctx, p, err)
+
+
 def _study_three(ctx):
     """Three captures (steady, moderate, steep; 2 layers x 8 heads), a study of them and its
     clean report; made once per binary. A run takes ~1.6 s with QKGEOM_TEST_FAULT=slow."""

@@ -206,6 +206,25 @@ def ranks_of(mpirun_pid):
     return found
 
 
+def wait_gone(pids, limit):
+    """Seconds until every process in `pids` has exited (gone or a zombie); Fail after `limit`."""
+    t0 = time.time()
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                        alive.append(pid)
+            except (OSError, IndexError):
+                pass
+        if not alive:
+            return time.time() - t0
+        if time.time() - t0 > limit:
+            raise Fail("the killed run's ranks %s still run after %d s" % (alive, limit))
+        time.sleep(0.05)
+
+
 def case_rank_killed(a, work):
     d = old_report(a, work, "6")  # 48 heads
     env = dict(ENV, QKGEOM_TEST_FAULT="slow")
@@ -228,9 +247,12 @@ def case_rank_killed(a, work):
     if "rank 1" not in err:
         raise Fail("the message does not name rank 1:\n" + err)
     same_tree(os.path.join(work, "snapshot"), os.path.join(d, "out"))
+    # mpirun may return before its other ranks have exited; a staging folder whose owner still runs is
+    # rightly left alone, so the rerun waits for them (a zombie counts as gone)
+    waited = wait_gone(pids.values(), 30)
     rc, _, err2 = run([a.qkgeom, "analyze", "../cap", "-o", "out", "-j", "1", "--quiet", "--context", "4096"], d)
     if rc != 0 or sorted(os.listdir(d)) != ["out"]:
-        raise Fail("the rerun: exit %d, folder %s: %s" % (rc, os.listdir(d), err2))
+        raise Fail("the rerun (ranks gone after %.1f s): exit %d, folder %s: %s" % (waited, rc, os.listdir(d), err2))
     same_tree(os.path.join(work, "snapshot"), os.path.join(d, "out"))
     print("rank_killed: exit %d, rank 1 named, the earlier report untouched; the rerun completes, no debris"
           % p.returncode)
@@ -284,6 +306,7 @@ def case_study_resume(a, work):
         raise Fail("no run finished before the kill, or rank 1 not found (%s, %s)" % (finished, pids))
     os.kill(pids[1], signal.SIGKILL)  # a node lost
     p.communicate(timeout=60)
+    wait_gone(pids.values(), 30)  # mpirun may return before rank 0 has exited
     if p.returncode == 0:
         raise Fail("the study with a killed rank exited 0 (all its runs had finished: too fast to test)")
     kept = whole_entries(cache)
