@@ -7,8 +7,9 @@
 #      qkgeomConfig.cmake (not the build tree, not a system copy); its
 #      qkgeom::compiled (the optional compiled part, built from the installed
 #      source) must give the same head as the header-only program;
-#   2. through pkg-config -- test_package.cpp compiled with the flags of the
-#      installed qkgeom.pc, and run;
+#   2. through pkg-config -- pkgconfig_consumer.cpp (the moments and a deflated
+#      .npz round trip: Eigen and zlib through the .pc) compiled and linked with
+#      nothing but `pkg-config --cflags --libs qkgeom`, and run;
 #   3. with the program (EXPECT_PROGRAM, i.e. the build has QKGEOM_BUILD_PROGRAM):
 #      <prefix>/bin/qkgeom exists and runs, find_package(qkgeom) gives the
 #      imported executable qkgeom::program located under the prefix, and
@@ -203,9 +204,12 @@ if(NOT _has_prefix_include)
                       "without -I${_prefix}/include; the installed qkgeom.pc is not relocatable:\n${_pc}")
 endif()
 
+run("pkg-config --libs qkgeom" "${_pkg_config}" --libs qkgeom)
+separate_arguments(_libs UNIX_COMMAND "${_out}")
+message(STATUS "consumer: pkg-config --libs qkgeom = ${_out}")
 file(MAKE_DIRECTORY "${_pc_build}")
-run("compile test_package.cpp (pkg-config)" "${CXX}" ${_cflags} "${_tp}/test_package.cpp"
-    -o "${_pc_build}/test_package")
-run("run test_package (pkg-config)" "${_pc_build}/test_package")
+run("compile pkgconfig_consumer.cpp (pkg-config)" "${CXX}" ${_cflags} "${CMAKE_CURRENT_LIST_DIR}/pkgconfig_consumer.cpp"
+    -o "${_pc_build}/pkgconfig_consumer" ${_libs})
+run("run pkgconfig_consumer (pkg-config)" "${_pc_build}/pkgconfig_consumer")
 message(STATUS "consumer: ${_out}")
 message(STATUS "consumer: all steps passed")

@@ -1,0 +1,44 @@
+// The pkg-config consumer of an installed qkgeom (tests/consumer/run_consumer.cmake):
+// compiled with nothing but `pkg-config --cflags --libs qkgeom`, it proves that
+// the installed qkgeom.pc carries the include path, the language level, Eigen
+// (Requires: eigen3) and zlib (Requires: zlib, QKGEOM_HAVE_ZLIB=1: a deflated
+// .npz is written and read back, which links zlib). It includes the moments and
+// the .npz reader, not the whole umbrella, which the find_package consumer
+// (test_package/) already compiles and runs.
+#include <qkgeom/io/npz.hpp>
+#include <qkgeom/stats/moments.hpp>
+
+#include <Eigen/Core>
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+int main() {
+    // 4 query rows (d = 2) in two buckets: the pooled covariance against a direct one
+    Eigen::MatrixXd x(4, 2);
+    x << 1, 2, 3, 5, 4, 1, 0, 7;
+    qkgeom::head_moments hm(2);
+    hm.add(qkgeom::kind::query, x, std::vector<int>{0, 1, 2, 3}, std::vector<int>{0, 0, 1, 1});
+    Eigen::MatrixXd const c = x.rowwise() - x.colwise().mean();
+    double const err = (hm.pooled().cov_x() - c.transpose() * c / 3.0).cwiseAbs().maxCoeff();
+
+    // a deflated member round trip (zlib through the .pc)
+    qkgeom::io::npy_array a;
+    a.descr = "<f8";
+    a.shape = {4, 2};
+    a.data.resize(8 * sizeof(double));
+    std::memcpy(a.data.data(), x.data(), a.data.size());
+    qkgeom::io::npz_file f;
+    f.add("x", a);
+    auto const bytes = qkgeom::io::serialize_npz(f, {.compression = qkgeom::io::npz_compression::deflate});
+    auto const back = qkgeom::io::parse_npz(bytes, "memory");
+    bool const same = back.find("x") != nullptr && back.find("x")->data == a.data;
+
+    std::cout << "qkgeom pkg-config consumer: n = " << hm.pooled().n << ", max |cov_x error| = " << err
+              << ", deflated .npz round trip " << (same ? "equal" : "DIFFERENT") << " (" << bytes.size()
+              << " bytes)\n";
+    return hm.pooled().n == 4 && err < 1e-12 && same && qkgeom::io::npz_deflate_available() ? EXIT_SUCCESS
+                                                                                          : EXIT_FAILURE;
+}
