@@ -47,6 +47,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace qkgeom_app {
 
 namespace {
@@ -506,7 +510,27 @@ int run_command(cli const& c) {
 
 }  // namespace qkgeom_app
 
+namespace qkgeom_app {
+
+/// glibc's allocator returns a freed block of 128 kB or more to the system at
+/// once (munmap) and trims the heap top beyond 128 kB, so each head's buffers
+/// (rows, rotated keys, score panels: a few MB) were faulted in afresh, page
+/// by page, for every head: a quarter of a run's CPU was the kernel's. Blocks
+/// up to 32 MB (glibc's largest mmap threshold) now come from the heap, and
+/// the heap is not trimmed below 1 GiB of free top: the next head reuses the
+/// pages. The peak resident size is unchanged (the pages are those the
+/// largest head needed); docs/performance.md, "Whole process".
+void keep_freed_pages() {
+#if defined(__GLIBC__)
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
+}  // namespace qkgeom_app
+
 int main(int argc, char** argv) {
+    qkgeom_app::keep_freed_pages();         // before the first allocation of a head
     qkgeom_app::install_signal_handling();  // before any thread starts
     qkgeom_app::cli const c = qkgeom_app::parse(argc, argv);
     try {
