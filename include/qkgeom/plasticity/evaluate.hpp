@@ -158,10 +158,17 @@ template <class Evaluator>
 void draw_empirical(Evaluator& ev, key_store const& ks, bucket_eval const& e, std::vector<key_group> const& groups,
                     cell_acc& acc, plasticity_options const& opt, std::int64_t b, std::int64_t c, bool had_skips) {
     std::mt19937_64 gen(empirical_stream(opt.seed, b, c));
-    std::vector<std::int64_t> cum;  // exact enumeration: cumulative pair counts of the groups
+    std::int64_t const n_draws = opt.empirical_budget / 2;
+    std::vector<std::int64_t> cum;    // exact enumeration: cumulative pair counts of the groups
+    std::vector<std::int32_t> owner;  // ... and, when they are few, the group of each pair index
     std::int64_t total = 0;
-    if (acc.emp != emp_pass::keep)
+    if (acc.emp != emp_pass::keep) {
         for (auto const& g : groups) cum.push_back(total += pairs_of(g.keys.size()));
+        if (total <= std::min<std::int64_t>(32 * n_draws, 1 << 20))  // upper_bound's group in one look-up
+            for (std::size_t gi = 0; gi < groups.size(); ++gi)
+                owner.insert(owner.end(), static_cast<std::size_t>(cum[gi] - (gi > 0 ? cum[gi - 1] : 0)),
+                             static_cast<std::int32_t>(gi));
+    }
     auto const nq = static_cast<std::uint64_t>(e.emp.nq);
     auto pick = [&](index_t& i, index_t& j) {
         if (acc.emp == emp_pass::keep) {
@@ -170,7 +177,9 @@ void draw_empirical(Evaluator& ev, key_store const& ks, bucket_eval const& e, st
             return true;
         }
         auto const u = static_cast<std::int64_t>(uniform_below(gen, static_cast<std::uint64_t>(total)));
-        auto const& g = groups[static_cast<std::size_t>(std::upper_bound(cum.begin(), cum.end(), u) - cum.begin())].keys;
+        auto const gi = owner.empty() ? std::upper_bound(cum.begin(), cum.end(), u) - cum.begin()
+                                      : std::ptrdiff_t{owner[static_cast<std::size_t>(u)]};
+        auto const& g = groups[static_cast<std::size_t>(gi)].keys;
         auto const a = uniform_below(gen, g.size());
         auto bb = uniform_below(gen, g.size() - 1);
         bb += bb >= a ? 1 : 0;
@@ -178,7 +187,8 @@ void draw_empirical(Evaluator& ev, key_store const& ks, bucket_eval const& e, st
         return !had_skips || ev.evaluates(e, i, j);
     };
     acc.emp_sampled = true;
-    for (std::int64_t k = 0; k < opt.empirical_budget / 2; ++k) {
+    for (std::int64_t k = 0; k < n_draws; ++k) {
+        if ((k & 0x3fff) == 0x3fff) check_cancelled();  // a safe point every 16,384 draws (up to 5·10⁸ per cell)
         index_t i = 0, j = 0;
         bool ok = false;
         for (int t = 0; t < 16 && !ok; ++t) ok = pick(i, j);
