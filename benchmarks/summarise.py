@@ -138,6 +138,12 @@ def main():
     r = b1 / b0 if b0 and b1 else None
     check("head with the analyses beyond the thesis / without", fmt(r, "{:.3f}"), "<= 1.20",
           None if r is None else r <= 1.20)
+    p0, p1 = get(rows, "bm_head_analyze/prefix:0"), get(rows, "bm_head_analyze/prefix:1")
+    r = p1 / p0 if p0 and p1 else None
+    check("head under prefix pairs / under same_bucket", fmt(r, "{:.2f}"), "<= 2.0", None if r is None else r <= 2.0)
+    r = m1 / heads if m1 and heads else None
+    check("whole model, 1 thread: seconds per head (300 heads in 7 s)", fmt(r, "{:.4f}"), "<= 0.0233",
+          None if r is None else r <= 7.0 / 300)
     if args.peak_rss_kb is not None:
         gb = args.peak_rss_kb * 1024 / 1e9
         check(f"peak RSS, {args.peak_rss_label} (GB)", fmt(gb, "{:.2f}"), "<= 2.0", gb <= 2.0)
