@@ -508,10 +508,6 @@ int run_command(cli const& c) {
     return rc;
 }
 
-}  // namespace qkgeom_app
-
-namespace qkgeom_app {
-
 /// glibc's allocator returns a freed block of 128 kB or more to the system at
 /// once (munmap) and trims the heap top beyond 128 kB, so each head's buffers
 /// (rows, rotated keys, score panels: a few MB) were faulted in afresh, page
