@@ -140,7 +140,8 @@ demo, analyze and study:
       --seed N               sampled: seed, 0..2^63-1 (0) [§6]
       --empirical-check MODE gaussian_gap check: sampled | exact (sampled) [§6]
       --empirical-budget N   sampled: evaluations of a sampled cell, 4..10^9 (4096) [§6]
-      --empirical-max-exact N  sampled: cells up to N evaluations counted exactly, 0..2^62 (262144) [§6]
+      --empirical-max-exact N  sampled: cells up to N evaluations counted exactly, 0..2^62 (16384) [§6]
+      --empirical-pairs N    sampled: pairs of a pair-sampled cell, 0..10^6 (32; < 2: draws only) [§6]
       --no-split             skip the split of AP_drop into bias and content parts [§10.1]
       --no-ranks             skip top-1 flip and Kendall of m keys [§10.4]
       --rank-keys M          keys per set of the top-1/Kendall analysis, 2..64 (8) [§10.4]
@@ -273,7 +274,7 @@ std::vector<option> const& options() {
         {"--max-exact-pairs", "", report_cmds, T::value},     {"--samples", "", report_cmds, T::value},
         {"--seed", "", report_cmds, T::value},                {"--no-split", "", report_cmds, T::nothing},
         {"--empirical-check", "", report_cmds, T::value},     {"--empirical-budget", "", report_cmds, T::value},
-        {"--empirical-max-exact", "", report_cmds, T::value},
+        {"--empirical-max-exact", "", report_cmds, T::value},     {"--empirical-pairs", "", report_cmds, T::value},
         {"--no-ranks", "", report_cmds, T::nothing},          {"--rank-keys", "", report_cmds, T::value},
         {"--rank-sets", "", report_cmds, T::value},           {"--rank-draw", "", report_cmds, T::value},
         {"--rope-bands", "", report_cmds, T::value},          {"--window", "", report_cmds, T::value},
@@ -334,6 +335,7 @@ void apply_option(cli& c, std::string const& name, std::string const& a, std::st
     else if (name == "--empirical-check") o.plasticity.empirical_check = parse_policy<qkgeom::empirical_policy>(a, v);
     else if (name == "--empirical-budget") o.plasticity.empirical_budget = in_range(a, v, R::empirical_budget);
     else if (name == "--empirical-max-exact") o.plasticity.empirical_max_exact = in_range(a, v, R::empirical_max_exact);
+    else if (name == "--empirical-pairs") o.plasticity.empirical_pairs = in_range(a, v, R::empirical_pairs);
     else if (name == "--no-split") o.plasticity.split_profile = false;
     else if (name == "--no-ranks") o.ranks_on = false;
     else if (name == "--rank-keys") o.ranks.keys_per_set = in_range(a, v, R::rank_keys);

@@ -159,6 +159,8 @@ std::vector<option_field> const& fields() {
                               "sampled check: evaluations of a sampled cell, 4..10^9 (--empirical-budget)"),
         integer<std::int64_t>(ranges::empirical_max_exact, [](auto& o) -> auto& { return o.plasticity.empirical_max_exact; },
                               "sampled check: cells up to N evaluations counted exactly, 0..2^62 (--empirical-max-exact)"),
+        integer<std::int64_t>(ranges::empirical_pairs, [](auto& o) -> auto& { return o.plasticity.empirical_pairs; },
+                              "sampled check: pairs of a pair-sampled cell, 0..10^6, < 2: draws only (--empirical-pairs)"),
         boolean("split", [](auto& o) -> auto& { return o.plasticity.split_profile; },
                     "split AP_drop into bias and content parts (--no-split turns it off) [§10.1]"),
         boolean("ranks", [](auto& o) -> auto& { return o.ranks_on; },

@@ -3268,6 +3268,8 @@ case("options", "ks_alpha_nan")(_usage_case(_an("--ks-alpha", "nan"), ["--ks-alp
 case("options", "empirical_budget_below_4")(_usage_case(_an("--empirical-budget", 3), ["--empirical-budget", "'3'", "4.."]))
 case("options", "empirical_max_exact_negative")(_usage_case(
     _an("--empirical-max-exact", -1), ["--empirical-max-exact", "-1"]))
+case("options", "empirical_pairs_above_10^6")(_usage_case(
+    _an("--empirical-pairs", 10 ** 6 + 1), ["--empirical-pairs", str(10 ** 6 + 1), "0..1000000"]))
 case("options", "empirical_check_unknown")(_usage_case(_an("--empirical-check", "all"), ["--empirical-check", "all", "exact"]))
 case("options", "family_on_analyze")(_usage_case(_an("--family", "steady"), ["--family", "analyze", "synth"]))
 case("options", "layers_on_analyze")(_usage_case(_an("--layers", 2), ["--layers", "analyze"]))

@@ -164,7 +164,8 @@ for name, value, rng_text in [("rank_sets", 10**12, "1..1000000"), ("samples", 1
                               ("rank_keys", 65, "2..64"), ("rope_bands", 0, "1..2048"),
                               ("seed", 2**63, "0..9223372036854775807"), ("seed", -1, "0..9223372036854775807"),
                               ("max_exact_pairs", 2**80, "0..4611686018427387904"),
-                              ("empirical_max_exact", -5, "0..4611686018427387904")]:
+                              ("empirical_max_exact", -5, "0..4611686018427387904"),
+                              ("empirical_pairs", 10**7, "0..1000000")]:
     check.raises(ValueError, lambda: q.Options(**{name: value}), ["Options." + name, str(value), rng_text],
                  f"Options({name}={value})")
 o = q.Options()

@@ -1,10 +1,13 @@
 // The sampled empirical cross-check (method §9.14, `empirical_policy::sampled`,
 // docs/plasticity.md "Sampled or exact: `empirical_check`"): a cell with more
 // than max(`empirical_max_exact`, `empirical_budget`) (query, pair)
-// evaluations makes `empirical_budget` of them, drawn as (pair, two queries),
+// evaluations counts `empirical_pairs` of its pairs against every query (the
+// difference estimator, the cases at the end) or, in a bucket too large for
+// that, makes `empirical_budget` evaluations, drawn as (pair, two queries),
 // instead of counting every query for every pair. The heads here are small
-// (cells of ≈ 6000 evaluations, counted under the default 262,144), so the
-// tests set `empirical_max_exact = 0` to sample them. The tests: with a budget
+// (cells of ≈ 6000 evaluations, counted under the default 16,384), so the
+// tests set `empirical_max_exact = 0` to sample them, and the draws' cases
+// set `empirical_pairs = 0` to draw. The draws' tests: with a budget
 // that covers every evaluation it is the counted check bit for bit; the closed
 // form and every number but the empirical ones never change; the draws are
 // unbiased and their 95 % intervals (cell, bucket and gaussian_gap) cover the
@@ -13,6 +16,7 @@
 // are a clear error.
 #include <qkgeom/capture/synthetic.hpp>
 #include <qkgeom/plasticity.hpp>
+#include <qkgeom/simd/dispatch.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -162,6 +166,7 @@ TEST_CASE("sampled empirical check: a covering budget is the counted check, the 
                     o.enumeration = qkgeom::enumeration_policy::sampled;
                     o.samples_per_cell = 300;
                 }
+                o.empirical_pairs = 0;  // the draws (the pair sample has its own cases below)
                 o.empirical_check = empirical_policy::exact;
                 auto const exact = qkgeom::attention_plasticity(model, h, o);
                 REQUIRE(std::isfinite(exact.gaussian_gap));
@@ -169,9 +174,9 @@ TEST_CASE("sampled empirical check: a covering budget is the counted check, the 
                 for (auto const& c : exact.cells)
                     if (std::isfinite(c.empirical)) CHECK(c.empirical_se == 0.0);
 
-                // the defaults count every cell of ≤ 262,144 evaluations: all of
-                // same_bucket's (≈ 6000) and of sampled enumeration's (64 × 300),
-                // not the largest prefix cells (up to 1.7 M)
+                // the defaults count every cell of ≤ 16,384 evaluations: all of
+                // same_bucket's (≈ 6000), not sampled enumeration's (64 × 300) nor
+                // the largest prefix cells (up to 1.7 M)
                 o.empirical_check = empirical_policy::sampled;
                 auto const defaults = qkgeom::attention_plasticity(model, h, o);
                 check_closed_form_unchanged(defaults, exact);
@@ -252,6 +257,7 @@ TEST_CASE("sampled empirical check: unbiased, its intervals cover the counted va
     o.empirical_check = empirical_policy::sampled;
     o.empirical_budget = 7000;
     o.empirical_max_exact = 0;
+    o.empirical_pairs = 0;  // the draws
 
     int const n_seeds = 200;
     int gap_cover = 0;
@@ -333,6 +339,7 @@ TEST_CASE("sampled empirical check: seeded, independent of the speed options",
     plasticity_options o;
     o.empirical_budget = 1000;  // some cells counted, most drawn
     o.empirical_max_exact = 0;
+    o.empirical_pairs = 0;
     o.seed = 11;
     auto const a = qkgeom::attention_plasticity(model, h, o);
     std::int64_t counted = 0, drawn = 0;
@@ -399,6 +406,191 @@ TEST_CASE("sampled empirical check: a budget below 4 or a negative exact limit i
     o.empirical_max_exact = 0;
     o.empirical_budget = 4;
     CHECK_NOTHROW(qkgeom::attention_plasticity(model, h, o));
+}
+
+// ---------------------------------------------------------------------------
+// The pair sample (the difference estimator): a cell of more than
+// 4 × `empirical_pairs` pairs counts m = `empirical_pairs` of them, drawn
+// without replacement, against every query; its empirical value is the
+// closed form's mean plus the mean of PP̂ − PP over the sample. Over 200
+// seeds on the planted bimodal head: unbiased per bucket (mean
+// standardised error within 4/√200), the 95 % intervals of the cells (m = 20
+// pairs: the t distribution with 19 degrees of freedom covers 93.5 % at
+// ±1.96 for normal errors; band [0.90, 0.965], pooled over ≥ 10,000 cells,
+// sd ≤ 0.3 %) and of the buckets (means of ≈ 8 cells: ≈ 95 %, band
+// [0.93, 0.97]) cover the counted values. On this head PP̂ − PP varies
+// widely from pair to pair (the model does not fit), so the first buckets,
+// of 1 to 3 cells, have |d_b| < 4 se_b: there |·| folds the error and the
+// interval of gaussian_gap is conservative; it must cover at least at the
+// nominal rate (≥ 0.90 of 200, sd 1.5 %). A cell of ≤ 4m pairs is counted
+// whole (se 0, the counted value bit for bit); the closed form never
+// changes; m = 5 against m = 20 gives about twice the standard error
+// (√4 · √((1 − 5/N)/(1 − 20/N)) ≈ 2.2 at N ≈ 100 pairs).
+// ---------------------------------------------------------------------------
+TEST_CASE("pair-sampled empirical check: unbiased, its intervals cover the counted values",
+          "[plasticity][empirical][empirical_sampling]") {
+    auto const h = bimodal(make_head());
+    auto const model = model_of(h);
+    plasticity_options o;
+    o.empirical_check = empirical_policy::exact;
+    auto const exact = qkgeom::attention_plasticity(model, h, o);
+    REQUIRE(exact.gaussian_gap > 0.06);
+    o.empirical_check = empirical_policy::sampled;
+    o.empirical_max_exact = 0;  // every cell above 4096 / n_b ≈ 64 pairs is sampled
+    o.empirical_pairs = 20;
+
+    int const n_seeds = 200;
+    int gap_cover = 0;
+    std::int64_t cells = 0, cells_cover = 0, buckets = 0, buckets_cover = 0, whole = 0;
+    std::vector<double> zsum(exact.profile.size(), 0.0);
+    for (int seed = 0; seed < n_seeds; ++seed) {
+        o.seed = static_cast<std::uint64_t>(seed);
+        auto const r = qkgeom::attention_plasticity(model, h, o);
+        if (seed == 0) check_closed_form_unchanged(r, exact);
+        REQUIRE(r.cells.size() == exact.cells.size());
+        for (std::size_t i = 0; i < r.cells.size(); ++i) {
+            auto const& c = r.cells[i];
+            if (c.n_pairs == 0 || !std::isfinite(c.empirical)) continue;
+            if (c.n_pairs <= 4 * o.empirical_pairs) {  // counted whole
+                ++whole;
+                CHECK(c.empirical_se == 0.0);
+                CHECK(c.empirical == exact.cells[i].empirical);
+                continue;
+            }
+            REQUIRE(c.empirical_se > 0);
+            ++cells;
+            cells_cover += std::abs(c.empirical - exact.cells[i].empirical) <= 1.96 * c.empirical_se ? 1 : 0;
+        }
+        for (std::size_t i = 0; i < r.profile.size(); ++i) {
+            auto const& pb = r.profile[i];
+            if (!std::isfinite(pb.ap_empirical) || pb.ap_empirical_se == 0.0) continue;
+            double const z = (pb.ap_empirical - exact.profile[i].ap_empirical) / pb.ap_empirical_se;
+            zsum[i] += z;
+            ++buckets;
+            buckets_cover += std::abs(z) <= 1.96 ? 1 : 0;
+        }
+        gap_cover += std::abs(r.gaussian_gap - exact.gaussian_gap) <= 1.96 * r.gaussian_gap_se ? 1 : 0;
+    }
+    double const gap_rate = gap_cover / double(n_seeds);
+    double const cell_rate = double(cells_cover) / double(cells);
+    double const bucket_rate = double(buckets_cover) / double(buckets);
+    INFO("coverage of the 95 % intervals over " << n_seeds << " seeds: gaussian_gap " << gap_rate << ", " << cells
+                                                << " cells " << cell_rate << ", " << buckets << " buckets "
+                                                << bucket_rate << "; " << whole << " cells counted whole");
+    CHECK(gap_rate >= 0.90);  // at least nominal (see above)
+    CHECK(cells >= 10000);
+    CHECK(cell_rate >= 0.90);
+    CHECK(cell_rate <= 0.965);
+    CHECK(buckets >= 2000);
+    CHECK(bucket_rate >= 0.93);
+    CHECK(bucket_rate <= 0.97);
+    for (std::size_t i = 0; i < zsum.size(); ++i)
+        if (zsum[i] != 0.0) {
+            INFO("bucket " << exact.profile[i].q_bucket << ": mean standardised error " << zsum[i] / n_seeds);
+            CHECK(std::abs(zsum[i] / n_seeds) < 4.0 / std::sqrt(double(n_seeds)));
+        }
+
+    // convergence: 4× the pairs, about half the standard error
+    o.seed = 3;
+    o.empirical_pairs = 5;
+    auto const small = qkgeom::attention_plasticity(model, h, o);
+    o.empirical_pairs = 20;
+    auto const big = qkgeom::attention_plasticity(model, h, o);
+    double const ratio = small.gaussian_gap_se / big.gaussian_gap_se;
+    INFO("gaussian_gap_se " << small.gaussian_gap_se << " (5 pairs), " << big.gaussian_gap_se << " (20 pairs)");
+    CHECK(ratio > 1.6);
+    CHECK(ratio < 2.9);
+}
+
+// ---------------------------------------------------------------------------
+// The pair sample depends on (seed, head, b, c) only: bit for bit the same
+// under the speed options and at the generic level (the sampled pairs'
+// counts in double there, by the certified single-precision kernels at the
+// dispatched levels: the same counts), another seed gives other values. It
+// serves `prefix` (one large cell per bucket) and sampled enumeration. Where
+// n_b · m exceeds 32 · `empirical_budget` the cell draws instead (the
+// draws' standard error √(ȳ(2 − ȳ)/(k − 1)) identifies them).
+// ---------------------------------------------------------------------------
+TEST_CASE("pair-sampled empirical check: seeded, independent of the speed options and the instruction set",
+          "[plasticity][empirical][empirical_sampling]") {
+    auto const h = make_head();
+    auto const model = model_of(h);
+    plasticity_options o;
+    o.empirical_max_exact = 0;
+    o.empirical_pairs = 20;
+    o.seed = 11;
+    auto const a = qkgeom::attention_plasticity(model, h, o);
+    std::int64_t paired = 0;
+    for (auto const& c : a.cells) paired += c.empirical_se > 0 ? 1 : 0;
+    CHECK(paired > 50);
+    auto same_empirical = [&](plasticity_result const& b, double tol) {
+        REQUIRE(b.cells.size() == a.cells.size());
+        for (std::size_t i = 0; i < a.cells.size(); ++i) {
+            CHECK(std::abs(b.cells[i].empirical - a.cells[i].empirical) <= tol);
+            CHECK(std::abs(b.cells[i].empirical_se - a.cells[i].empirical_se) <= tol);
+        }
+        CHECK(std::abs(b.gaussian_gap - a.gaussian_gap) <= 1e-12);
+        CHECK(std::abs(b.gaussian_gap_se - a.gaussian_gap_se) <= 1e-12);
+    };
+    same_empirical(qkgeom::attention_plasticity(model, h, o), 0.0);
+    auto speed = o;
+    speed.dense_min_keys = 2;  // the Gram path: AP differs by rounding, so does the empirical value
+    speed.tile_keys = 3;
+    same_empirical(qkgeom::attention_plasticity(model, h, speed), 1e-12);
+    for (auto const form : {qkgeom::empirical_columns::keys, qkgeom::empirical_columns::pairs}) {
+        speed = o;
+        speed.empirical = form;
+        same_empirical(qkgeom::attention_plasticity(model, h, speed), 0.0);
+    }
+    {
+        qkgeom::simd::scoped_limit const cap(qkgeom::simd::isa::generic);
+        same_empirical(qkgeom::attention_plasticity(model, h, o), 1e-12);
+    }
+    auto other = o;
+    other.seed = 12;
+    CHECK(qkgeom::attention_plasticity(model, h, other).gaussian_gap != a.gaussian_gap);
+
+    // prefix and sampled enumeration: every sampled cell within 5 se of the counted value
+    for (bool const prefix : {true, false}) {
+        auto p = o;
+        auto ex = o;
+        ex.empirical_check = empirical_policy::exact;
+        if (prefix) {
+            p.pairs = ex.pairs = pair_policy::prefix;
+        } else {
+            p.enumeration = ex.enumeration = qkgeom::enumeration_policy::sampled;
+            p.samples_per_cell = ex.samples_per_cell = 300;
+        }
+        auto const rp = qkgeom::attention_plasticity(model, h, p);
+        auto const re = qkgeom::attention_plasticity(model, h, ex);
+        check_closed_form_unchanged(rp, re);
+        std::int64_t sampled_cells = 0;
+        for (std::size_t i = 0; i < rp.cells.size(); ++i) {
+            if (!(rp.cells[i].empirical_se > 0)) continue;
+            ++sampled_cells;
+            INFO("prefix " << prefix << ", cell " << i);
+            CHECK(std::abs(rp.cells[i].empirical - re.cells[i].empirical) <= 5 * rp.cells[i].empirical_se);
+        }
+        CHECK(sampled_cells >= 10);
+    }
+
+    // n_b · m > 32 · budget: the cells draw (⌊budget/2⌋ = 8 draws each)
+    auto d = o;
+    d.empirical_budget = 16;  // 32 · 16 = 512 < 20 pairs × n_b (≥ 49 queries)
+    auto const drawn = qkgeom::attention_plasticity(model, h, d);
+    std::int64_t n_drawn = 0;
+    for (auto const& c : drawn.cells) {
+        if (!(c.empirical_se > 0)) continue;
+        ++n_drawn;
+        CHECK(std::abs(c.empirical_se - std::sqrt(c.empirical * (2.0 - c.empirical) / 7.0)) <= 1e-12);
+    }
+    CHECK(n_drawn > 50);
+    CHECK_THROWS_WITH(qkgeom::attention_plasticity(model, h, [] {
+                          plasticity_options bad;
+                          bad.empirical_pairs = -1;
+                          return bad;
+                      }()),
+                      Catch::Contains("empirical_pairs must be >= 0") && Catch::Contains("value -1"));
 }
 
 }  // namespace qkgeom_tests_empirical_sampling_test

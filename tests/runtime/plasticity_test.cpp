@@ -743,6 +743,7 @@ TEST_CASE("the Gram path equals the direct path, tiled or not", "[plasticity][de
                 plasticity_options direct;
                 direct.pairs = policy;
                 direct.dense_min_keys = index_t{1} << 40;
+                direct.empirical_check = qkgeom::empirical_policy::exact;  // against the brute-force counts
                 plasticity_options tiled = direct;
                 tiled.dense_min_keys = 2;
                 tiled.tile_keys = 5;

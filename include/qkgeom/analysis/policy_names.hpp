@@ -173,6 +173,7 @@ template <named_policy E>
            " empirical=" + name(o.plasticity.empirical_check) +
            " empirical_budget=" + std::to_string(o.plasticity.empirical_budget) +
            " empirical_max_exact=" + std::to_string(o.plasticity.empirical_max_exact) +
+           " empirical_pairs=" + std::to_string(o.plasticity.empirical_pairs) +
            " split=" + (o.plasticity.split_profile ? "on" : "off") + " ranks=" + (o.ranks_on ? "on" : "off") +
            " rank_keys=" + std::to_string(o.ranks.keys_per_set) + " rank_sets=" + std::to_string(o.ranks.sets_per_bucket) +
            " rank_points=" + std::to_string(o.ranks.lattice_points) +

@@ -58,6 +58,7 @@ inline constexpr option_range samples{"samples", "--samples", 1, 1'000'000'000};
 inline constexpr option_range seed{"seed", "--seed", 0, int64_max};
 inline constexpr option_range empirical_budget{"empirical_budget", "--empirical-budget", 4, 1'000'000'000};
 inline constexpr option_range empirical_max_exact{"empirical_max_exact", "--empirical-max-exact", 0, two_62};
+inline constexpr option_range empirical_pairs{"empirical_pairs", "--empirical-pairs", 0, 1'000'000};
 inline constexpr option_range rank_keys{"rank_keys", "--rank-keys", 2, 64};
 inline constexpr option_range rank_sets{"rank_sets", "--rank-sets", 1, 1'000'000};
 inline constexpr option_range rope_bands{"rope_bands", "--rope-bands", 1, 2048};
@@ -116,6 +117,7 @@ std::optional<option_problem> options_problem(Options const& o) {
           std::pair{r::samples, static_cast<std::int64_t>(p.samples_per_cell)},
           std::pair{r::empirical_budget, static_cast<std::int64_t>(p.empirical_budget)},
           std::pair{r::empirical_max_exact, static_cast<std::int64_t>(p.empirical_max_exact)},
+          std::pair{r::empirical_pairs, static_cast<std::int64_t>(p.empirical_pairs)},
           std::pair{r::rank_keys, static_cast<std::int64_t>(o.ranks.keys_per_set)},
           std::pair{r::rank_sets, static_cast<std::int64_t>(o.ranks.sets_per_bucket)},
           std::pair{r::rope_bands, static_cast<std::int64_t>(o.rope.n_bands)}})

@@ -38,11 +38,13 @@ enum class emp_pass { count, keep, none };
 struct cell_acc {
     double sum = 0, sumsq = 0;
     /// The empirical check: Σ 4p̂(1−p̂)n/(n−1) over the counted pairs, or
-    /// (`emp_sampled`) Σ of the draws' 2·[the two queries disagree].
-    double emp_sum = 0;
-    std::int64_t n = 0, emp_n = 0;
+    /// (`emp_sampled`) Σ of the draws' 2·[the two queries disagree], or
+    /// (`emp_paired`) Σ over the sampled pairs of PP̂ − PP (and `emp_sumsq`
+    /// of its squares) with `emp_population` the pairs sampled from.
+    double emp_sum = 0, emp_sumsq = 0;
+    std::int64_t n = 0, emp_n = 0, emp_population = 0;
     emp_pass emp = emp_pass::count;
-    bool emp_sampled = false;
+    bool emp_sampled = false, emp_paired = false;
     std::vector<std::array<index_t, 2>> kept;  ///< `keep`: the recorded pairs, in order
     split_acc split;  ///< the split pass (docs/beyond-split.md), when the bucket's split model is on
 };
@@ -135,7 +137,16 @@ plasticity_cell finish_cell(cell_acc const& acc, std::int64_t b, std::int64_t c,
             double const var = std::max(0.0, (acc.sumsq - acc.sum * acc.sum / double(acc.n)) / double(acc.n - 1));
             cell.std_error = std::sqrt(var / double(acc.n));
         }
-        if (acc.emp_n > 0) {
+        if (acc.emp_paired && acc.emp_n > 1) {
+            // the difference estimator over m pairs drawn without replacement
+            // from N: the closed form's mean plus the mean of PP̂ − PP, with
+            // se = s/√m·√(1 − m/N)
+            auto const m = double(acc.emp_n), big_n = double(acc.emp_population);
+            double const mean = acc.emp_sum / m;
+            double const var = std::max(0.0, (acc.emp_sumsq - acc.emp_sum * mean) / (m - 1));
+            cell.empirical = cell.plasticity + mean;
+            cell.empirical_se = std::sqrt(var / m * std::max(0.0, 1.0 - m / big_n));
+        } else if (acc.emp_n > 0 && !acc.emp_paired) {
             cell.empirical = acc.emp_sum / double(acc.emp_n);
             cell.empirical_se = acc.emp_sampled ? nan : 0.0;
             // draws y ∈ {0, 2} with mean ȳ: s² = n ȳ(2 − ȳ)/(n − 1), se = s/√n

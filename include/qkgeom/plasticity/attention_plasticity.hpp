@@ -40,6 +40,7 @@ inline void check_plasticity_options(std::string_view fn, plasticity_options con
     if (opt.empirical_budget < 4)  // two draws of (pair, two queries): a mean and its standard error
         fail_arg(fn, "empirical_budget must be >= 4", opt.empirical_budget);
     if (opt.empirical_max_exact < 0) fail_arg(fn, "empirical_max_exact must be >= 0", opt.empirical_max_exact);
+    if (opt.empirical_pairs < 0) fail_arg(fn, "empirical_pairs must be >= 0", opt.empirical_pairs);
     if (opt.empirical_check != empirical_policy::sampled && opt.empirical_check != empirical_policy::exact)
         fail_arg(fn, "empirical_check is not a known empirical_policy", static_cast<int>(opt.empirical_check));
 }
@@ -163,7 +164,8 @@ plasticity_result plasticity_of(householder_result const& model, token_rows<QM> 
 ///         scheme, a sliding window without a bucket scheme, or bad options
 ///         (samples_per_cell < 1, dense_min_keys < 2, tile_keys < 1,
 ///         max_exact_pairs < 0, empirical_budget < 4, empirical_max_exact
-///         < 0, heatmap edges not finite and increasing).
+///         < 0, empirical_pairs < 0, heatmap edges not finite and
+///         increasing).
 template <RowMatrix QM, RowMatrix KM>
 plasticity_result attention_plasticity(householder_result const& model, head_capture<QM, KM> const& head,
                                        plasticity_options const& opt = {}) {

@@ -237,15 +237,26 @@ public:
     /// direct path's test v > 0 (`pp_direct`, the same v bit for bit, without
     /// the split pass). The sampled empirical check redraws a pair it skips.
     bool evaluates(bucket_eval const& e, index_t i, index_t j) {
+        double pp = 0;
+        return closed_pp(e, i, j, pp);
+    }
+
+    /// The closed form's PP of pair (i, j) for bucket `e` by the direct
+    /// path (`pp_direct`'s m and v, without the split pass); false when it
+    /// skips the pair (v ≤ 0).
+    bool closed_pp(bucket_eval const& e, index_t i, index_t j, double& pp) {
         double m = 0, v = 0;
         if (e.V.size() != 0) {
             delta_ = (k_.rot.row(i) - k_.rot.row(j)).transpose();
+            m = e.w.dot(delta_);
             vdelta_.noalias() = e.V * delta_;
             v = delta_.dot(vdelta_);
         } else {
             sse2::diag_pair_moments(k_.rot.row(i).data(), k_.rot.row(j).data(), e.w.data(), e.var.data(), k_.d, m, v);
         }
-        return v > 0;
+        if (!(v > 0)) return false;
+        pp = pairwise_plasticity(m / std::sqrt(v));
+        return true;
     }
 
     /// The split's content sums of pair (i, j) directly (O(d); full: O(d²)):

@@ -250,6 +250,7 @@ public:
         e.nq = q.rows();
         e.level = level_;
         cursor_ = 0;
+        packed_for_ = nullptr;
         if (cells.empty()) return;  // no counted cell
         if (use_pair_form(cells, sampled)) prepare_pairs(q, cells, e);
         else if (auto groups = panel_groups(cells, prefix, sampled); !groups.empty())
@@ -271,6 +272,29 @@ public:
             throw std::logic_error("qkgeom::attention_plasticity: internal error: pair " + std::to_string(i) + ", " +
                                    std::to_string(j) + " is not in the empirical check's pair list");
         return (*e.pair_wins)[cursor_++];
+    }
+
+    /// The wins of the listed pairs (row indices of the keys, i < j as
+    /// recorded) against every query of bucket `e` (set up by `prepare`),
+    /// counted as the counted check counts them: the pair-sampled check
+    /// (evaluate.hpp, `pair_sample_empirical`).
+    void count_listed(empirical_bucket const& e, std::vector<std::array<index_t, 2>> const& pairs,
+                      std::vector<std::int64_t>& wins) {
+        wins.assign(pairs.size(), 0);
+        auto const& q = *e.queries;
+        if (level_ == simd::isa::generic) {  // double scores, as the fallback of the dispatched forms
+            for (std::size_t k = 0; k < pairs.size(); ++k) {
+                auto const ki = ks_.orig.row(pairs[k][0]), kj = ks_.orig.row(pairs[k][1]);
+                for (index_t r = 0; r < e.nq; ++r) wins[k] += q.row(r).dot(ki) > q.row(r).dot(kj) ? 1 : 0;
+            }
+            return;
+        }
+        if (packed_for_ != &q) pack_queries(q, e.nq);
+        list_keys_.assign(pairs.begin(), pairs.end());
+        index_t const n = pack_pair_columns(list_keys_, list_packed_, list_kk_);
+        list_wins_.assign(list_keys_.size(), 0);
+        count_pair_columns(q, e.nq, list_keys_, list_packed_, list_kk_, n, list_wins_.data());
+        for (std::size_t k = 0; k < pairs.size(); ++k) wins[k] = list_wins_[k];
     }
 
 private:
@@ -363,6 +387,7 @@ private:
         scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, nq, ks_.d, blk_.panel, qpack_);
         q_norm_up_.assign(static_cast<std::size_t>(nq_pad), 0.0f);
         for (index_t r = 0; r < nq; ++r) q_norm_up_[static_cast<std::size_t>(r)] = float_up(q.row(r).norm());
+        packed_for_ = &q;
     }
 
     /// The key form's certified relative error of an f32 score (+inf when the
@@ -390,22 +415,31 @@ private:
         auto [it, fresh] = pair_segments_.try_emplace(c);
         if (!fresh) return it->second;
         auto& seg = it->second;
-        index_t const d = ks_.d;
         for (auto const& g : plan_.groups_of(c))
             for (std::size_t a = 0; a < g.keys.size(); ++a)
                 for (std::size_t b = a + 1; b < g.keys.size(); ++b) seg.keys.push_back({g.keys[a], g.keys[b]});
-        seg.n = static_cast<index_t>(seg.keys.size());
+        seg.n = pack_pair_columns(seg.keys, seg.packed, seg.kk);
+        return seg;
+    }
+
+    /// The packed f32 columns kᵢ − kⱼ of the pairs `keys` and their bound
+    /// factors kk (see pair_segment); pads `keys` with {−1, −1} to whole
+    /// blocks. Returns the pair count (unpadded).
+    index_t pack_pair_columns(std::vector<std::array<index_t, 2>>& keys, std::vector<float>& packed,
+                              std::vector<float>& kk) const {
+        index_t const d = ks_.d;
+        auto const n = static_cast<index_t>(keys.size());
         scores::pack_transposed(
             [&](index_t a, index_t l) {
-                auto const& pk = seg.keys[static_cast<std::size_t>(a)];
+                auto const& pk = keys[static_cast<std::size_t>(a)];
                 return ks_.orig(pk[0], l) - ks_.orig(pk[1], l);
             },
-            seg.n, d, blk_.block, seg.packed);
-        auto const padded = scores::round_up(seg.n, blk_.block);
+            n, d, blk_.block, packed);
+        auto const padded = scores::round_up(n, blk_.block);
         double const gamma32 = f32_dot_error_factor(d), gamma64 = f64_dot_error_factor(d);
-        seg.kk.assign(static_cast<std::size_t>(padded), 0.0f);
-        for (index_t a = 0; a < seg.n; ++a) {
-            auto const [i, j] = seg.keys[static_cast<std::size_t>(a)];
+        kk.assign(static_cast<std::size_t>(padded), 0.0f);
+        for (index_t a = 0; a < n; ++a) {
+            auto const [i, j] = keys[static_cast<std::size_t>(a)];
             double norm2 = 0.0, big = 0.0;
             bool tiny = false;
             for (index_t l = 0; l < d; ++l) {
@@ -415,46 +449,52 @@ private:
                 tiny = tiny || (x != 0.0 && std::abs(x) < 0x1p-126);
             }
             bool const ok = certifiable_ && !tiny && big <= 0x1p126 && double(d) * q_max_abs_ * big <= 0x1p126;
-            seg.kk[static_cast<std::size_t>(a)] =
+            kk[static_cast<std::size_t>(a)] =
                 ok ? float_up((gamma32 * std::sqrt(norm2) + gamma64 * (k_norm_all_(i) + k_norm_all_(j))) * (1.0 + 0x1p-20))
                    : std::numeric_limits<float>::infinity();
         }
-        seg.keys.resize(static_cast<std::size_t>(padded), {-1, -1});
-        return seg;
+        keys.resize(static_cast<std::size_t>(padded), {-1, -1});
+        return n;
+    }
+
+    /// Certified counts of the packed pair columns `packed`/`kk` of `keys`
+    /// (`pack_pair_columns`, padded) against the packed queries of the
+    /// current bucket: `wins` (one entry per padded column) gets each pair's
+    /// wins, the f32 decisions plus the undecided queries recounted in double.
+    void count_pair_columns(QRows const& q, index_t nq, std::vector<std::array<index_t, 2>> const& keys,
+                            std::vector<float> const& packed, std::vector<float> const& kk, index_t n,
+                            std::int32_t* wins) {
+        auto const nc = static_cast<index_t>(keys.size());
+        index_t const nq_pad = scores::round_up(nq, blk_.panel), np = nq_pad / blk_.panel;
+        undecided_.assign(static_cast<std::size_t>(np * nc), 0u);
+        scores::pair_counts(level_, qpack_, q_norm_up_.data(), nq, nq_pad, packed.data(), kk.data(),
+                            f32_pair_abs_error(ks_.d), n, ks_.d, wins, undecided_.data(), nc);
+        // The undecided queries (≈ 1 in 10⁴ on real heads; all of a column
+        // with kk = +inf), in double from the original rows.
+        for (index_t p = 0; p < np; ++p)
+            for (index_t c = 0; c < n; ++c) {
+                std::uint32_t const m = undecided_[static_cast<std::size_t>(p * nc + c)];
+                if (m == 0) continue;
+                auto const [i, j] = keys[static_cast<std::size_t>(c)];
+                wins[c] += masked_wins(q, p * blk_.panel, m, ks_.orig.row(i), ks_.orig.row(j));
+            }
     }
 
     /// method §9.14, pair-difference form (see pair_segment).
     void prepare_pairs(QRows const& q, std::vector<std::int64_t> const& cells, empirical_bucket& e) {
-        index_t const d = ks_.d;
         pair_keys_.clear();
         for (auto c : cells) {
             auto const& seg = pair_segment_of(c);
             pair_keys_.insert(pair_keys_.end(), seg.keys.begin(), seg.keys.end());
         }
-        auto const nc = static_cast<index_t>(pair_keys_.size());
-        index_t const nq_pad = scores::round_up(e.nq, blk_.panel);
         pack_queries(q, e.nq);
-        pair_wins_.assign(static_cast<std::size_t>(nc), 0);
-        index_t const np = nq_pad / blk_.panel;
-        undecided_.assign(static_cast<std::size_t>(np * nc), 0u);
-        float const ka = f32_pair_abs_error(d);
-        index_t offset = 0;
+        pair_wins_.assign(pair_keys_.size(), 0);
+        std::size_t offset = 0;
         for (auto c : cells) {
             auto const& seg = pair_segment_of(c);
-            scores::pair_counts(level_, qpack_, q_norm_up_.data(), e.nq, nq_pad, seg.packed.data(), seg.kk.data(), ka,
-                                seg.n, d, pair_wins_.data() + offset, undecided_.data() + offset, nc);
-            offset += static_cast<index_t>(seg.keys.size());
+            count_pair_columns(q, e.nq, seg.keys, seg.packed, seg.kk, seg.n, pair_wins_.data() + offset);
+            offset += seg.keys.size();
         }
-        // The undecided queries (≈ 1 in 10⁴ on real heads; all of a column
-        // with kk = +inf), in double from the original rows.
-        for (index_t p = 0; p < np; ++p)
-            for (index_t c = 0; c < nc; ++c) {
-                std::uint32_t const m = undecided_[static_cast<std::size_t>(p * nc + c)];
-                if (m == 0) continue;
-                auto const [i, j] = pair_keys_[static_cast<std::size_t>(c)];
-                pair_wins_[static_cast<std::size_t>(c)] +=
-                    masked_wins(q, p * blk_.panel, m, ks_.orig.row(i), ks_.orig.row(j));
-            }
         e.pair_keys = &pair_keys_;
         e.pair_wins = &pair_wins_;
     }
@@ -574,6 +614,10 @@ private:
     std::vector<float> panel_scores_;                    ///< panel form: one panel's scores, key-major
     VecX kn_;                                            ///< panel form: ‖k‖ per score column
     std::size_t cursor_ = 0;                ///< pair form: next listed pair
+    QRows const* packed_for_ = nullptr;     ///< the rows `qpack_` and `q_norm_up_` hold (pack_queries)
+    std::vector<std::array<index_t, 2>> list_keys_;  ///< count_listed: the pairs, padded
+    std::vector<float> list_packed_, list_kk_;       ///< count_listed: their columns and bound factors
+    std::vector<std::int32_t> list_wins_;            ///< count_listed: their wins
 };
 
 using empirical_check = empirical_check_t<>;

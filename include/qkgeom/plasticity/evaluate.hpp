@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -145,6 +146,53 @@ std::vector<std::vector<index_t> const*> sampling_groups(std::vector<key_group> 
     return gs;
 }
 
+/// The pairs a sampled check of one cell draws from (method §9.14): the
+/// recorded draws `acc.kept` of a sampled enumeration, or the admissible
+/// pairs of `groups` numbered as the exact pass walks them (group by group;
+/// within a group of m keys, pair (a, b), a < b, is number b(b − 1)/2 + a).
+/// `lookup` > 0: when there are at most that many pairs, a table gives the
+/// group of each pair number in one look-up.
+struct pair_population {
+    std::vector<std::array<index_t, 2>> const* kept = nullptr;
+    std::vector<key_group> const* groups = nullptr;
+    std::vector<std::int64_t> cum;    ///< exact enumeration: cumulative pair counts of the groups
+    std::vector<std::int32_t> owner;  ///< ... and, when they are few, the group of each pair number
+    std::int64_t total = 0;
+
+    pair_population(cell_acc const& acc, std::vector<key_group> const& gs, std::int64_t lookup) {
+        if (acc.emp == emp_pass::keep) {
+            kept = &acc.kept;
+            total = static_cast<std::int64_t>(acc.kept.size());
+            return;
+        }
+        groups = &gs;
+        for (auto const& g : gs) cum.push_back(total += pairs_of(g.keys.size()));
+        if (total <= lookup)
+            for (std::size_t gi = 0; gi < gs.size(); ++gi)
+                owner.insert(owner.end(), static_cast<std::size_t>(cum[gi] - (gi > 0 ? cum[gi - 1] : 0)),
+                             static_cast<std::int32_t>(gi));
+    }
+
+    /// The group of pair number u (exact enumeration).
+    [[nodiscard]] std::size_t group_of(std::int64_t u) const {
+        return owner.empty() ? static_cast<std::size_t>(std::upper_bound(cum.begin(), cum.end(), u) - cum.begin())
+                             : static_cast<std::size_t>(owner[static_cast<std::size_t>(u)]);
+    }
+
+    /// Pair number u as row indices (i, j), in the order the pass records them.
+    [[nodiscard]] std::array<index_t, 2> pair(std::int64_t u) const {
+        if (kept != nullptr) return (*kept)[static_cast<std::size_t>(u)];
+        auto const gi = group_of(u);
+        auto const t = u - (gi > 0 ? cum[gi - 1] : 0);  // b(b − 1)/2 + a, a < b
+        auto b = static_cast<std::int64_t>((1.0 + std::sqrt(1.0 + 8.0 * double(t))) / 2.0);
+        while (b * (b - 1) / 2 > t) --b;
+        while ((b + 1) * b / 2 <= t) ++b;
+        auto const a = t - b * (b - 1) / 2;
+        auto const& g = (*groups)[gi].keys;
+        return {g[static_cast<std::size_t>(a)], g[static_cast<std::size_t>(b)]};
+    }
+};
+
 /// The sampled empirical check of one cell after its closed-form pass
 /// (method §9.14, `empirical_policy::sampled`, docs/plasticity.md): ⌊budget/2⌋
 /// draws, each a pair uniform over the cell's evaluated pairs (sampled
@@ -159,27 +207,16 @@ void draw_empirical(Evaluator& ev, key_store const& ks, bucket_eval const& e, st
                     cell_acc& acc, plasticity_options const& opt, std::int64_t b, std::int64_t c, bool had_skips) {
     std::mt19937_64 gen(empirical_stream(opt.seed, b, c));
     std::int64_t const n_draws = opt.empirical_budget / 2;
-    std::vector<std::int64_t> cum;    // exact enumeration: cumulative pair counts of the groups
-    std::vector<std::int32_t> owner;  // ... and, when they are few, the group of each pair index
-    std::int64_t total = 0;
-    if (acc.emp != emp_pass::keep) {
-        for (auto const& g : groups) cum.push_back(total += pairs_of(g.keys.size()));
-        if (total <= std::min<std::int64_t>(32 * n_draws, 1 << 20))  // upper_bound's group in one look-up
-            for (std::size_t gi = 0; gi < groups.size(); ++gi)
-                owner.insert(owner.end(), static_cast<std::size_t>(cum[gi] - (gi > 0 ? cum[gi - 1] : 0)),
-                             static_cast<std::int32_t>(gi));
-    }
+    pair_population const pop(acc, groups, std::min<std::int64_t>(32 * n_draws, 1 << 20));
     auto const nq = static_cast<std::uint64_t>(e.emp.nq);
     auto pick = [&](index_t& i, index_t& j) {
-        if (acc.emp == emp_pass::keep) {
-            auto const& p = acc.kept[uniform_below(gen, acc.kept.size())];
+        if (pop.kept != nullptr) {
+            auto const& p = (*pop.kept)[uniform_below(gen, pop.kept->size())];
             i = p[0], j = p[1];
             return true;
         }
-        auto const u = static_cast<std::int64_t>(uniform_below(gen, static_cast<std::uint64_t>(total)));
-        auto const gi = owner.empty() ? std::upper_bound(cum.begin(), cum.end(), u) - cum.begin()
-                                      : std::ptrdiff_t{owner[static_cast<std::size_t>(u)]};
-        auto const& g = groups[static_cast<std::size_t>(gi)].keys;
+        auto const u = static_cast<std::int64_t>(uniform_below(gen, static_cast<std::uint64_t>(pop.total)));
+        auto const& g = groups[pop.group_of(u)].keys;
         auto const a = uniform_below(gen, g.size());
         auto bb = uniform_below(gen, g.size() - 1);
         bb += bb >= a ? 1 : 0;
@@ -202,36 +239,93 @@ void draw_empirical(Evaluator& ev, key_store const& ks, bucket_eval const& e, st
     }
 }
 
-/// One cell: every pair (exact) or the drawn pairs (sampled) of `groups`.
-/// `emp_draws`: its empirical check is sampled (drawn after the pass), else
-/// counted pair by pair.
+/// The pair-sampled empirical check of one cell after its closed-form pass
+/// (method §9.14, docs/plasticity.md): m = `empirical_pairs` distinct pairs
+/// drawn uniformly, without replacement, from the cell's evaluated pairs (a
+/// pair the closed form skips is passed over), each counted against every
+/// query of the bucket as the counted check counts it (`count_listed`), and
+/// its closed-form PP. The cell's empirical value is the closed form's mean
+/// plus the mean over the sample of PP̂ − PP (the difference estimator:
+/// unbiased, and its error is that of the model's misfit, not of the pairs'
+/// spread). Returns false, with nothing recorded, when fewer than two
+/// evaluated pairs turned up in 16·m + 64 tries (the cell then draws).
+/// Pairs depend on (seed, head, b, c).
 template <class Evaluator>
-plasticity_cell evaluate_cell(Evaluator& ev, key_store const& ks, bucket_eval const& e,
-                              std::vector<key_group> const& groups, bool sampled, plasticity_options const& opt,
-                              std::int64_t b, std::int64_t c, split_acc* split = nullptr, bool emp_draws = false) {
+bool pair_sample_empirical(Evaluator& ev, detail::dep_t<empirical_check, Evaluator>& emp, bucket_eval const& e,
+                           std::vector<key_group> const& groups, cell_acc& acc, plasticity_options const& opt,
+                           std::int64_t b, std::int64_t c) {
+    std::mt19937_64 gen(empirical_stream(opt.seed, b, c));
+    std::int64_t const m = opt.empirical_pairs;
+    pair_population const pop(acc, groups, std::min<std::int64_t>(64 * m, 1 << 20));
+    std::unordered_set<std::int64_t> seen;
+    std::vector<std::array<index_t, 2>> pairs;
+    std::vector<double> pp;
+    for (std::int64_t t = 0; t < 16 * m + 64 && std::ssize(pairs) < m && std::ssize(seen) < pop.total; ++t) {
+        auto const u = static_cast<std::int64_t>(uniform_below(gen, static_cast<std::uint64_t>(pop.total)));
+        if (!seen.insert(u).second) continue;
+        auto const ij = pop.pair(u);
+        double x = 0;
+        if (!ev.closed_pp(e, ij[0], ij[1], x)) continue;  // skipped by the closed form (v ≤ 0): not in the cell
+        pairs.push_back(ij);
+        pp.push_back(x);
+    }
+    if (pairs.size() < 2) return false;
+    std::vector<std::int64_t> wins;
+    emp.count_listed(e.emp, pairs, wins);
+    auto const nq = double(e.emp.nq);
+    for (std::size_t k = 0; k < pairs.size(); ++k) {
+        double const p = double(wins[k]) / nq;
+        double const dk = 4.0 * p * (1.0 - p) * e.emp.emp_scale - pp[k];
+        acc.emp_sum += dk;
+        acc.emp_sumsq += dk * dk;
+    }
+    acc.emp_n = std::ssize(pairs);
+    acc.emp_population = acc.n;
+    acc.emp_paired = true;
+    return true;
+}
+
+/// How the empirical check treats one cell (method §9.14).
+enum class emp_mode { counted, paired, drawn };
+
+/// The empirical check of a cell of `pairs` pairs (sampled enumeration: its
+/// draws) in a bucket of nq ≥ 2 queries: under `empirical_policy::sampled`,
+/// counted when its nq · pairs evaluations are within
+/// max(`empirical_max_exact`, `empirical_budget`); otherwise pair-sampled
+/// (`pair_sample_empirical`) while nq · `empirical_pairs` ≤ 32 ·
+/// `empirical_budget` (a draw costs about as much as 64 counted
+/// evaluations, docs/performance.md) — counted whole when it has no more
+/// than 4 · `empirical_pairs` pairs; drawn (`draw_empirical`) beyond.
+template <class = void>  // instantiated on use
+emp_mode empirical_mode(plasticity_options const& opt, std::int64_t nq, std::int64_t pairs) {
+    std::int64_t const counted = std::max(opt.empirical_max_exact, opt.empirical_budget);
+    if (opt.empirical_check != empirical_policy::sampled || nq < 2 || pairs <= counted / nq) return emp_mode::counted;
+    std::int64_t const m = opt.empirical_pairs;
+    if (m < 2 || nq > 32 * opt.empirical_budget / m) return emp_mode::drawn;
+    return pairs <= 4 * m ? emp_mode::counted : emp_mode::paired;
+}
+
+/// One cell: every pair (exact) or the drawn pairs (sampled) of `groups`;
+/// its empirical check counted pair by pair (`mode` counted), or sampled
+/// after the pass.
+template <class Evaluator>
+plasticity_cell evaluate_cell(Evaluator& ev, detail::dep_t<empirical_check, Evaluator>& emp, key_store const& ks,
+                              bucket_eval const& e, std::vector<key_group> const& groups, bool sampled,
+                              plasticity_options const& opt, std::int64_t b, std::int64_t c, split_acc* split,
+                              emp_mode mode) {
     cell_acc acc;
-    bool const draws = emp_draws && e.emp.active();
-    if (draws) acc.emp = sampled ? emp_pass::keep : emp_pass::none;
+    bool const after = mode != emp_mode::counted && e.emp.active();
+    if (after) acc.emp = sampled ? emp_pass::keep : emp_pass::none;
     std::int64_t const skipped = ev.skipped();
     if (sampled) {
         evaluate_cell_sampled(ev, e, sampling_groups(groups), acc, opt, b, c);
     } else {
         for (auto const& g : groups) evaluate_group_exact(ev, ks, e, g.keys, acc, opt);
     }
-    if (draws && acc.n > 0) draw_empirical(ev, ks, e, groups, acc, opt, b, c, ev.skipped() != skipped);
+    if (after && acc.n > 0 && !(mode == emp_mode::paired && pair_sample_empirical(ev, emp, e, groups, acc, opt, b, c)))
+        draw_empirical(ev, ks, e, groups, acc, opt, b, c, ev.skipped() != skipped);
     if (split != nullptr) *split = acc.split;
     return finish_cell(acc, b, c, sampled);
-}
-
-/// Whether the empirical check of a cell is sampled (method §9.14): under
-/// `empirical_policy::sampled` when its n_b · `pairs` (query, pair)
-/// evaluations exceed max(`empirical_max_exact`, `empirical_budget`);
-/// `pairs` the cell's admissible pairs (sampled enumeration: its draws),
-/// n_b = `nq` ≥ 2 its bucket's query rows.
-template <class = void>  // instantiated on use
-bool empirical_drawn(plasticity_options const& opt, std::int64_t nq, std::int64_t pairs) {
-    std::int64_t const counted = std::max(opt.empirical_max_exact, opt.empirical_budget);
-    return opt.empirical_check == empirical_policy::sampled && nq >= 2 && pairs > counted / nq;
 }
 
 /// One query bucket: its cells appended to `res.cells`, its profile entry to
@@ -261,17 +355,17 @@ void evaluate_query_bucket(Evaluator& ev, detail::dep_t<empirical_check, Evaluat
     // method §9.14: which cells the empirical check counts (prepared here) and which draw after their pass
     std::int64_t const nq = emp.query_count(s.bucket);
     auto const planned = [&](std::int64_t pairs) { return res.sampled && pairs > 0 ? opt.samples_per_cell : pairs; };
-    std::vector<char> drawn(prefix ? 1 : qp.cells.size());
+    std::vector<emp_mode> mode(prefix ? 1 : qp.cells.size());
     std::vector<std::int64_t> counted;
     if (prefix) {
         std::int64_t pairs = 0;
         for (auto const& g : groups) pairs += pairs_of(g.keys.size());
-        drawn[0] = empirical_drawn(opt, nq, planned(pairs));
-        if (!drawn[0]) counted = qp.cells;
+        mode[0] = empirical_mode(opt, nq, planned(pairs));
+        if (mode[0] == emp_mode::counted) counted = qp.cells;
     } else {
         for (std::size_t i = 0; i < qp.cells.size(); ++i) {
-            drawn[i] = empirical_drawn(opt, nq, planned(plan.total_size({qp.cells[i]}).pairs));
-            if (!drawn[i]) counted.push_back(qp.cells[i]);
+            mode[i] = empirical_mode(opt, nq, planned(plan.total_size({qp.cells[i]}).pairs));
+            if (mode[i] == emp_mode::counted) counted.push_back(qp.cells[i]);
         }
     }
     emp.prepare(s.bucket, counted, prefix ? &groups : nullptr, res.sampled, e.emp);
@@ -280,13 +374,13 @@ void evaluate_query_bucket(Evaluator& ev, detail::dep_t<empirical_check, Evaluat
         auto const first = res.cells.size();
         sc.resize(qp.cells.size());
         for (std::size_t i = 0; i < qp.cells.size(); ++i)
-            res.cells.push_back(evaluate_cell(ev, ks, e, plan.groups_of(qp.cells[i]), res.sampled, opt, s.bucket,
-                                              qp.cells[i], &sc[i], drawn[i] != 0));
+            res.cells.push_back(evaluate_cell(ev, emp, ks, e, plan.groups_of(qp.cells[i]), res.sampled, opt, s.bucket,
+                                              qp.cells[i], &sc[i], mode[i]));
         same_bucket_profile(std::span<plasticity_cell const>(res.cells).subspan(first), pb);
     } else {  // prefix: per example, its keys in all admissible buckets
         sc.resize(1);
         res.cells.push_back(
-            evaluate_cell(ev, ks, e, groups, res.sampled, opt, s.bucket, -1, sc.data(), drawn[0] != 0));
+            evaluate_cell(ev, emp, ks, e, groups, res.sampled, opt, s.bucket, -1, sc.data(), mode[0]));
         prefix_profile(res.cells.back(), pb);
     }
     res.n_pairs += pb.n_pairs;

@@ -51,13 +51,14 @@ enum class empirical_columns {
 };
 
 /// \brief How the empirical cross-check (method §9.14) evaluates a cell: every
-/// (query, pair) evaluation, or `empirical_budget` of them drawn at random once
-/// the cell has more than max(`empirical_max_exact`, `empirical_budget`)
+/// (query, pair) evaluation, or, once the cell has more than
+/// max(`empirical_max_exact`, `empirical_budget`), `empirical_pairs` of its
+/// pairs against every query or `empirical_budget` evaluations drawn at random
 /// (docs/plasticity.md, "Sampled or exact: `empirical_check`"). The closed form, AP and every other number
 /// are the same either way; only the empirical values and `gaussian_gap` are
 /// estimated.
 enum class empirical_policy {
-    sampled,  ///< default: a small cell is counted exactly, a large one estimated from `empirical_budget` evaluations
+    sampled,  ///< default: a small cell is counted exactly, a large one estimated from a sample of its pairs or draws
     exact,    ///< every (query, pair) evaluation of every cell
 };
 
@@ -92,10 +93,16 @@ struct plasticity_options {
     /// cell, ⌊budget/2⌋ draws (≥ 4). Draws depend on (seed, head id, b, c) only.
     std::int64_t empirical_budget = 4096;
     /// `empirical_check` sampled: a cell of n_b · (its pairs) ≤
-    /// max(this, `empirical_budget`) evaluations is counted exactly, since
-    /// counting it costs no more than its draws (≥ 0; 0: every cell above the
-    /// budget is sampled).
-    std::int64_t empirical_max_exact = 262'144;
+    /// max(this, `empirical_budget`) evaluations is counted exactly (≥ 0;
+    /// 0: every cell above the budget is sampled).
+    std::int64_t empirical_max_exact = 16'384;
+    /// `empirical_check` sampled: a sampled cell of a bucket with n_b ·
+    /// this ≤ 32 · `empirical_budget` counts this many of its pairs, drawn
+    /// without replacement, against every query of the bucket (the
+    /// difference estimator with the closed form, docs/plasticity.md); one
+    /// of no more than 4 × this pairs is counted whole (≥ 0; below 2, which
+    /// gives no standard error: only draws).
+    std::int64_t empirical_pairs = 32;
     /// The split of the profile (`plasticity_result::split`, docs/beyond-split.md):
     /// false leaves it NaN with status `disabled` (and saves its time).
     bool split_profile = true;

@@ -270,7 +270,7 @@ inline void apply_options(spec_reader const& rd, json::value const& v, analysis_
     rd.keys(v, "options",
             {"components", "sign", "low", "high", "separation", "semantic", "diagnostics", "ks_alpha", "pairs",
              "weighting", "enumeration", "max_exact_pairs", "samples", "seed", "empirical_check", "empirical_budget",
-             "empirical_max_exact", "window", "context", "split", "ranks",
+             "empirical_max_exact", "empirical_pairs", "window", "context", "split", "ranks",
              "rank_keys", "rank_sets", "rank_draw", "rope_bands"});
     auto const f = [](char const* k) { return std::string("options.") + k; };
     auto const boolean = [&](json::value const& x, char const* k) {
@@ -298,6 +298,7 @@ inline void apply_options(spec_reader const& rd, json::value const& v, analysis_
         else if (k == "empirical_budget") p.empirical_budget = rd.integer(x, f("empirical_budget"), R::empirical_budget);
         else if (k == "empirical_max_exact")
             p.empirical_max_exact = rd.integer(x, f("empirical_max_exact"), R::empirical_max_exact);
+        else if (k == "empirical_pairs") p.empirical_pairs = rd.integer(x, f("empirical_pairs"), R::empirical_pairs);
         else if (k == "split") p.split_profile = boolean(x, "split");
         else if (k == "ranks") o.ranks_on = boolean(x, "ranks");
         else if (k == "rank_keys") o.ranks.keys_per_set = rd.integer(x, f("rank_keys"), R::rank_keys);
