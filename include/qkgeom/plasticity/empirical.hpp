@@ -427,23 +427,22 @@ private:
     /// blocks. Returns the pair count (unpadded).
     index_t pack_pair_columns(std::vector<std::array<index_t, 2>>& keys, std::vector<float>& packed,
                               std::vector<float>& kk) const {
-        index_t const d = ks_.d;
+        index_t const d = ks_.d, W = blk_.block;
         auto const n = static_cast<index_t>(keys.size());
-        scores::pack_transposed(
-            [&](index_t a, index_t l) {
-                auto const& pk = keys[static_cast<std::size_t>(a)];
-                return ks_.orig(pk[0], l) - ks_.orig(pk[1], l);
-            },
-            n, d, blk_.block, packed);
-        auto const padded = scores::round_up(n, blk_.block);
+        auto const padded = scores::round_up(n, W);
         double const gamma32 = f32_dot_error_factor(d), gamma64 = f64_dot_error_factor(d);
+        packed.assign(static_cast<std::size_t>(padded * d), 0.0f);  // scores::pack_transposed's layout
         kk.assign(static_cast<std::size_t>(padded), 0.0f);
-        for (index_t a = 0; a < n; ++a) {
+        for (index_t a = 0; a < n; ++a) {  // one pass per pair: its column and its bound
             auto const [i, j] = keys[static_cast<std::size_t>(a)];
+            double const* ki = ks_.orig.row(i).data();
+            double const* kj = ks_.orig.row(j).data();
+            float* dst = packed.data() + (a / W) * d * W + a % W;
             double norm2 = 0.0, big = 0.0;
             bool tiny = false;
             for (index_t l = 0; l < d; ++l) {
-                double const x = ks_.orig(i, l) - ks_.orig(j, l);
+                double const x = ki[l] - kj[l];  // the difference in double, rounded once
+                dst[l * W] = static_cast<float>(x);
                 norm2 += x * x;
                 big = std::max(big, std::abs(x));
                 tiny = tiny || (x != 0.0 && std::abs(x) < 0x1p-126);
