@@ -384,7 +384,7 @@ private:
     /// query side of the pair-difference and panel forms.
     void pack_queries(QRows const& q, index_t nq) {
         index_t const nq_pad = scores::round_up(nq, blk_.panel);
-        scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, nq, ks_.d, blk_.panel, qpack_);
+        scores::pack_rows_transposed(q.data(), q.outerStride(), nq, ks_.d, blk_.panel, qpack_);
         q_norm_up_.assign(static_cast<std::size_t>(nq_pad), 0.0f);
         for (index_t r = 0; r < nq; ++r) q_norm_up_[static_cast<std::size_t>(r)] = float_up(q.row(r).norm());
         packed_for_ = &q;
@@ -513,7 +513,7 @@ private:
             e.scores.noalias() = q.template cast<float>() * kf.transpose();
         } else {
             index_t const nq_pad = scores::round_up(e.nq, blk_.panel);
-            scores::pack_transposed([&](index_t r, index_t l) { return q(r, l); }, e.nq, d, blk_.panel, qpack_);
+            scores::pack_rows_transposed(q.data(), q.outerStride(), e.nq, d, blk_.panel, qpack_);
             e.scores.resize(nq_pad, nks);
             index_t offset = 0;
             for (auto c : cells) {

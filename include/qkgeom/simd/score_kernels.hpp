@@ -79,6 +79,18 @@ void pack_transposed(At const& x, index_t n, index_t d, index_t width, std::vect
     }
 }
 
+/// `pack_transposed` of n rows of a row-major matrix (row r at x + r·ld),
+/// read row by row: the same `out`, bit for bit.
+inline void pack_rows_transposed(double const* x, index_t ld, index_t n, index_t d, index_t width,
+                                 std::vector<float>& out) {
+    out.assign(static_cast<std::size_t>(round_up(n, width) * d), 0.0f);
+    for (index_t r = 0; r < n; ++r) {
+        double const* src = x + r * ld;
+        float* dst = out.data() + (r / width) * d * width + r % width;
+        for (index_t l = 0; l < d; ++l) dst[l * width] = static_cast<float>(src[l]);
+    }
+}
+
 // --- entry points (defined below; in src/qkgeom_compiled.cpp with compiled kernels)
 
 /// S = Q Kᵀ from packed operands (see the file header): `qp` holds
