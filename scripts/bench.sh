@@ -67,7 +67,12 @@ export QKGEOM_BENCH_DIR="$data/dataset"   # the 300-head dataset, kept for the C
 echo "bench.sh: load average before the run: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')" >&2
 args=(--benchmark_format=console --benchmark_out="$build/bench.json" --benchmark_out_format=json)
 if [ "$quick" = 1 ]; then args+=("--benchmark_filter=$filter"); fi
-"$build/benchmarks/qkgeom_bench" "${args[@]}" "${extra[@]}"
+# The benchmarks run under the program's allocator settings (app/main.cpp,
+# keep_freed_pages: freed head buffers stay in the heap). Without them glibc's
+# dynamic mmap threshold decides, run by run, whether every head's buffers are
+# faulted in afresh: bm_head_analyze_beyond/beyond:0 read 32 or 99 ms per head.
+kept="glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}$kept" "$build/benchmarks/qkgeom_bench" "${args[@]}" "${extra[@]}"
 
 rss=()
 if [ "$cli" = 1 ] && [ -x /usr/bin/time ] && [ -f "$QKGEOM_BENCH_DIR/manifest.json" ]; then
