@@ -49,8 +49,11 @@
 
 #if defined(__GLIBC__)
 #include <malloc.h>
+#include <sys/auxv.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <fstream>
 #endif
 
@@ -536,23 +539,41 @@ void keep_freed_pages() {
 /// pages for its heap and its mapped blocks under the tunable
 /// `glibc.malloc.hugetlb=1`, which it reads at start only, so the program sets
 /// it and executes itself again, once, before anything else happens (same
-/// process id, arguments, descriptors and environment otherwise). Nothing
-/// changes when the tunable is already named in GLIBC_TUNABLES (the user's
-/// choice, or the second start), when QKGEOM_NO_HUGE_PAGES is set, or when
-/// the kernel's mode is `always` or `never`. Peak resident size grows by at
-/// most a few MB; docs/performance.md, "Whole process".
+/// process id, arguments, descriptors and environment otherwise; the marker
+/// QKGEOM_REEXEC, removed on the second start, ends the loop whatever glibc
+/// does with the tunable). Nothing changes when the tunable is already named
+/// in GLIBC_TUNABLES (the user's choice), when QKGEOM_NO_HUGE_PAGES is set,
+/// when the kernel's mode is `always` or `never`, for a set-user-id start
+/// (glibc ignores tunables there), or when the program was not started from
+/// its own file (through the dynamic loader: /proc/self/exe is the loader).
+/// Peak resident size grows by at most a few MB; docs/performance.md,
+/// "Whole process".
 void use_huge_pages([[maybe_unused]] char** argv) {
 #if defined(__GLIBC__) && defined(__linux__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+    if (std::getenv("QKGEOM_REEXEC") != nullptr) {  // the second start
+        unsetenv("QKGEOM_REEXEC");
+        return;
+    }
     char const* tunables = std::getenv("GLIBC_TUNABLES");
     std::string const before = tunables != nullptr ? tunables : "";
-    if (std::getenv("QKGEOM_NO_HUGE_PAGES") != nullptr || before.find("glibc.malloc.hugetlb") != std::string::npos)
+    if (std::getenv("QKGEOM_NO_HUGE_PAGES") != nullptr || before.find("glibc.malloc.hugetlb") != std::string::npos ||
+        getauxval(AT_SECURE) != 0)
         return;
     std::string mode;
     std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), mode);
     if (mode.find("[madvise]") == std::string::npos) return;
+    // the file the kernel started (AT_EXECFN) must be the running executable
+    std::array<char, 4096> self{};
+    auto const len = readlink("/proc/self/exe", self.data(), self.size() - 1);
+    auto const* execfn = reinterpret_cast<char const*>(getauxval(AT_EXECFN));
+    struct stat started {}, running {};
+    if (len <= 0 || execfn == nullptr || stat(execfn, &started) != 0 || stat(self.data(), &running) != 0 ||
+        started.st_dev != running.st_dev || started.st_ino != running.st_ino)
+        return;
     std::string const after = before.empty() ? "glibc.malloc.hugetlb=1" : before + ":glibc.malloc.hugetlb=1";
-    if (setenv("GLIBC_TUNABLES", after.c_str(), 1) != 0) return;
-    execv("/proc/self/exe", argv);  // returns only when it failed: go on as we are
+    if (setenv("GLIBC_TUNABLES", after.c_str(), 1) != 0 || setenv("QKGEOM_REEXEC", "1", 1) != 0) return;
+    execv(self.data(), argv);  // by its real path (the process keeps its name); returns only on failure
+    unsetenv("QKGEOM_REEXEC");
     if (tunables != nullptr) setenv("GLIBC_TUNABLES", before.c_str(), 1);
     else unsetenv("GLIBC_TUNABLES");
 #endif
