@@ -148,8 +148,9 @@ std::vector<std::vector<index_t> const*> sampling_groups(std::vector<key_group> 
 
 /// The pairs a sampled check of one cell draws from (method §9.14): the
 /// recorded draws `acc.kept` of a sampled enumeration, or the admissible
-/// pairs of `groups` numbered as the exact pass walks them (group by group;
-/// within a group of m keys, pair (a, b), a < b, is number b(b − 1)/2 + a).
+/// pairs of `groups` numbered group by group (within a group, pair (a, b),
+/// a < b, is number b(b − 1)/2 + a: one number per pair, each pair oriented
+/// as the exact pass records it).
 /// `lookup` > 0: when there are at most that many pairs, a table gives the
 /// group of each pair number in one look-up.
 struct pair_population {
