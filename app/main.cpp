@@ -145,7 +145,7 @@ demo, analyze and study:
       --samples N            sampled: pairs per cell, 1..10^9 (2000) [§6]
       --seed N               sampled: seed, 0..2^63-1 (0) [§6]
       --empirical-check MODE gaussian_gap check: sampled | exact (sampled) [§6]
-      --empirical-budget N   sampled: evaluations of a sampled cell, 4..10^9 (4096) [§6]
+      --empirical-budget N   sampled: evaluations of a drawn cell, 4..10^9 (4096) [§6]
       --empirical-max-exact N  sampled: cells up to N evaluations counted exactly, 0..2^62 (16384) [§6]
       --empirical-pairs N    sampled: pairs of a pair-sampled cell, 0..10^6 (32; < 2: draws only) [§6]
       --no-split             skip the split of AP_drop into bias and content parts [§10.1]

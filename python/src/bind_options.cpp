@@ -156,7 +156,7 @@ std::vector<option_field> const& fields() {
         policy<qkgeom::empirical_policy>("empirical_check", [](auto& o) -> auto& { return o.plasticity.empirical_check; },
                                          "gaussian_gap check: sampled | exact (--empirical-check) [§6]"),
         integer<std::int64_t>(ranges::empirical_budget, [](auto& o) -> auto& { return o.plasticity.empirical_budget; },
-                              "sampled check: evaluations of a sampled cell, 4..10^9 (--empirical-budget)"),
+                              "sampled check: evaluations of a drawn cell, 4..10^9 (--empirical-budget)"),
         integer<std::int64_t>(ranges::empirical_max_exact, [](auto& o) -> auto& { return o.plasticity.empirical_max_exact; },
                               "sampled check: cells up to N evaluations counted exactly, 0..2^62 (--empirical-max-exact)"),
         integer<std::int64_t>(ranges::empirical_pairs, [](auto& o) -> auto& { return o.plasticity.empirical_pairs; },

@@ -89,8 +89,9 @@ struct plasticity_options {
     empirical_columns empirical = empirical_columns::automatic;  ///< the check's product form (same counts)
     /// The empirical check: `sampled` (default) or `exact` (method §9.14).
     empirical_policy empirical_check = empirical_policy::sampled;
-    /// `empirical_check` sampled: the (query, pair) evaluations of a sampled
-    /// cell, ⌊budget/2⌋ draws (≥ 4). Draws depend on (seed, head id, b, c) only.
+    /// `empirical_check` sampled: the (query, pair) evaluations of a drawn
+    /// cell, ⌊budget/2⌋ draws (≥ 4); 32 × it bounds a pair-sampled cell's.
+    /// Pairs and draws depend on (seed, head id, b, c) only.
     std::int64_t empirical_budget = 4096;
     /// `empirical_check` sampled: a cell of n_b · (its pairs) ≤
     /// max(this, `empirical_budget`) evaluations is counted exactly (≥ 0;
