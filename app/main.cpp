@@ -543,17 +543,33 @@ void keep_freed_pages() {
 /// QKGEOM_REEXEC, removed on the second start, ends the loop whatever glibc
 /// does with the tunable). Nothing changes when the tunable is already named
 /// in GLIBC_TUNABLES (the user's choice), when QKGEOM_NO_HUGE_PAGES is set,
-/// when the kernel's mode is `always` or `never`, for a set-user-id start
-/// (glibc ignores tunables there), or when the program was not started from
+/// when the kernel's mode is `always` or `never`, under a sanitizer's
+/// allocator, for a set-user-id start (glibc ignores tunables there), or when
+/// the program was not started from
 /// its own file (through the dynamic loader: /proc/self/exe is the loader).
 /// Peak resident size grows by at most a few MB; docs/performance.md,
 /// "Whole process".
+/// A sanitizer's allocator replaces glibc's malloc (AddressSanitizer,
+/// ThreadSanitizer, MemorySanitizer): the tunable would change nothing.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+[[maybe_unused]] constexpr bool sanitizer_allocator = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+[[maybe_unused]] constexpr bool sanitizer_allocator = true;
+#else
+[[maybe_unused]] constexpr bool sanitizer_allocator = false;
+#endif
+#else
+[[maybe_unused]] constexpr bool sanitizer_allocator = false;
+#endif
+
 void use_huge_pages([[maybe_unused]] char** argv) {
 #if defined(__GLIBC__) && defined(__linux__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
     if (std::getenv("QKGEOM_REEXEC") != nullptr) {  // the second start
         unsetenv("QKGEOM_REEXEC");
         return;
     }
+    if (sanitizer_allocator) return;  // glibc's malloc is not the one in use: nothing to gain, a second start to pay
     char const* tunables = std::getenv("GLIBC_TUNABLES");
     std::string const before = tunables != nullptr ? tunables : "";
     if (std::getenv("QKGEOM_NO_HUGE_PAGES") != nullptr || before.find("glibc.malloc.hugetlb") != std::string::npos ||
