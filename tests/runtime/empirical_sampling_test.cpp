@@ -138,6 +138,42 @@ std::int64_t covering_budget(plasticity_result const& r, plasticity_options cons
     return most;
 }
 
+/// The coverage tallies of repeated seeds against the counted values: cells,
+/// buckets (with each bucket's sum of standardised errors) and gaussian_gap.
+struct coverage {
+    int seeds = 0, gap_cover = 0;
+    std::int64_t cells = 0, cells_cover = 0, buckets = 0, buckets_cover = 0;
+    std::vector<double> zsum;
+
+    void cell(qkgeom::plasticity_cell const& c, qkgeom::plasticity_cell const& counted) {
+        ++cells;
+        cells_cover += std::abs(c.empirical - counted.empirical) <= 1.96 * c.empirical_se ? 1 : 0;
+    }
+    void bucket(std::size_t i, qkgeom::plasticity_bucket const& pb, qkgeom::plasticity_bucket const& counted) {
+        zsum.resize(std::max(zsum.size(), i + 1), 0.0);
+        double const z = (pb.ap_empirical - counted.ap_empirical) / pb.ap_empirical_se;
+        zsum[i] += z;
+        ++buckets;
+        buckets_cover += std::abs(z) <= 1.96 ? 1 : 0;
+    }
+    void gap(plasticity_result const& r, plasticity_result const& counted) {
+        ++seeds;
+        gap_cover += std::abs(r.gaussian_gap - counted.gaussian_gap) <= 1.96 * r.gaussian_gap_se ? 1 : 0;
+    }
+    [[nodiscard]] double gap_rate() const { return gap_cover / double(seeds); }
+    [[nodiscard]] double cell_rate() const { return double(cells_cover) / double(cells); }
+    [[nodiscard]] double bucket_rate() const { return double(buckets_cover) / double(buckets); }
+    /// Unbiased per bucket: the mean standardised error over the seeds is
+    /// N(0, 1/seeds) (cells independent), so |·| < 4/√seeds.
+    void check_unbiased(plasticity_result const& counted) const {
+        for (std::size_t i = 0; i < zsum.size(); ++i)
+            if (zsum[i] != 0.0) {
+                INFO("bucket " << counted.profile[i].q_bucket << ": mean standardised error " << zsum[i] / seeds);
+                CHECK(std::abs(zsum[i] / seeds) < 4.0 / std::sqrt(double(seeds)));
+            }
+    }
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -260,20 +296,14 @@ TEST_CASE("sampled empirical check: unbiased, its intervals cover the counted va
     o.empirical_pairs = 0;  // the draws
 
     int const n_seeds = 200;
-    int gap_cover = 0;
-    std::int64_t cells = 0, cells_cover = 0, buckets = 0, buckets_cover = 0;
-    std::vector<double> zsum(exact.profile.size(), 0.0);
+    coverage cov;
     for (int seed = 0; seed < n_seeds; ++seed) {
         o.seed = static_cast<std::uint64_t>(seed);
         auto const r = qkgeom::attention_plasticity(model, h, o);
         REQUIRE(r.cells.size() == exact.cells.size());
         REQUIRE(r.gaussian_gap_se > 0);
-        for (std::size_t i = 0; i < r.cells.size(); ++i) {
-            auto const& c = r.cells[i];
-            if (!(c.empirical_se > 0)) continue;  // counted exactly (none here) or empty
-            ++cells;
-            cells_cover += std::abs(c.empirical - exact.cells[i].empirical) <= 1.96 * c.empirical_se ? 1 : 0;
-        }
+        for (std::size_t i = 0; i < r.cells.size(); ++i)
+            if (r.cells[i].empirical_se > 0) cov.cell(r.cells[i], exact.cells[i]);  // else counted (none here) or empty
         for (std::size_t i = 0; i < r.profile.size(); ++i) {
             auto const& pb = r.profile[i];
             if (!std::isfinite(pb.ap_empirical)) continue;
@@ -286,32 +316,22 @@ TEST_CASE("sampled empirical check: unbiased, its intervals cover the counted va
                                << ", se " << pb.ap_empirical_se);
                 REQUIRE(std::abs(pb.ap - exact.profile[i].ap_empirical) >= 4 * pb.ap_empirical_se);
             }
-            double const z = (pb.ap_empirical - exact.profile[i].ap_empirical) / pb.ap_empirical_se;
-            zsum[i] += z;
-            ++buckets;
-            buckets_cover += std::abs(z) <= 1.96 ? 1 : 0;
+            cov.bucket(i, pb, exact.profile[i]);
         }
-        gap_cover += std::abs(r.gaussian_gap - exact.gaussian_gap) <= 1.96 * r.gaussian_gap_se ? 1 : 0;
+        cov.gap(r, exact);
     }
-    double const gap_rate = gap_cover / double(n_seeds);
-    double const cell_rate = double(cells_cover) / double(cells);
-    double const bucket_rate = double(buckets_cover) / double(buckets);
-    INFO("coverage of the 95 % intervals over " << n_seeds << " seeds: gaussian_gap " << gap_rate << ", "
-                                                << cells << " cells " << cell_rate << ", " << buckets
-                                                << " buckets " << bucket_rate);
-    CHECK(gap_rate >= 0.88);
-    CHECK(gap_rate <= 0.99);
-    CHECK(cells >= 10000);
-    CHECK(cell_rate >= 0.93);
-    CHECK(cell_rate <= 0.97);
-    CHECK(buckets >= 2800);
-    CHECK(bucket_rate >= 0.93);
-    CHECK(bucket_rate <= 0.97);
-    for (std::size_t i = 0; i < zsum.size(); ++i)
-        if (zsum[i] != 0.0) {
-            INFO("bucket " << exact.profile[i].q_bucket << ": mean standardised error " << zsum[i] / n_seeds);
-            CHECK(std::abs(zsum[i] / n_seeds) < 4.0 / std::sqrt(double(n_seeds)));
-        }
+    INFO("coverage of the 95 % intervals over " << n_seeds << " seeds: gaussian_gap " << cov.gap_rate() << ", "
+                                                << cov.cells << " cells " << cov.cell_rate() << ", " << cov.buckets
+                                                << " buckets " << cov.bucket_rate());
+    CHECK(cov.gap_rate() >= 0.88);
+    CHECK(cov.gap_rate() <= 0.99);
+    CHECK(cov.cells >= 10000);
+    CHECK(cov.cell_rate() >= 0.93);
+    CHECK(cov.cell_rate() <= 0.97);
+    CHECK(cov.buckets >= 2800);
+    CHECK(cov.bucket_rate() >= 0.93);
+    CHECK(cov.bucket_rate() <= 0.97);
+    cov.check_unbiased(exact);
 
     // convergence: 4× the budget, half the standard error (every cell has
     // more than 2048 evaluations, so both budgets sample every cell)
@@ -440,9 +460,8 @@ TEST_CASE("pair-sampled empirical check: unbiased, its intervals cover the count
     o.empirical_pairs = 20;
 
     int const n_seeds = 200;
-    int gap_cover = 0;
-    std::int64_t cells = 0, cells_cover = 0, buckets = 0, buckets_cover = 0, whole = 0;
-    std::vector<double> zsum(exact.profile.size(), 0.0);
+    coverage cov;
+    std::int64_t whole = 0;
     for (int seed = 0; seed < n_seeds; ++seed) {
         o.seed = static_cast<std::uint64_t>(seed);
         auto const r = qkgeom::attention_plasticity(model, h, o);
@@ -458,37 +477,26 @@ TEST_CASE("pair-sampled empirical check: unbiased, its intervals cover the count
                 continue;
             }
             REQUIRE(c.empirical_se > 0);
-            ++cells;
-            cells_cover += std::abs(c.empirical - exact.cells[i].empirical) <= 1.96 * c.empirical_se ? 1 : 0;
+            cov.cell(c, exact.cells[i]);
         }
         for (std::size_t i = 0; i < r.profile.size(); ++i) {
             auto const& pb = r.profile[i];
-            if (!std::isfinite(pb.ap_empirical) || pb.ap_empirical_se == 0.0) continue;
-            double const z = (pb.ap_empirical - exact.profile[i].ap_empirical) / pb.ap_empirical_se;
-            zsum[i] += z;
-            ++buckets;
-            buckets_cover += std::abs(z) <= 1.96 ? 1 : 0;
+            if (std::isfinite(pb.ap_empirical) && pb.ap_empirical_se != 0.0) cov.bucket(i, pb, exact.profile[i]);
         }
-        gap_cover += std::abs(r.gaussian_gap - exact.gaussian_gap) <= 1.96 * r.gaussian_gap_se ? 1 : 0;
+        cov.gap(r, exact);
     }
-    double const gap_rate = gap_cover / double(n_seeds);
-    double const cell_rate = double(cells_cover) / double(cells);
-    double const bucket_rate = double(buckets_cover) / double(buckets);
-    INFO("coverage of the 95 % intervals over " << n_seeds << " seeds: gaussian_gap " << gap_rate << ", " << cells
-                                                << " cells " << cell_rate << ", " << buckets << " buckets "
-                                                << bucket_rate << "; " << whole << " cells counted whole");
-    CHECK(gap_rate >= 0.90);  // at least nominal (see above)
-    CHECK(cells >= 10000);
-    CHECK(cell_rate >= 0.90);
-    CHECK(cell_rate <= 0.965);
-    CHECK(buckets >= 2000);
-    CHECK(bucket_rate >= 0.93);
-    CHECK(bucket_rate <= 0.97);
-    for (std::size_t i = 0; i < zsum.size(); ++i)
-        if (zsum[i] != 0.0) {
-            INFO("bucket " << exact.profile[i].q_bucket << ": mean standardised error " << zsum[i] / n_seeds);
-            CHECK(std::abs(zsum[i] / n_seeds) < 4.0 / std::sqrt(double(n_seeds)));
-        }
+    INFO("coverage of the 95 % intervals over " << n_seeds << " seeds: gaussian_gap " << cov.gap_rate() << ", "
+                                                << cov.cells << " cells " << cov.cell_rate() << ", " << cov.buckets
+                                                << " buckets " << cov.bucket_rate() << "; " << whole
+                                                << " cells counted whole");
+    CHECK(cov.gap_rate() >= 0.90);  // at least nominal (see above)
+    CHECK(cov.cells >= 10000);
+    CHECK(cov.cell_rate() >= 0.90);
+    CHECK(cov.cell_rate() <= 0.965);
+    CHECK(cov.buckets >= 2000);
+    CHECK(cov.bucket_rate() >= 0.93);
+    CHECK(cov.bucket_rate() <= 0.97);
+    cov.check_unbiased(exact);
 
     // convergence: 4× the pairs, about half the standard error
     o.seed = 3;
