@@ -312,13 +312,8 @@ struct sorted_rows {
     void prefetch_row(index_t i) const noexcept {
         if constexpr (std::is_same_v<Reader, matrix_view<float>> || std::is_same_v<Reader, matrix_view<double>>) {
             if (reader.col_stride() != 1) return;
-            char const* p = reinterpret_cast<char const*>(reader.data() + i * reader.row_stride());
-            auto const bytes = std::size_t(reader.cols()) * sizeof(*reader.data());
-#if defined(__GNUC__) || defined(__clang__)
-            for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
-#else
-            (void)p, (void)bytes;
-#endif
+            detail::prefetch_bytes(reader.data() + i * reader.row_stride(),
+                                   std::size_t(reader.cols()) * sizeof(*reader.data()));
         } else {
             (void)i;
         }

@@ -433,8 +433,16 @@ private:
         double const gamma32 = f32_dot_error_factor(d), gamma64 = f64_dot_error_factor(d);
         packed.assign(static_cast<std::size_t>(padded * d), 0.0f);  // scores::pack_transposed's layout
         kk.assign(static_cast<std::size_t>(padded), 0.0f);
+        auto const row_bytes = static_cast<std::size_t>(d) * sizeof(double);
+        for (index_t a = 0; a < std::min<index_t>(n, 3); ++a)
+            for (index_t k : keys[static_cast<std::size_t>(a)]) prefetch_bytes(ks_.orig.row(k).data(), row_bytes);
         for (index_t a = 0; a < n; ++a) {  // one pass per pair: its column and its bound
             auto const [i, j] = keys[static_cast<std::size_t>(a)];
+            if (a + 3 < n) {  // rows three pairs ahead: random rows, not followed by the hardware prefetchers
+                auto const [ni, nj] = keys[static_cast<std::size_t>(a + 3)];
+                prefetch_bytes(ks_.orig.row(ni).data(), row_bytes);
+                prefetch_bytes(ks_.orig.row(nj).data(), row_bytes);
+            }
             double const* ki = ks_.orig.row(i).data();
             double const* kj = ks_.orig.row(j).data();
             float* dst = packed.data() + (a / W) * d * W + a % W;
