@@ -531,24 +531,6 @@ void keep_freed_pages() {
 #endif
 }
 
-/// The heap in transparent huge pages. Where the kernel gives huge pages only
-/// to memory that asks for them (`[madvise]` in
-/// /sys/kernel/mm/transparent_hugepage/enabled, Debian's default), every
-/// 4 kB page of a head's buffers costs a page fault: ≈ 10,000 faults and a
-/// fifth of a run's CPU on a virtual machine. glibc (≥ 2.35) asks for huge
-/// pages for its heap and its mapped blocks under the tunable
-/// `glibc.malloc.hugetlb=1`, which it reads at start only, so the program sets
-/// it and executes itself again, once, before anything else happens (same
-/// process id, arguments, descriptors and environment otherwise; the marker
-/// QKGEOM_REEXEC, removed on the second start, ends the loop whatever glibc
-/// does with the tunable). Nothing changes when the tunable is already named
-/// in GLIBC_TUNABLES (the user's choice), when QKGEOM_NO_HUGE_PAGES is set,
-/// when the kernel's mode is `always` or `never`, under a sanitizer's
-/// allocator, for a set-user-id start (glibc ignores tunables there), or when
-/// the program was not started from
-/// its own file (through the dynamic loader: /proc/self/exe is the loader).
-/// Peak resident size grows by at most a few MB; docs/performance.md,
-/// "Whole process".
 /// A sanitizer's allocator replaces glibc's malloc (AddressSanitizer,
 /// ThreadSanitizer, MemorySanitizer): the tunable would change nothing.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -563,6 +545,24 @@ void keep_freed_pages() {
 [[maybe_unused]] constexpr bool sanitizer_allocator = false;
 #endif
 
+/// The heap in transparent huge pages. Where the kernel gives huge pages only
+/// to memory that asks for them (`[madvise]` in
+/// /sys/kernel/mm/transparent_hugepage/enabled, Debian's default), every
+/// 4 kB page of a head's buffers costs a page fault: ≈ 10,000 faults and a
+/// fifth of a run's CPU on a virtual machine. glibc (≥ 2.35) asks for huge
+/// pages for its heap and its mapped blocks under the tunable
+/// `glibc.malloc.hugetlb=1`, which it reads at start only, so the program sets
+/// it and executes itself again, once, before anything else happens (same
+/// process id, arguments, descriptors and environment otherwise; the marker
+/// QKGEOM_REEXEC, removed on the second start, ends the loop whatever glibc
+/// does with the tunable). Nothing changes when the tunable is already named
+/// in GLIBC_TUNABLES (the user's choice), when QKGEOM_NO_HUGE_PAGES is set,
+/// when the kernel's mode is `always` or `never`, under a sanitizer's
+/// allocator, for a set-user-id start (glibc ignores tunables there), or when
+/// the program was not started from its own file (through the dynamic
+/// loader: /proc/self/exe is the loader).
+/// Peak resident size grows by at most a few MB; docs/performance.md,
+/// "Whole process".
 void use_huge_pages([[maybe_unused]] char** argv) {
 #if defined(__GLIBC__) && defined(__linux__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
     if (std::getenv("QKGEOM_REEXEC") != nullptr) {  // the second start
